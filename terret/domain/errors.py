@@ -1,0 +1,229 @@
+"""Typed errors. Every refusal in Terret raises one of these; none of them appends anything."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TerretError(Exception):
+    """Base of every error Terret raises on purpose."""
+
+
+# --- events and payloads -------------------------------------------------------------------
+
+
+class EventError(TerretError):
+    """Something is wrong with an event type or its payload."""
+
+
+class InvalidPayload(EventError):
+    """A payload failed validation. ``field`` names the first offending field."""
+
+    def __init__(self, wire_name: str, field: str, message: str) -> None:
+        self.wire_name = wire_name
+        self.field = field
+        super().__init__(f"invalid {wire_name} payload: field {field!r}: {message}")
+
+
+class UnknownEventType(EventError):
+    """A wire name or payload class that is not registered in the catalogue."""
+
+
+class DuplicateEventType(EventError):
+    """A wire name registered twice with different payload models."""
+
+
+# --- stores ----------------------------------------------------------------------------------
+
+
+class StoreError(TerretError):
+    """A store could not do what was asked."""
+
+
+class WrongExpectedVersion(StoreError):
+    """An append's expected version did not match the stream. ``actual`` is the stream's version
+    (0 when the stream does not exist)."""
+
+    def __init__(self, stream: str, expected: Any, actual: int) -> None:
+        self.stream = stream
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"stream {stream!r} is at version {actual}, not the expected {expected}"
+        )
+
+
+class PayloadTooLarge(StoreError):
+    """An event's data exceeds the store's limit (EventStoreDB refuses records over 1 MiB)."""
+
+    def __init__(self, wire_name: str, size: int, limit: int) -> None:
+        self.wire_name = wire_name
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{wire_name} payload is {size} bytes; the limit is {limit} bytes")
+
+
+class CorruptRecord(StoreError):
+    """A stored record could not be decoded. Never skipped silently."""
+
+    def __init__(self, position: int, reason: str) -> None:
+        self.position = position
+        self.reason = reason
+        super().__init__(f"record at position {position} cannot be decoded: {reason}")
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached, and retrying did not help."""
+
+
+class StreamDeleted(StoreError):
+    """The stream was purged or tombstoned."""
+
+
+class InvalidStoreURI(StoreError):
+    """A store URI that Terret cannot use."""
+
+
+# --- the session and its rules ---------------------------------------------------------------
+
+
+class RuleViolation(TerretError):
+    """A command was refused by one of the numbered rules of the session's lifecycle."""
+
+    rule: str = ""
+
+
+class SessionNotFound(TerretError):
+    """No session with that id exists in the store."""
+
+
+class SessionClosed(RuleViolation):
+    """The session was closed; it accepts no new turns or events."""
+
+    rule = "R25"
+
+
+class TurnOpenInLog(RuleViolation):
+    """``run_turn`` on a session whose log holds an open turn: resume it instead (R4)."""
+
+    rule = "R4"
+
+
+class TurnAlreadyRunning(RuleViolation):
+    """The session's agent is already mid-turn in this process (R4)."""
+
+    rule = "R4"
+
+
+class NoOpenTurn(RuleViolation):
+    """The command needs an open turn and the log holds none (R14, R26)."""
+
+    rule = "R14"
+
+
+class StepOpen(RuleViolation):
+    """A step is already open; close it before starting another."""
+
+    rule = "R15"
+
+
+class NoOpenStep(RuleViolation):
+    """The command needs an open step."""
+
+    rule = "R15"
+
+
+class MaxStepsExceeded(RuleViolation):
+    """A turn tried to take more than ``max_steps`` steps (R2)."""
+
+    rule = "R2"
+
+
+class ToolCallNotOwed(RuleViolation):
+    """A tool result names a call the last assistant message did not make, or one already
+    answered (R26: a result for a closed turn is rejected, not written)."""
+
+    rule = "R26"
+
+
+class ApprovalNotPending(RuleViolation):
+    """A verdict names a call that is not pending in the open turn (R11)."""
+
+    rule = "R11"
+
+
+class ApprovalAlreadyRequested(RuleViolation):
+    """An approval was already requested for that call in the open turn."""
+
+    rule = "R10"
+
+
+class AlreadyTitled(RuleViolation):
+    """The session already has its automatic title (R20)."""
+
+    rule = "R20"
+
+
+class CompactionDeclined(RuleViolation):
+    """A compaction boundary would sweep history the summary never read (R18)."""
+
+    rule = "R18"
+
+
+class LostOwnership(RuleViolation):
+    """Another writer appended non-commutative events to the session (R5)."""
+
+    rule = "R5"
+
+
+# --- runtime ---------------------------------------------------------------------------------
+
+
+class RuntimeFault(TerretError):
+    """A runtime component failed."""
+
+
+class AgentExists(RuntimeFault):
+    """An agent id or session is already spawned in this process (R22)."""
+
+
+class AgentCapExceeded(RuntimeFault):
+    """The process already holds ``max_agents`` agents (R22)."""
+
+
+class AgentBusy(RuntimeFault):
+    """Only an idle agent can be disposed (R22)."""
+
+
+class ProviderError(RuntimeFault):
+    """A model provider failed. ``provider`` names it; never carries credentials."""
+
+    def __init__(self, provider: str, message: str, *, data: str | None = None) -> None:
+        self.provider = provider
+        self.data = data
+        text = f"{provider}: {message}"
+        if data is not None:
+            text += f" (data: {data[:200]!r})"
+        super().__init__(text)
+
+
+class MalformedStream(ProviderError):
+    """A provider sent an SSE chunk or JSON that cannot be parsed."""
+
+
+class ModelCancelled(RuntimeFault):
+    """An in-flight model request was abandoned because its turn was cancelled."""
+
+
+class ConfigurationError(TerretError):
+    """Terret's configuration is missing something a command needs (e.g. an unconfigured role)."""
+
+
+class ProjectionHalted(TerretError):
+    """A projection stopped at an event it could not process; an operator must act."""
+
+    def __init__(self, projection: str, position: int, error: str) -> None:
+        self.projection = projection
+        self.position = position
+        self.error = error
+        super().__init__(f"projection {projection!r} halted at position {position}: {error}")

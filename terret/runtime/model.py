@@ -1,0 +1,61 @@
+"""The model port: what the loop asks a model provider for, and what it gets back."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from terret.domain.messages import Message, ToolCall, Usage
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the model is shown it: name, description, JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One chat request. ``model`` is the provider's own model id (no ``provider:`` prefix)."""
+
+    model: str
+    messages: Sequence[Message]
+    tools: Sequence[ToolSpec] = ()
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    """The complete assistant message a request produced, with the usage the provider reported."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage | None = None
+    finish_reason: str | None = None
+
+
+TextSink = Callable[[str], None]
+
+
+@runtime_checkable
+class ModelProvider(Protocol):
+    """A chat model. Implementations: the scripted provider (tests, demo) and the HTTP providers.
+
+    ``complete`` streams when it can: each text delta is passed to ``on_text`` as it arrives.
+    Setting ``cancel`` asks the provider to abandon an in-flight stream (it then raises
+    :class:`terret.domain.errors.ModelCancelled`).
+    """
+
+    name: str
+
+    def complete(
+        self,
+        request: ModelRequest,
+        *,
+        on_text: TextSink | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ModelReply: ...
