@@ -1,0 +1,38 @@
+"""Terret: long-lived LLM agent sessions on an event store.
+
+The public surface is re-exported here; modules behind it are private unless documented.
+"""
+
+from terret.domain import (
+    MAX_STEPS,
+    EventPayload,
+    OpaquePayload,
+    RecordedEvent,
+    Session,
+    SessionRepository,
+    StreamState,
+    catalogue,
+    event_type,
+    upcaster,
+)
+from terret.domain import errors as errors
+from terret.domain.events import Actor
+from terret.domain.messages import Message, ToolCall, Usage
+
+__all__ = [
+    "MAX_STEPS",
+    "Actor",
+    "EventPayload",
+    "Message",
+    "OpaquePayload",
+    "RecordedEvent",
+    "Session",
+    "SessionRepository",
+    "StreamState",
+    "ToolCall",
+    "Usage",
+    "catalogue",
+    "errors",
+    "event_type",
+    "upcaster",
+]

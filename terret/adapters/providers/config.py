@@ -1,0 +1,138 @@
+"""Provider configuration: named endpoints, timeouts, retries and default model roles.
+
+Configuration names environment variables, never secrets: an API key is read from the
+environment when a provider is built, so a config file can be committed, logged and shown.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from terret.domain.errors import ConfigurationError
+
+#: The spec prefix for an ad-hoc endpoint given inline: ``openai-compatible:<model>@<base_url>``.
+AD_HOC_PROVIDER = "openai-compatible"
+
+_ENDPOINT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+class TimeoutConfig(BaseModel):
+    """Seconds. ``read`` bounds the gap between two chunks of a stream, not the whole reply,
+    so a long answer never times out while tokens keep arriving."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    connect: float = Field(default=10.0, gt=0)
+    read: float = Field(default=120.0, gt=0)
+    write: float = Field(default=30.0, gt=0)
+    pool: float = Field(default=10.0, gt=0)
+
+
+class RetryConfig(BaseModel):
+    """Retries of a request that failed before its first token (429, 5xx, connection errors).
+
+    The n-th retry waits ``min(backoff_cap, backoff_base * 2**n)``, scaled by a random factor
+    in ``[1 - jitter, 1]`` so that many agents throttled together do not retry in lockstep.
+    A server's ``Retry-After`` replaces that delay, capped at ``retry_after_cap``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_retries: int = Field(default=3, ge=0)
+    backoff_base: float = Field(default=0.5, ge=0)
+    backoff_cap: float = Field(default=8.0, ge=0)
+    jitter: float = Field(default=0.5, ge=0, le=1)
+    retry_after_cap: float = Field(default=30.0, ge=0)
+
+
+class EndpointConfig(BaseModel):
+    """One OpenAI-compatible chat-completions endpoint, addressed as ``<name>:<model>``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str
+    #: Environment variable holding the bearer key; ``None`` for an endpoint without auth
+    #: (a local vLLM or Ollama).
+    api_key_env: str | None = None
+    #: Extra request headers, e.g. OpenRouter's ``HTTP-Referer`` / ``X-Title`` attribution.
+    headers: dict[str, str] = Field(default_factory=dict)
+    #: Extra top-level body fields merged into every request (``temperature``, ``max_tokens``,
+    #: OpenRouter's ``provider`` routing, ...).
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    #: Send ``stream_options: {include_usage: true}`` (OpenAI needs it for usage; OpenRouter,
+    #: vLLM and Ollama accept it). Turn off only for a server that rejects the field.
+    stream_usage: bool = True
+    timeouts: TimeoutConfig | None = None
+    retry: RetryConfig | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return check_base_url(value)
+
+
+def check_base_url(value: str) -> str:
+    """A base URL must be absolute http(s); the trailing slash is dropped so paths join."""
+    text = value.strip().rstrip("/")
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
+        raise ValueError(f"base URL {value!r} must be an absolute http:// or https:// URL")
+    return text
+
+
+def builtin_endpoints() -> dict[str, EndpointConfig]:
+    """The endpoints every configuration has unless it overrides them by name."""
+    return {
+        "openrouter": EndpointConfig(
+            base_url="https://openrouter.ai/api/v1", api_key_env="OPENROUTER_API_KEY"
+        ),
+        "openai": EndpointConfig(base_url="https://api.openai.com/v1", api_key_env="OPENAI_API_KEY"),
+    }
+
+
+class ProvidersConfig(BaseModel):
+    """Everything :class:`~terret.adapters.providers.specs.ProviderRegistry` needs.
+
+    ``endpoints`` are merged over :func:`builtin_endpoints`, so a config that only adds
+    ``vllm`` still resolves ``openrouter:`` and ``openai:`` specs. ``roles`` are the default
+    model roles (``main``, ``compactor``, ``titler``, user-defined) as ``provider:model`` specs;
+    a running session changes them with durable ``model/set`` events.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoints: dict[str, EndpointConfig] = Field(default_factory=builtin_endpoints)
+    #: Key variable for ad-hoc ``openai-compatible:<model>@<base_url>`` specs (``None``: no auth).
+    openai_compatible_key_env: str | None = None
+    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    roles: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("endpoints")
+    @classmethod
+    def _merge_builtins(cls, value: dict[str, EndpointConfig]) -> dict[str, EndpointConfig]:
+        for name in value:
+            if name == AD_HOC_PROVIDER:
+                raise ValueError(f"endpoint name {AD_HOC_PROVIDER!r} is reserved for inline specs")
+            if not _ENDPOINT_NAME.match(name):
+                raise ValueError(
+                    f"endpoint name {name!r} must be lowercase letters, digits, '_', '.', '-'"
+                )
+        return {**builtin_endpoints(), **value}
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ProvidersConfig:
+        """Load from a ``.toml`` or ``.json`` file; errors name the file."""
+        file = Path(path)
+        try:
+            raw = file.read_bytes()
+            data: Any = tomllib.loads(raw.decode()) if file.suffix == ".toml" else json.loads(raw)
+            return cls.model_validate(data)
+        except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+            raise ConfigurationError(f"provider configuration {str(file)!r}: {exc}") from exc

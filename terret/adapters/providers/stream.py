@@ -1,0 +1,192 @@
+"""Assembling an OpenAI-style chunk stream into one :class:`ModelReply`.
+
+Chunks are plain dicts from ``json.loads``: no model validation per chunk, because a long
+reply is thousands of chunks and the parsing must cost little next to reading the bytes.
+Shape problems surface as :class:`MalformedStream` naming the provider and the offending data.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from terret.adapters.providers.errors import UpstreamError
+from terret.domain.errors import MalformedStream, ProviderError
+from terret.domain.messages import ToolCall, Usage
+from terret.runtime.model import ModelReply, TextSink
+
+
+class _CallParts:
+    """The fragments of one tool call, keyed by its ``index`` in the stream."""
+
+    __slots__ = ("id", "name", "arguments")
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.name = ""
+        self.arguments: list[str] = []
+
+
+class ChunkAssembler:
+    """Feed it decoded chunks in order; ``reply()`` gives the complete message.
+
+    ``progressed`` turns true at the first text or tool-call fragment: from then on a retry
+    would repeat output already passed to ``on_text``, so failures are final.
+    """
+
+    def __init__(self, provider: str, on_text: TextSink | None = None) -> None:
+        self.provider = provider
+        self._on_text = on_text
+        self._text: list[str] = []
+        self._calls: dict[int, _CallParts] = {}
+        self._ids: dict[str, int] = {}
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        self.progressed = False
+
+    @property
+    def text_length(self) -> int:
+        return sum(len(part) for part in self._text)
+
+    def feed(self, chunk: Any) -> None:
+        try:
+            content = self._feed(chunk)
+        except (AttributeError, TypeError, IndexError, KeyError, ValueError) as exc:
+            raise MalformedStream(
+                self.provider, f"unexpected chunk shape ({exc})", data=_show(chunk)
+            ) from exc
+        # Outside the try: an error in the caller's sink is the caller's, not a bad chunk.
+        if content is not None and self._on_text is not None:
+            self._on_text(content)
+
+    def _feed(self, chunk: Any) -> str | None:
+        """Absorbs one chunk; returns its text delta, if any."""
+        if type(chunk) is not dict:
+            raise TypeError("a chunk must be a JSON object")
+        error = chunk.get("error")
+        if error is not None:
+            raise _upstream(self.provider, error)
+        content = None
+        choices = chunk.get("choices")
+        if choices:
+            choice = choices[0]
+            # ``delta`` in a stream; ``message`` in a non-streamed completion.
+            delta = choice.get("delta") or choice.get("message")
+            if delta:
+                content = delta.get("content")
+                if content:
+                    if type(content) is not str:
+                        raise TypeError("delta content must be a string")
+                    self._text.append(content)
+                    self.progressed = True
+                calls = delta.get("tool_calls")
+                if calls:
+                    self._feed_calls(calls)
+            reason = choice.get("finish_reason")
+            if reason:
+                if reason == "error":
+                    raise UpstreamError(self.provider, "the stream ended with finish_reason=error")
+                self.finish_reason = str(reason)
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = parse_usage(usage)
+        return content or None
+
+    def _feed_calls(self, calls: list[Any]) -> None:
+        for part in calls:
+            call_id = part.get("id")
+            index = part.get("index")
+            if index is None:
+                # Servers that send whole calls omit ``index``; place them by id, else append.
+                index = self._ids.get(call_id, len(self._calls)) if call_id else len(self._calls)
+            slot = self._calls.get(index)
+            if slot is None:
+                slot = self._calls[index] = _CallParts()
+            if call_id and not slot.id:
+                slot.id = call_id
+                self._ids[call_id] = index
+            function = part.get("function")
+            if function:
+                name = function.get("name")
+                # Most servers send the name once; some repeat it on every fragment.
+                if name and name != slot.name:
+                    slot.name = name if not slot.name else slot.name + name
+                arguments = function.get("arguments")
+                if arguments:
+                    if type(arguments) is str:
+                        slot.arguments.append(arguments)
+                    else:
+                        # A non-streamed reply from a lenient server may send an object.
+                        slot.arguments.append(json.dumps(arguments))
+            self.progressed = True
+
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        return tuple(self._complete_call(index) for index in sorted(self._calls))
+
+    def _complete_call(self, index: int) -> ToolCall:
+        slot = self._calls[index]
+        raw = "".join(slot.arguments)
+        if not slot.name:
+            raise MalformedStream(self.provider, f"tool call #{index} has no name", data=raw)
+        try:
+            args = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            if self.finish_reason == "length":
+                raise ProviderError(
+                    self.provider,
+                    f"the reply hit the token limit inside the arguments of tool call "
+                    f"{slot.name!r} (finish_reason=length)",
+                    data=raw,
+                )
+            raise MalformedStream(
+                self.provider,
+                f"arguments of tool call {slot.name!r} are not a JSON object",
+                data=raw,
+            )
+        call_id = slot.id or f"call_{uuid.uuid4().hex[:24]}"
+        return ToolCall(id=call_id, name=slot.name, args=args)
+
+    def reply(self) -> ModelReply:
+        return ModelReply(
+            text="".join(self._text),
+            tool_calls=self.tool_calls(),
+            usage=self.usage,
+            finish_reason=self.finish_reason,
+        )
+
+
+def parse_usage(raw: Any) -> Usage:
+    """``prompt_tokens``/``completion_tokens``, and ``cost`` when the provider reports it
+    (OpenRouter does, in credits, on the final chunk)."""
+    if type(raw) is not dict:
+        raise TypeError("usage must be a JSON object")
+    cost = raw.get("cost")
+    return Usage(
+        prompt_tokens=_count(raw.get("prompt_tokens")),
+        completion_tokens=_count(raw.get("completion_tokens")),
+        cost=None if cost is None else float(cost),
+    )
+
+
+def _count(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"token count {value!r} is not a number")
+    return int(value)
+
+
+def _upstream(provider: str, error: Any) -> UpstreamError:
+    if isinstance(error, dict):
+        return UpstreamError(provider, str(error.get("message") or error), code=error.get("code"))
+    return UpstreamError(provider, str(error))
+
+
+def _show(chunk: Any) -> str:
+    try:
+        return json.dumps(chunk)[:500]
+    except (TypeError, ValueError):
+        return repr(chunk)[:500]

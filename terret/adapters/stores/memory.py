@@ -1,0 +1,146 @@
+"""An in-memory store for unit tests: the same contract as the others, nothing durable."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Collection, Sequence
+from uuid import UUID
+
+from terret.adapters.stores._rules import AlreadyWritten, check_size, decide
+from terret.adapters.stores._subscription import PositionalSubscription
+from terret.domain.store import (
+    AppendResult,
+    EventStore,
+    ExpectedVersion,
+    NewRecord,
+    StoredRecord,
+    Subscription,
+)
+
+
+class MemoryStore(EventStore):
+    def __init__(self, *, poll_interval: float = 1.0) -> None:
+        self._log: list[StoredRecord] = []
+        self._positions: list[int] = []
+        self._streams: dict[str, list[StoredRecord]] = {}
+        self._snapshots: dict[str, tuple[int, bytes]] = {}
+        self._signal = threading.Condition()
+        self._next_position = 1
+        self.poll_interval = poll_interval
+
+    def describe(self) -> str:
+        return "memory"
+
+    def append(
+        self, stream: str, records: Sequence[NewRecord], expected_version: ExpectedVersion
+    ) -> AppendResult:
+        check_size(records, self.max_record_bytes)
+        with self._signal:
+            events = self._streams.get(stream, [])
+            by_id = {e.event_id: e.seq for e in events}
+
+            def id_at(seq: int) -> UUID | None:
+                return events[seq - 1].event_id if 0 < seq <= len(events) else None
+
+            decision = decide(
+                stream, records, expected_version, len(events), id_at, by_id.get
+            )
+            if isinstance(decision, AlreadyWritten):
+                return AppendResult(events[decision.last_seq - 1].position, len(events))
+            now = time.time()
+            events = self._streams.setdefault(stream, [])
+            for record in records:
+                stored = StoredRecord(
+                    stream=stream,
+                    seq=len(events) + 1,
+                    position=self._next_position,
+                    event_id=record.event_id,
+                    wire_name=record.wire_name,
+                    data=record.data,
+                    metadata=record.metadata,
+                    recorded_at=now,
+                )
+                self._next_position += 1
+                events.append(stored)
+                self._log.append(stored)
+                self._positions.append(stored.position)
+            self._signal.notify_all()
+            return AppendResult(events[-1].position, len(events))
+
+    def read_stream(
+        self,
+        stream: str,
+        *,
+        from_seq: int | None = None,
+        backwards: bool = False,
+        limit: int | None = None,
+    ) -> list[StoredRecord]:
+        with self._signal:
+            events = list(self._streams.get(stream, ()))
+        if backwards:
+            start = from_seq if from_seq is not None else len(events)
+            selected = [e for e in reversed(events) if e.seq <= start]
+        else:
+            start = from_seq if from_seq is not None else 1
+            selected = [e for e in events if e.seq >= start]
+        return selected[:limit] if limit is not None else selected
+
+    def stream_version(self, stream: str) -> int:
+        with self._signal:
+            return len(self._streams.get(stream, ()))
+
+    def head_position(self) -> int:
+        with self._signal:
+            return self._positions[-1] if self._positions else 0
+
+    def read_all(
+        self, *, after: int = 0, limit: int = 1000, wire_names: Collection[str] | None = None
+    ) -> list[StoredRecord]:
+        return self._read_range(after, 2**62, limit, wire_names)
+
+    def _read_range(
+        self, after: int, upto: int, limit: int, wire_names: Collection[str] | None
+    ) -> list[StoredRecord]:
+        out: list[StoredRecord] = []
+        with self._signal:
+            index = bisect.bisect_right(self._positions, after)
+            for record in self._log[index:]:
+                if record.position > upto or len(out) >= limit:
+                    break
+                if wire_names is None or record.wire_name in wire_names:
+                    out.append(record)
+        return out
+
+    def subscribe(
+        self, *, after: int = 0, wire_names: Collection[str] | None = None
+    ) -> Subscription:
+        return PositionalSubscription(self, after, wire_names, self.poll_interval)
+
+    def _wake_all(self) -> None:
+        with self._signal:
+            self._signal.notify_all()
+
+    def _wait_for_change(self, seen_head: int, timeout: float, sub: Subscription) -> None:
+        with self._signal:
+            while not sub.stopped and (self._positions[-1] if self._positions else 0) <= seen_head:
+                self._signal.wait(timeout)
+
+    def delete_stream(self, stream: str) -> None:
+        with self._signal:
+            self._streams.pop(stream, None)
+            self._snapshots.pop(stream, None)
+            kept = [r for r in self._log if r.stream != stream]
+            self._log = kept
+            self._positions = [r.position for r in kept]
+
+    def write_snapshot(self, stream: str, version: int, state: bytes) -> None:
+        with self._signal:
+            current = self._snapshots.get(stream)
+            if current is None or current[0] < version:
+                self._snapshots[stream] = (version, state)
+
+    def read_snapshot(self, stream: str) -> tuple[int, bytes] | None:
+        with self._signal:
+            return self._snapshots.get(stream)

@@ -1,0 +1,305 @@
+"""The embedded default store: one SQLite file in WAL mode, durable by default.
+
+Catch-up subscriptions: an append in this process wakes subscribers at once; appends by other
+processes are noticed by polling ``PRAGMA data_version`` (cheap: it changes only when another
+connection commits).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Literal
+from uuid import UUID
+
+from terret.adapters.stores._rules import AlreadyWritten, check_size, decide
+from terret.adapters.stores._subscription import PositionalSubscription
+from terret.domain.errors import CorruptRecord, StoreUnavailable
+from terret.domain.store import (
+    AppendResult,
+    EventStore,
+    ExpectedVersion,
+    NewRecord,
+    StoredRecord,
+    Subscription,
+)
+
+Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    position INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event_id BLOB NOT NULL,
+    wire_name TEXT NOT NULL,
+    data BLOB NOT NULL,
+    metadata BLOB NOT NULL,
+    recorded_at REAL NOT NULL,
+    UNIQUE (stream, seq)
+);
+CREATE INDEX IF NOT EXISTS events_by_id ON events (event_id);
+CREATE TABLE IF NOT EXISTS snapshots (
+    stream TEXT PRIMARY KEY,
+    version INTEGER NOT NULL,
+    state BLOB NOT NULL
+);
+"""
+
+_COLUMNS = "stream, seq, position, event_id, wire_name, data, metadata, recorded_at"
+
+# One change signal per database file in this process, shared by every store instance on it,
+# so that two instances on one file (a server and a CLI command in tests) wake each other at once.
+_signals: dict[str, threading.Condition] = {}
+_signals_lock = threading.Lock()
+
+
+def _signal_for(path: str) -> threading.Condition:
+    with _signals_lock:
+        return _signals.setdefault(path, threading.Condition())
+
+
+def _row(row: tuple[object, ...]) -> StoredRecord:
+    stream, seq, position, event_id, wire_name, data, metadata, recorded_at = row
+    assert isinstance(position, int)
+    try:
+        if not isinstance(event_id, bytes) or len(event_id) != 16:
+            raise ValueError("event id is not 16 bytes")
+        if not isinstance(data, bytes) or not isinstance(metadata, bytes):
+            raise ValueError("data or metadata is not a blob")
+        return StoredRecord(
+            stream=str(stream),
+            seq=int(seq),  # type: ignore[call-overload]
+            position=position,
+            event_id=UUID(bytes=event_id),
+            wire_name=str(wire_name),
+            data=data,
+            metadata=metadata,
+            recorded_at=float(recorded_at),  # type: ignore[arg-type]
+        )
+    except (ValueError, TypeError) as exc:
+        raise CorruptRecord(position, str(exc)) from None
+
+
+class SQLiteStore(EventStore):
+    """``SQLiteStore("terret.db")``; ``":memory:"`` is not supported (use ``MemoryStore``)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        poll_interval: float = 0.05,
+        busy_timeout: float = 30.0,
+    ) -> None:
+        self.path = str(Path(path).resolve())
+        self.synchronous = synchronous
+        self.poll_interval = poll_interval
+        self._busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._write_lock = threading.Lock()
+        self._signal = _signal_for(self.path)
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        try:
+            conn = self._conn()
+            conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {exc}") from None
+
+    def describe(self) -> str:
+        return f"sqlite:{self.path} (WAL, synchronous={self.synchronous})"
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self._busy_timeout,
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            self._local.conn = conn
+            with self._connections_lock:
+                self._connections.append(conn)
+        return conn
+
+    # --- writes --------------------------------------------------------------------------
+
+    def append(
+        self, stream: str, records: Sequence[NewRecord], expected_version: ExpectedVersion
+    ) -> AppendResult:
+        check_size(records, self.max_record_bytes)
+        conn = self._conn()
+        with self._write_lock:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise StoreUnavailable(f"SQLite store is locked: {exc}") from None
+            try:
+                result = self._append_locked(conn, stream, records, expected_version)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        self._wake_all()
+        return result
+
+    def _append_locked(
+        self,
+        conn: sqlite3.Connection,
+        stream: str,
+        records: Sequence[NewRecord],
+        expected: ExpectedVersion,
+    ) -> AppendResult:
+        row = conn.execute("SELECT max(seq) FROM events WHERE stream = ?", (stream,)).fetchone()
+        current = row[0] or 0
+
+        def id_at(seq: int) -> UUID | None:
+            found = conn.execute(
+                "SELECT event_id FROM events WHERE stream = ? AND seq = ?", (stream, seq)
+            ).fetchone()
+            return UUID(bytes=found[0]) if found else None
+
+        def seq_of(event_id: UUID) -> int | None:
+            found = conn.execute(
+                "SELECT seq FROM events WHERE event_id = ? AND stream = ?",
+                (event_id.bytes, stream),
+            ).fetchone()
+            return found[0] if found else None
+
+        decision = decide(stream, records, expected, current, id_at, seq_of)
+        if isinstance(decision, AlreadyWritten):
+            found = conn.execute(
+                "SELECT position FROM events WHERE stream = ? AND seq = ?",
+                (stream, decision.last_seq),
+            ).fetchone()
+            return AppendResult(position=found[0], version=current)
+        now = time.time()
+        seq = decision.first_seq
+        cursor = conn.executemany(
+            "INSERT INTO events (stream, seq, event_id, wire_name, data, metadata, recorded_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (stream, seq + i, r.event_id.bytes, r.wire_name, r.data, r.metadata, now)
+                for i, r in enumerate(records)
+            ],
+        )
+        del cursor
+        last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+        return AppendResult(position=last, version=seq + len(records) - 1)
+
+    def delete_stream(self, stream: str) -> None:
+        conn = self._conn()
+        with self._write_lock:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("DELETE FROM events WHERE stream = ?", (stream,))
+            conn.execute("DELETE FROM snapshots WHERE stream = ?", (stream,))
+            conn.execute("COMMIT")
+
+    def write_snapshot(self, stream: str, version: int, state: bytes) -> None:
+        conn = self._conn()
+        with self._write_lock:
+            conn.execute(
+                "INSERT INTO snapshots (stream, version, state) VALUES (?, ?, ?)"
+                " ON CONFLICT (stream) DO UPDATE SET version = excluded.version,"
+                " state = excluded.state WHERE excluded.version > snapshots.version",
+                (stream, version, state),
+            )
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def read_snapshot(self, stream: str) -> tuple[int, bytes] | None:
+        row = (
+            self._conn()
+            .execute("SELECT version, state FROM snapshots WHERE stream = ?", (stream,))
+            .fetchone()
+        )
+        return (row[0], row[1]) if row else None
+
+    def read_stream(
+        self,
+        stream: str,
+        *,
+        from_seq: int | None = None,
+        backwards: bool = False,
+        limit: int | None = None,
+    ) -> list[StoredRecord]:
+        if backwards:
+            sql = f"SELECT {_COLUMNS} FROM events WHERE stream = ? AND seq <= ? ORDER BY seq DESC"
+            start = from_seq if from_seq is not None else 2**62
+        else:
+            sql = f"SELECT {_COLUMNS} FROM events WHERE stream = ? AND seq >= ? ORDER BY seq"
+            start = from_seq if from_seq is not None else 1
+        params: tuple[object, ...] = (stream, start)
+        if limit is not None:
+            sql += " LIMIT ?"
+            params += (limit,)
+        return [_row(r) for r in self._conn().execute(sql, params)]
+
+    def stream_version(self, stream: str) -> int:
+        row = self._conn().execute(
+            "SELECT max(seq) FROM events WHERE stream = ?", (stream,)
+        ).fetchone()
+        return row[0] or 0
+
+    def head_position(self) -> int:
+        row = self._conn().execute("SELECT max(position) FROM events").fetchone()
+        return row[0] or 0
+
+    def read_all(
+        self, *, after: int = 0, limit: int = 1000, wire_names: Collection[str] | None = None
+    ) -> list[StoredRecord]:
+        return self._read_range(after, 2**62, limit, wire_names)
+
+    def _read_range(
+        self, after: int, upto: int, limit: int, wire_names: Collection[str] | None
+    ) -> list[StoredRecord]:
+        sql = f"SELECT {_COLUMNS} FROM events WHERE position > ? AND position <= ?"
+        params: list[object] = [after, upto]
+        if wire_names is not None:
+            names = list(wire_names)
+            sql += f" AND wire_name IN ({','.join('?' * len(names))})"
+            params.extend(names)
+        sql += " ORDER BY position LIMIT ?"
+        params.append(limit)
+        return [_row(r) for r in self._conn().execute(sql, params)]
+
+    # --- subscriptions -------------------------------------------------------------------
+
+    def subscribe(
+        self, *, after: int = 0, wire_names: Collection[str] | None = None
+    ) -> Subscription:
+        return PositionalSubscription(self, after, wire_names, self.poll_interval)
+
+    def _wake_all(self) -> None:
+        with self._signal:
+            self._signal.notify_all()
+
+    def _wait_for_change(self, seen_head: int, timeout: float, sub: Subscription) -> None:
+        """Return once the head moved past ``seen_head``: at once for an append in this process
+        (it notifies the signal after committing), within ``timeout`` for another process's."""
+        while not sub.stopped:
+            with self._signal:
+                # Checked under the signal's lock: an append that commits after this check
+                # notifies while we wait, so no wake-up is lost between the check and the wait.
+                if self.head_position() > seen_head:
+                    return
+                self._signal.wait(timeout)
+
+    def close(self) -> None:
+        self._wake_all()
+        with self._connections_lock:
+            for conn in self._connections:
+                try:
+                    conn.close()
+                except sqlite3.Error:
+                    pass
+            self._connections.clear()
+        self._local = threading.local()

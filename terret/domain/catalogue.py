@@ -1,0 +1,166 @@
+"""The event catalogue: wire names, schema versions, payload models, upcasters.
+
+Terret's own events and users' extension events register in the same catalogue and are treated
+alike by the stores, the subscriptions, the projections and the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from terret.domain.errors import DuplicateEventType, InvalidPayload, UnknownEventType
+
+
+def _first_error(exc: ValidationError) -> tuple[str, str]:
+    error = exc.errors()[0]
+    loc = ".".join(str(part) for part in error.get("loc", ())) or "<payload>"
+    return loc, str(error.get("msg", "invalid"))
+
+
+class EventPayload(BaseModel):
+    """Base of every event payload.
+
+    Subclasses set ``wire_name`` (stable, e.g. ``"turn/start"``), ``version`` (the schema version
+    the class writes) and ``model_visible`` (whether the messages projection shows it to the model).
+    ``commutative`` marks events another process may append while a turn runs without taking the
+    session from its writer (R5). Creating a payload validates it and raises :class:`InvalidPayload`
+    naming the first offending field.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    wire_name: ClassVar[str] = ""
+    version: ClassVar[int] = 1
+    model_visible: ClassVar[bool] = False
+    commutative: ClassVar[bool] = False
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            loc, msg = _first_error(exc)
+            raise InvalidPayload(type(self).wire_name or type(self).__name__, loc, msg) from None
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(exclude_none=True).encode()
+
+
+@dataclass(frozen=True)
+class OpaquePayload:
+    """An event whose wire name this process does not know (written by a newer version or by an
+    extension not installed here). It keeps its data so nothing is lost, and is never processed
+    by Terret's projections."""
+
+    wire_name: str
+    version: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+    model_visible: ClassVar[bool] = False
+    commutative: ClassVar[bool] = False
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.data).encode()
+
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+P = TypeVar("P", bound=type[EventPayload])
+
+
+class EventCatalogue:
+    """Maps wire names to payload models and upgrades old schema versions on read."""
+
+    def __init__(self) -> None:
+        self._types: dict[str, type[EventPayload]] = {}
+        self._upcasters: dict[tuple[str, int], Upcaster] = {}
+        self._builtin: set[str] = set()
+
+    def register(self, cls: P) -> P:
+        """Register a payload class (usable as a class decorator)."""
+        name = cls.wire_name
+        if not name or not isinstance(name, str):
+            raise UnknownEventType(f"{cls.__name__} has no wire_name")
+        existing = self._types.get(name)
+        if existing is not None and existing is not cls:
+            if existing.__qualname__ != cls.__qualname__ or existing.__module__ != cls.__module__:
+                raise DuplicateEventType(
+                    f"wire name {name!r} is already registered to {existing.__qualname__}"
+                )
+        self._types[name] = cls
+        return cls
+
+    def mark_builtin(self) -> None:
+        self._builtin = set(self._types)
+
+    def unregister(self, wire_name: str) -> None:
+        """Remove an extension type (tests use this to simulate a process that lacks it)."""
+        self._types.pop(wire_name, None)
+        for key in [k for k in self._upcasters if k[0] == wire_name]:
+            del self._upcasters[key]
+
+    def upcaster(self, wire_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+        """Register a function that turns version ``from_version`` data into ``from_version + 1``."""
+
+        def decorate(fn: Upcaster) -> Upcaster:
+            self._upcasters[(wire_name, from_version)] = fn
+            return fn
+
+        return decorate
+
+    def payload_class(self, wire_name: str) -> type[EventPayload] | None:
+        return self._types.get(wire_name)
+
+    def __contains__(self, wire_name: object) -> bool:
+        return wire_name in self._types
+
+    def __iter__(self) -> Iterator[type[EventPayload]]:
+        return iter(sorted(self._types.values(), key=lambda c: c.wire_name))
+
+    def wire_names(self) -> frozenset[str]:
+        return frozenset(self._types)
+
+    def is_builtin(self, wire_name: str) -> bool:
+        return wire_name in self._builtin
+
+    def decode(
+        self, wire_name: str, version: int, data: dict[str, Any]
+    ) -> EventPayload | OpaquePayload:
+        """Decode stored data into its payload, upcasting old versions.
+
+        An unknown wire name gives an :class:`OpaquePayload`. Data that fails validation raises
+        :class:`InvalidPayload` (the store turns it into a ``CorruptRecord`` naming the position).
+        """
+        cls = self._types.get(wire_name)
+        if cls is None:
+            return OpaquePayload(wire_name, version, data)
+        while version < cls.version:
+            step = self._upcasters.get((wire_name, version))
+            if step is None:
+                raise InvalidPayload(
+                    wire_name, "<version>", f"no upcaster from version {version}"
+                )
+            data = step(dict(data))
+            version += 1
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            loc, msg = _first_error(exc)
+            raise InvalidPayload(wire_name, loc, msg) from None
+
+
+catalogue = EventCatalogue()
+"""The process-wide catalogue. Terret's events are registered on import of ``terret.domain``."""
+
+
+def event_type(cls: P) -> P:
+    """Class decorator: register a payload class in the process-wide catalogue."""
+    return catalogue.register(cls)
+
+
+def upcaster(wire_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    """Decorator: register an upcaster in the process-wide catalogue."""
+    return catalogue.upcaster(wire_name, from_version)

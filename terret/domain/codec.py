@@ -1,0 +1,93 @@
+"""Between payloads and stored records: JSON data, JSON metadata with the schema version and
+correlation/causation ids."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID, uuid4
+
+from terret.domain.catalogue import EventCatalogue, EventPayload, OpaquePayload, catalogue
+from terret.domain.errors import CorruptRecord, InvalidPayload, UnknownEventType
+from terret.domain.store import NewRecord, StoredRecord, session_id_of
+
+AnyPayload = EventPayload | OpaquePayload
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedEvent:
+    """A decoded event as readers see it."""
+
+    stream: str
+    seq: int
+    position: int
+    event_id: UUID
+    wire_name: str
+    version: int
+    payload: AnyPayload
+    recorded_at: float
+    correlation_id: str | None = None
+    causation_id: str | None = None
+
+    @property
+    def session_id(self) -> UUID | None:
+        return session_id_of(self.stream)
+
+    @property
+    def is_opaque(self) -> bool:
+        return isinstance(self.payload, OpaquePayload)
+
+
+def encode(
+    payload: AnyPayload,
+    *,
+    event_id: UUID | None = None,
+    correlation_id: str | None = None,
+    causation_id: str | None = None,
+    registry: EventCatalogue = catalogue,
+) -> NewRecord:
+    if isinstance(payload, EventPayload) and payload.wire_name not in registry:
+        raise UnknownEventType(
+            f"{type(payload).__name__} ({payload.wire_name!r}) is not registered; "
+            "decorate it with @terret.event_type"
+        )
+    meta: dict[str, Any] = {"schema_version": payload.version}
+    if correlation_id:
+        meta["correlation_id"] = correlation_id
+    if causation_id:
+        meta["causation_id"] = causation_id
+    return NewRecord(
+        event_id=event_id or uuid4(),
+        wire_name=payload.wire_name,
+        data=payload.to_json(),
+        metadata=json.dumps(meta, separators=(",", ":")).encode(),
+    )
+
+
+def decode(record: StoredRecord, registry: EventCatalogue = catalogue) -> RecordedEvent:
+    """Decode a record. Unknown wire names become opaque events; undecodable data raises
+    :class:`CorruptRecord` naming the position."""
+    try:
+        meta = json.loads(record.metadata) if record.metadata else {}
+        if not isinstance(meta, dict):
+            raise ValueError("metadata is not a JSON object")
+        data = json.loads(record.data)
+        if not isinstance(data, dict):
+            raise ValueError("data is not a JSON object")
+        version = int(meta.get("schema_version", 1))
+        payload = registry.decode(record.wire_name, version, data)
+    except (ValueError, TypeError, InvalidPayload) as exc:
+        raise CorruptRecord(record.position, f"{record.wire_name}: {exc}") from None
+    return RecordedEvent(
+        stream=record.stream,
+        seq=record.seq,
+        position=record.position,
+        event_id=record.event_id,
+        wire_name=record.wire_name,
+        version=version,
+        payload=payload,
+        recorded_at=record.recorded_at,
+        correlation_id=meta.get("correlation_id"),
+        causation_id=meta.get("causation_id"),
+    )

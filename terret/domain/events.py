@@ -1,0 +1,277 @@
+"""Terret's event catalogue (ARCHITECTURE §3). ``docs/events.md`` lists the same table; a test
+keeps the two in step."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from terret.domain.catalogue import EventPayload, catalogue, event_type
+
+ActorKind = Literal["user", "operator", "budget", "reaper", "supervisor", "agent", "system"]
+TurnStatus = Literal["completed", "cancelled", "rejected", "empty", "failed"]
+Verdict = Literal["approved", "denied"]
+
+TITLE_MAX = 80
+_SPEC = re.compile(r"^[a-z][a-z0-9_-]*:\S+$")
+_PATTERN = re.compile(r"^[A-Za-z0-9_.:/*?\[\]!-]+$")
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Actor(_Part):
+    """Who forced a transition (R25)."""
+
+    actor: ActorKind
+    id: str | None = None
+
+
+class ToolCallData(_Part):
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class UsageData(_Part):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    cost: float | None = Field(default=None, ge=0)
+
+
+def validate_model_spec(spec: str) -> str:
+    if not _SPEC.match(spec):
+        raise ValueError("a model spec is 'provider:model', e.g. 'openrouter:openai/gpt-4o'")
+    return spec
+
+
+def validate_pattern(pattern: str) -> str:
+    """An allow-list pattern is a glob over tool names (``fs.*``, ``deploy``, ``*``)."""
+    if not _PATTERN.match(pattern):
+        raise ValueError(f"invalid pattern {pattern!r}: use a glob of letters, digits, _ . : / - * ?")
+    if pattern.count("[") != pattern.count("]"):
+        raise ValueError(f"invalid pattern {pattern!r}: unbalanced brackets")
+    fnmatch.translate(pattern)
+    return pattern
+
+
+@event_type
+class SessionStarted(EventPayload):
+    wire_name = "session/started"
+    agent: str = Field(default="default", min_length=1)
+    agent_revision: int = Field(default=1, ge=1)
+    roles: dict[str, str] = Field(default_factory=dict)
+    policy_floor: list[str] | None = None
+
+    @field_validator("roles")
+    @classmethod
+    def _roles(cls, roles: dict[str, str]) -> dict[str, str]:
+        for spec in roles.values():
+            validate_model_spec(spec)
+        return roles
+
+
+@event_type
+class UserMessage(EventPayload):
+    wire_name = "user/message"
+    model_visible = True
+    text: str
+    inbox_id: str | None = None
+
+
+@event_type
+class ContextInjected(EventPayload):
+    wire_name = "context/injected"
+    model_visible = True
+    text: str
+    inbox_id: str | None = None
+
+
+@event_type
+class InboxQueued(EventPayload):
+    """Durable inbox (R24, beyond): text waits here until a step takes it."""
+
+    wire_name = "inbox/queued"
+    commutative = True
+    inbox_id: str = Field(min_length=1)
+    text: str
+    wake: bool = False
+
+
+@event_type
+class TurnStarted(EventPayload):
+    wire_name = "turn/start"
+    turn: int = Field(ge=1)
+    trigger: str = "user"
+
+
+@event_type
+class StepStarted(EventPayload):
+    wire_name = "step/start"
+    turn: int = Field(ge=1)
+    step: int = Field(ge=1)
+    model: str
+
+
+@event_type
+class AssistantMessage(EventPayload):
+    wire_name = "assistant/message"
+    model_visible = True
+    text: str = ""
+    tool_calls: list[ToolCallData] = Field(default_factory=list)
+
+
+@event_type
+class ToolResult(EventPayload):
+    wire_name = "tool/result"
+    model_visible = True
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    content: str
+    is_error: bool = False
+
+
+@event_type
+class StepEnded(EventPayload):
+    """Version 2 nests usage; version 1 carried flat ``prompt_tokens``/``completion_tokens``."""
+
+    wire_name = "step/end"
+    version = 2
+    turn: int = Field(ge=1)
+    step: int = Field(ge=1)
+    usage: UsageData | None = None
+
+
+@catalogue.upcaster("step/end", 1)
+def _step_end_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    flat = {k: data.pop(k) for k in ("prompt_tokens", "completion_tokens", "cost") if k in data}
+    if "prompt_tokens" in flat or "completion_tokens" in flat:
+        flat.setdefault("prompt_tokens", 0)
+        flat.setdefault("completion_tokens", 0)
+        data["usage"] = flat
+    return data
+
+
+@event_type
+class CancelRequested(EventPayload):
+    wire_name = "turn/cancel_requested"
+    commutative = True
+    by: Actor
+    reason: str | None = None
+
+
+@event_type
+class TurnEnded(EventPayload):
+    wire_name = "turn/end"
+    turn: int = Field(ge=1)
+    status: TurnStatus
+    reason: str | None = None
+    by: Actor | None = None
+    error: str | None = None
+
+
+@event_type
+class ApprovalRequested(EventPayload):
+    wire_name = "approval/requested"
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+@event_type
+class ApprovalResolved(EventPayload):
+    wire_name = "approval/resolved"
+    commutative = True
+    call_id: str = Field(min_length=1)
+    verdict: Verdict
+    reason: str | None = None
+    by: Actor
+
+
+@event_type
+class SessionCompacted(EventPayload):
+    wire_name = "session/compacted"
+    model_visible = True
+    upto_seq: int = Field(ge=1)
+    summary: str
+
+
+@event_type
+class SessionTitled(EventPayload):
+    wire_name = "session/titled"
+    commutative = True
+    title: str = Field(min_length=1, max_length=TITLE_MAX)
+    by: Actor | None = None
+
+
+@event_type
+class PolicyUpdated(EventPayload):
+    wire_name = "policy/updated"
+    commutative = True
+    patterns: list[str]
+    by: Actor | None = None
+
+    @field_validator("patterns")
+    @classmethod
+    def _patterns(cls, patterns: list[str]) -> list[str]:
+        return [validate_pattern(p) for p in patterns]
+
+
+@event_type
+class ModelSet(EventPayload):
+    wire_name = "model/set"
+    commutative = True
+    role: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
+    spec: str
+    by: Actor | None = None
+
+    @field_validator("spec")
+    @classmethod
+    def _spec(cls, spec: str) -> str:
+        return validate_model_spec(spec)
+
+
+@event_type
+class AgentAttached(EventPayload):
+    wire_name = "agent/attached"
+    agent_id: str = Field(min_length=1)
+    host: str
+    pid: int
+    reason: str | None = None
+
+
+@event_type
+class AgentDetached(EventPayload):
+    wire_name = "agent/detached"
+    agent_id: str = Field(min_length=1)
+    host: str
+    pid: int
+    reason: str | None = None
+
+
+@event_type
+class SessionClosed(EventPayload):
+    wire_name = "session/closed"
+    reason: str | None = None
+    by: Actor
+
+
+@event_type
+class SessionPurged(EventPayload):
+    """Recorded in the retention stream when a closed session's stream is deleted (R27)."""
+
+    wire_name = "session/purged"
+    session_id: str
+    reason: str | None = None
+    by: Actor
+    max_age_seconds: int | None = None
+
+
+catalogue.mark_builtin()
+
+MODEL_VISIBLE = frozenset(cls.wire_name for cls in catalogue if cls.model_visible)
+COMMUTATIVE = frozenset(cls.wire_name for cls in catalogue if cls.commutative)

@@ -1,0 +1,77 @@
+"""Loading and saving ``Session`` aggregates through the store port.
+
+Loading reads the latest snapshot and replays only the events after it, so a session with
+100,000 events loads from one snapshot plus at most ``snapshot_every`` events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from terret.domain.codec import decode, encode
+from terret.domain.errors import CorruptRecord, SessionNotFound
+from terret.domain.session import Session, SessionState
+from terret.domain.store import AppendResult, EventStore, NewRecord, StreamState, session_stream
+
+
+class SessionRepository:
+    def __init__(self, store: EventStore, *, snapshot_every: int = 200) -> None:
+        self.store = store
+        self.snapshot_every = snapshot_every
+
+    def exists(self, session_id: UUID) -> bool:
+        return self.store.stream_version(session_stream(session_id)) > 0
+
+    def get(self, session_id: UUID) -> Session:
+        stream = session_stream(session_id)
+        snapshot = self.store.read_snapshot(stream)
+        if snapshot is not None:
+            version, state = snapshot
+            try:
+                session = Session.restore(session_id, version, SessionState.from_json(state))
+            except (ValueError, TypeError):
+                session = Session.restore(session_id, 0, SessionState())
+        else:
+            session = Session.restore(session_id, 0, SessionState())
+        tail = self.store.read_stream(stream, from_seq=session.version + 1)
+        if session.version == 0 and not tail:
+            raise SessionNotFound(f"no session {session_id}")
+        for record in tail:
+            event = decode(record)
+            if event.seq != session.version + 1:
+                raise CorruptRecord(record.position, f"gap in {stream} before seq {event.seq}")
+            session.replay(event.seq, event.payload)
+        if len(tail) >= self.snapshot_every:
+            self.store.write_snapshot(stream, session.version, session.state.to_json())
+        return session
+
+    def records_of(self, session: Session, *, correlation_id: str | None = None,
+                   causation_id: str | None = None) -> list[NewRecord]:
+        """The pending events as records with their ids fixed (R7: a retry reuses them)."""
+        events: Sequence[Any] = session.pending_events
+        return [
+            encode(e.payload, event_id=e.event_id, correlation_id=correlation_id,
+                   causation_id=causation_id)
+            for e in events
+        ]
+
+    def save(self, session: Session, *, correlation_id: str | None = None,
+             causation_id: str | None = None) -> AppendResult | None:
+        """Append the pending events with the version the session was loaded at as the
+        expected version. On a conflict the pending events stay, so the caller may retry."""
+        pending = session.pending_events
+        if not pending:
+            return None
+        records = self.records_of(session, correlation_id=correlation_id,
+                                  causation_id=causation_id)
+        base = session.version - len(pending)
+        expected = StreamState.NO_STREAM if base == 0 else base
+        result = self.store.append(session_stream(session.id), records, expected)
+        session.collect_events()
+        if session.version // self.snapshot_every > base // self.snapshot_every:
+            self.store.write_snapshot(
+                session_stream(session.id), session.version, session.state.to_json()
+            )
+        return result

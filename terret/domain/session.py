@@ -1,0 +1,448 @@
+"""The ``Session`` aggregate: the invariants of one session's log, and nothing else.
+
+It keeps what its rules need — the open turn and its step, the tool calls owed, the open turn's
+approvals, whether it was titled or closed, the latest compaction, the pending inbox — never the
+message history (that is the messages projection's job). Every command validates first and then
+triggers events; a refused command raises a typed error and leaves no pending event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from uuid import UUID, uuid4
+
+from eventsourcing.domain import Aggregate
+
+from terret.domain import errors
+from terret.domain.catalogue import EventPayload, OpaquePayload
+from terret.domain.events import (
+    TITLE_MAX,
+    Actor,
+    AgentAttached,
+    AgentDetached,
+    ApprovalRequested,
+    ApprovalResolved,
+    AssistantMessage,
+    CancelRequested,
+    ContextInjected,
+    InboxQueued,
+    ModelSet,
+    PolicyUpdated,
+    SessionClosed,
+    SessionCompacted,
+    SessionStarted,
+    SessionTitled,
+    StepEnded,
+    StepStarted,
+    ToolCallData,
+    ToolResult,
+    TurnEnded,
+    TurnStarted,
+    TurnStatus,
+    UsageData,
+    UserMessage,
+)
+
+MAX_STEPS = 25
+
+
+@dataclass
+class SessionState:
+    """Everything the invariants need; serialised as the snapshot."""
+
+    agent: str = "default"
+    turn: int = 0
+    turn_open: bool = False
+    step: int = 0
+    step_open: bool = False
+    step_answered: bool = False
+    owed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cancel_requested: bool = False
+    titled: bool = False
+    closed: bool = False
+    last_compaction_seq: int = 0
+    last_visible_seq: int = 0
+    inbox: dict[str, dict[str, Any]] = field(default_factory=dict)
+    attached: str | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> SessionState:
+        return cls(**json.loads(data))
+
+
+def _call_key(name: str, args: dict[str, Any]) -> str:
+    return json.dumps([name, args], sort_keys=True, separators=(",", ":"))
+
+
+class Session(Aggregate):
+    """Commands are methods; each validates and then records payloads with ``_record``."""
+
+    class Started(Aggregate.Created):
+        payload: SessionStarted
+        event_id: UUID
+
+    class Recorded(Aggregate.Event):
+        payload: EventPayload
+        event_id: UUID
+
+        def apply(self, aggregate: Session) -> None:
+            aggregate._apply(self.payload, aggregate.version + 1)
+
+    def __init__(self, payload: SessionStarted, event_id: UUID) -> None:
+        self.state = SessionState(agent=payload.agent)
+        self.state.titled = False
+
+    # --- creation and loading -------------------------------------------------------------
+
+    @classmethod
+    def start(
+        cls,
+        session_id: UUID | None = None,
+        *,
+        agent: str = "default",
+        agent_revision: int = 1,
+        roles: dict[str, str] | None = None,
+        policy_floor: Sequence[str] | None = None,
+    ) -> Session:
+        payload = SessionStarted(
+            agent=agent,
+            agent_revision=agent_revision,
+            roles=dict(roles or {}),
+            policy_floor=list(policy_floor) if policy_floor is not None else None,
+        )
+        return cls._create(cls.Started, id=session_id or uuid4(), payload=payload,
+                           event_id=uuid4())
+
+    @classmethod
+    def restore(cls, session_id: UUID, version: int, state: SessionState) -> Session:
+        """Rebuild from a snapshot (or an empty shell at version 0 for a replay)."""
+        session = cls.__new__(cls)
+        from datetime import datetime, timezone
+
+        now = datetime.now(timezone.utc)
+        session.__base_init__(originator_id=session_id, originator_version=version, timestamp=now)
+        session.state = state
+        return session
+
+    def replay(self, seq: int, payload: EventPayload | OpaquePayload) -> None:
+        """Apply a stored event (no validation: the log is the truth)."""
+        if seq != self.version + 1:
+            raise errors.CorruptRecord(seq, f"session {self.id} expected seq {self.version + 1}")
+        self._apply(payload, seq)
+        self.version = seq
+
+    # --- what commands may read ----------------------------------------------------------
+
+    @property
+    def turn_open(self) -> bool:
+        return self.state.turn_open
+
+    @property
+    def current_turn(self) -> int:
+        return self.state.turn
+
+    @property
+    def current_step(self) -> int:
+        return self.state.step
+
+    @property
+    def closed(self) -> bool:
+        return self.state.closed
+
+    def owed_calls(self) -> list[ToolCallData]:
+        return [ToolCallData(**c) for c in self.state.owed.values()]
+
+    def pending_approvals(self) -> dict[str, dict[str, Any]]:
+        return dict(self.state.pending)
+
+    def verdict_for(self, call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        """The open turn's verdict for this exact call (id, tool and arguments — R11)."""
+        found = self.state.verdicts.get(call_id)
+        if found is None or found["key"] != _call_key(name, args):
+            return None
+        return found
+
+    def pending_inbox(self) -> dict[str, dict[str, Any]]:
+        return dict(self.state.inbox)
+
+    # --- commands ------------------------------------------------------------------------
+
+    def _record(self, payload: EventPayload) -> None:
+        self.trigger_event(self.Recorded, payload=payload, event_id=uuid4())
+
+    def _require_open(self) -> None:
+        if self.state.closed:
+            raise errors.SessionClosed(f"session {self.id} is closed")
+
+    def _require_turn(self) -> None:
+        if not self.state.turn_open:
+            raise errors.NoOpenTurn(f"session {self.id} has no open turn")
+
+    def queue(self, text: str, *, wake: bool = False, inbox_id: str | None = None) -> str:
+        self._require_open()
+        inbox_id = inbox_id or uuid4().hex
+        self._record(InboxQueued(inbox_id=inbox_id, text=text, wake=wake))
+        return inbox_id
+
+    def start_turn(self, *, trigger: str = "user", text: str | None = None,
+                   inbox_id: str | None = None) -> int:
+        """R4: refused while the log holds an open turn. The input is logged with the start."""
+        self._require_open()
+        if self.state.turn_open:
+            raise errors.TurnOpenInLog(
+                f"session {self.id} has open turn {self.state.turn}; resume it instead"
+            )
+        turn = self.state.turn + 1
+        self._record(TurnStarted(turn=turn, trigger=trigger))
+        if text is not None:
+            self._record(UserMessage(text=text, inbox_id=inbox_id))
+        return turn
+
+    def take_inbox(self) -> list[str]:
+        """Move every pending inbox entry into the log as ``context/injected`` (R24)."""
+        self._require_turn()
+        taken = []
+        for inbox_id, entry in list(self.state.inbox.items()):
+            self._record(ContextInjected(text=entry["text"], inbox_id=inbox_id))
+            taken.append(entry["text"])
+        return taken
+
+    def start_step(self, model: str, *, max_steps: int = MAX_STEPS) -> int:
+        """R2: the step after ``max_steps`` raises. R16: an abandoned step (no assistant message)
+        stays unclosed and numbering continues."""
+        self._require_turn()
+        if self.state.step_open and self.state.step_answered:
+            raise errors.StepOpen(f"step {self.state.step} of turn {self.state.turn} is open")
+        step = self.state.step + 1
+        if step > max_steps:
+            raise errors.MaxStepsExceeded(
+                f"turn {self.state.turn} would take step {step}; the limit is {max_steps}"
+            )
+        self._record(StepStarted(turn=self.state.turn, step=step, model=model))
+        return step
+
+    def record_assistant(self, text: str, tool_calls: Iterable[ToolCallData] = ()) -> None:
+        self._require_turn()
+        if not self.state.step_open or self.state.step_answered:
+            raise errors.NoOpenStep(f"turn {self.state.turn} has no step awaiting a reply")
+        calls = list(tool_calls)
+        ids = [c.id for c in calls]
+        if len(set(ids)) != len(ids):
+            raise errors.InvalidPayload("assistant/message", "tool_calls", "duplicate call ids")
+        self._record(AssistantMessage(text=text, tool_calls=calls))
+
+    def record_tool_result(self, call_id: str, name: str, content: str, *,
+                           is_error: bool = False) -> None:
+        """R26: a result for a call that is not owed (closed turn, answered) is refused."""
+        owed = self.state.owed.get(call_id)
+        if not self.state.turn_open or owed is None or owed["name"] != name:
+            raise errors.ToolCallNotOwed(
+                f"call {call_id!r} ({name}) is not owed by the open turn of session {self.id}"
+            )
+        self._record(ToolResult(call_id=call_id, name=name, content=content, is_error=is_error))
+
+    def end_step(self, usage: UsageData | None = None) -> None:
+        self._require_turn()
+        if not self.state.step_open:
+            raise errors.NoOpenStep(f"turn {self.state.turn} has no open step")
+        if self.state.owed:
+            raise errors.StepOpen(
+                f"step {self.state.step} still owes results for {sorted(self.state.owed)}"
+            )
+        self._record(StepEnded(turn=self.state.turn, step=self.state.step, usage=usage))
+
+    def request_approval(self, call_id: str, name: str, args: dict[str, Any]) -> None:
+        owed = self.state.owed.get(call_id)
+        if not self.state.turn_open or owed is None:
+            raise errors.ToolCallNotOwed(f"call {call_id!r} is not owed by the open turn")
+        if call_id in self.state.pending or call_id in self.state.verdicts:
+            raise errors.ApprovalAlreadyRequested(f"call {call_id!r} was already asked about")
+        self._record(ApprovalRequested(call_id=call_id, name=name, args=args))
+
+    def resolve_approval(self, call_id: str, verdict: str, *, by: Actor,
+                         reason: str | None = None, name: str | None = None,
+                         args: dict[str, Any] | None = None) -> None:
+        """R11: only a request pending in the open turn can be resolved; when the caller names
+        the tool and arguments it decided on, they must match the request."""
+        request = self.state.pending.get(call_id) if self.state.turn_open else None
+        if request is None:
+            raise errors.ApprovalNotPending(
+                f"call {call_id!r} is not pending in the open turn of session {self.id}"
+            )
+        if name is not None and (request["name"] != name or
+                                 (args is not None and request["args"] != args)):
+            raise errors.ApprovalNotPending(
+                f"call {call_id!r} is pending for a different tool or arguments"
+            )
+        self._record(ApprovalResolved(call_id=call_id, verdict=verdict,  # type: ignore[arg-type]
+                                      reason=reason, by=by))
+
+    def request_cancel(self, *, by: Actor, reason: str | None = None) -> None:
+        self._require_turn()
+        self._record(CancelRequested(by=by, reason=reason))
+
+    def end_turn(self, status: TurnStatus, *, reason: str | None = None,
+                 by: Actor | None = None, error: str | None = None) -> None:
+        """R13: a cancelled turn first denies every standing approval, durably."""
+        self._require_turn()
+        if status == "cancelled":
+            for call_id in list(self.state.pending):
+                self._record(ApprovalResolved(call_id=call_id, verdict="denied",
+                                              reason=reason or "turn cancelled",
+                                              by=by or Actor(actor="system")))
+        self._record(TurnEnded(turn=self.state.turn, status=status, reason=reason, by=by,
+                               error=error))
+
+    def compact(self, summary: str, *, mark: int) -> int:
+        """R18: ``upto_seq`` is the seq just before the compaction event; if any model-visible
+        event landed after ``mark`` (the version the summarizer read), decline."""
+        self._require_open()
+        if self.state.last_visible_seq > mark:
+            raise errors.CompactionDeclined(
+                f"model-visible event {self.state.last_visible_seq} landed after mark {mark}"
+            )
+        if self.state.owed:
+            raise errors.CompactionDeclined("a step owes tool results; compact between turns")
+        upto = self.version
+        self._record(SessionCompacted(upto_seq=upto, summary=summary))
+        return upto
+
+    def title(self, title: str, *, by: Actor | None = None, automatic: bool = False) -> str:
+        """R20: one automatic title per session; explicit titles replace it. Capped at 80."""
+        if automatic and self.state.titled:
+            raise errors.AlreadyTitled(f"session {self.id} is already titled")
+        title = " ".join(title.split())[:TITLE_MAX].strip()
+        self._record(SessionTitled(title=title, by=by))
+        return title
+
+    def update_policy(self, patterns: Sequence[str], *, by: Actor | None = None) -> None:
+        self._require_open()
+        self._record(PolicyUpdated(patterns=list(patterns), by=by))
+
+    def set_model(self, role: str, spec: str, *, by: Actor | None = None) -> None:
+        self._require_open()
+        self._record(ModelSet(role=role, spec=spec, by=by))
+
+    def attach(self, agent_id: str, host: str, pid: int, reason: str | None = None) -> None:
+        self._require_open()
+        self._record(AgentAttached(agent_id=agent_id, host=host, pid=pid, reason=reason))
+
+    def detach(self, agent_id: str, host: str, pid: int, reason: str | None = None) -> None:
+        self._record(AgentDetached(agent_id=agent_id, host=host, pid=pid, reason=reason))
+
+    def close(self, *, by: Actor, reason: str | None = None) -> None:
+        self._require_open()
+        if self.state.turn_open:
+            raise errors.TurnAlreadyRunning(
+                f"session {self.id} has open turn {self.state.turn}; cancel it first"
+            )
+        self._record(SessionClosed(reason=reason, by=by))
+
+    # --- evolution -----------------------------------------------------------------------
+
+    def _apply(self, payload: EventPayload | OpaquePayload, seq: int) -> None:
+        if payload.model_visible:
+            self.state.last_visible_seq = seq
+        handler = _APPLY.get(payload.wire_name)
+        if handler is not None:
+            handler(self.state, payload, seq)
+
+
+def _on_turn_start(s: SessionState, p: Any, seq: int) -> None:
+    s.turn, s.turn_open, s.step, s.step_open, s.step_answered = p.turn, True, 0, False, False
+    s.owed, s.pending, s.verdicts, s.cancel_requested = {}, {}, {}, False
+
+
+def _on_step_start(s: SessionState, p: Any, seq: int) -> None:
+    s.step, s.step_open, s.step_answered = p.step, True, False
+
+
+def _on_assistant(s: SessionState, p: Any, seq: int) -> None:
+    s.step_answered = True
+    s.owed = {c.id: c.model_dump() for c in p.tool_calls}
+
+
+def _on_tool_result(s: SessionState, p: Any, seq: int) -> None:
+    s.owed.pop(p.call_id, None)
+
+
+def _on_step_end(s: SessionState, p: Any, seq: int) -> None:
+    s.step_open, s.step_answered = False, False
+
+
+def _on_turn_end(s: SessionState, p: Any, seq: int) -> None:
+    s.turn_open, s.step_open, s.step_answered = False, False, False
+    s.owed, s.pending, s.verdicts, s.cancel_requested = {}, {}, {}, False
+
+
+def _on_requested(s: SessionState, p: Any, seq: int) -> None:
+    if s.turn_open:
+        s.pending[p.call_id] = {"name": p.name, "args": p.args}
+
+
+def _on_resolved(s: SessionState, p: Any, seq: int) -> None:
+    request = s.pending.pop(p.call_id, None)
+    if request is not None:
+        s.verdicts[p.call_id] = {
+            "verdict": p.verdict,
+            "reason": p.reason,
+            "key": _call_key(request["name"], request["args"]),
+        }
+
+
+def _on_inbox(s: SessionState, p: Any, seq: int) -> None:
+    s.inbox[p.inbox_id] = {"text": p.text, "wake": p.wake}
+
+
+def _on_taken(s: SessionState, p: Any, seq: int) -> None:
+    if p.inbox_id:
+        s.inbox.pop(p.inbox_id, None)
+
+
+def _set(attr: str, value: Any) -> Callable[[SessionState, Any, int], None]:
+    def apply(s: SessionState, p: Any, seq: int) -> None:
+        setattr(s, attr, value)
+
+    return apply
+
+
+def _on_compacted(s: SessionState, p: Any, seq: int) -> None:
+    s.last_compaction_seq = seq
+
+
+def _on_attached(s: SessionState, p: Any, seq: int) -> None:
+    s.attached = p.agent_id
+
+
+def _on_detached(s: SessionState, p: Any, seq: int) -> None:
+    if s.attached == p.agent_id:
+        s.attached = None
+
+
+_APPLY: dict[str, Callable[[SessionState, Any, int], None]] = {
+    "turn/start": _on_turn_start,
+    "step/start": _on_step_start,
+    "assistant/message": _on_assistant,
+    "tool/result": _on_tool_result,
+    "step/end": _on_step_end,
+    "turn/end": _on_turn_end,
+    "approval/requested": _on_requested,
+    "approval/resolved": _on_resolved,
+    "inbox/queued": _on_inbox,
+    "user/message": _on_taken,
+    "context/injected": _on_taken,
+    "turn/cancel_requested": _set("cancel_requested", True),
+    "session/titled": _set("titled", True),
+    "session/closed": _set("closed", True),
+    "session/compacted": _on_compacted,
+    "agent/attached": _on_attached,
+    "agent/detached": _on_detached,
+}
