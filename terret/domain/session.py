@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -125,9 +126,9 @@ class Session(Aggregate):
     def restore(cls, session_id: UUID, version: int, state: SessionState) -> Session:
         """Rebuild from a snapshot (or an empty shell at version 0 for a replay)."""
         session = cls.__new__(cls)
-        from datetime import datetime, timezone
+        from datetime import datetime
 
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         session.__base_init__(originator_id=session_id, originator_version=version, timestamp=now)
         session.state = state
         return session

@@ -92,7 +92,9 @@ def builtin_endpoints() -> dict[str, EndpointConfig]:
         "openrouter": EndpointConfig(
             base_url="https://openrouter.ai/api/v1", api_key_env="OPENROUTER_API_KEY"
         ),
-        "openai": EndpointConfig(base_url="https://api.openai.com/v1", api_key_env="OPENAI_API_KEY"),
+        "openai": EndpointConfig(
+            base_url="https://api.openai.com/v1", api_key_env="OPENAI_API_KEY"
+        ),
     }
 
 

@@ -20,7 +20,9 @@ class UpstreamError(ProviderError):
 
     def __init__(self, provider: str, message: str, *, code: object = None) -> None:
         self.code = code
-        super().__init__(provider, f"upstream error: {message}" + (f" (code {code})" if code else ""))
+        super().__init__(
+            provider, f"upstream error: {message}" + (f" (code {code})" if code else "")
+        )
 
 
 class StreamBroken(ProviderError):

@@ -42,7 +42,9 @@ class SSEDecoder:
                 line = line[:-1]
             if not line:
                 if data:
-                    events.append(SSEEvent(self._name, data[0] if len(data) == 1 else b"\n".join(data)))
+                    events.append(
+                        SSEEvent(self._name, data[0] if len(data) == 1 else b"\n".join(data))
+                    )
                     data.clear()
                 self._name = b""
             elif line.startswith(b"data:"):

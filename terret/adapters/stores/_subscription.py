@@ -50,6 +50,11 @@ class PositionalSubscription(Subscription):
         """The position up to which this subscription has delivered or skipped events."""
         return self._after
 
+    @property
+    def buffered(self) -> int:
+        """Items ready to deliver without waiting (the runner commits when this reaches 0)."""
+        return len(self._buffer)
+
     def stop(self) -> None:
         super().stop()
         wake = getattr(self._store, "_wake_all", None)

@@ -1,0 +1,295 @@
+"""A chat-completions provider for any OpenAI-compatible endpoint (OpenAI, OpenRouter, vLLM,
+Ollama, LM Studio, ...), streaming over httpx.
+
+Failure policy, in one place:
+- before the first text or tool-call fragment, 408/429/5xx answers, connection errors,
+  timeouts, in-stream upstream errors and streams that end early are retried with backoff
+  (``Retry-After`` honoured, capped);
+- after it, any failure raises a :class:`ProviderError` for the step: retrying would repeat
+  text already handed to ``on_text``, and returning what arrived would pass a truncated
+  message off as complete;
+- malformed SSE or JSON raises :class:`MalformedStream` at once (never retried);
+- ``cancel`` is checked before each attempt, between network chunks (keep-alive comments
+  included) and during backoff; it closes the stream and raises :class:`ModelCancelled`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from terret.adapters.providers.config import EndpointConfig, RetryConfig, TimeoutConfig
+from terret.adapters.providers.errors import ProviderHTTPError, StreamBroken, UpstreamError
+from terret.adapters.providers.retry import RetryPolicy, is_retryable_status, parse_retry_after
+from terret.adapters.providers.secret import Secret, scrub
+from terret.adapters.providers.sse import SSEDecoder, SSEEvent
+from terret.adapters.providers.stream import ChunkAssembler
+from terret.adapters.providers.wire import request_body
+from terret.domain.errors import MalformedStream, ModelCancelled, ProviderError
+from terret.runtime.model import ModelReply, ModelRequest, TextSink
+
+logger = logging.getLogger("terret.providers")
+
+#: How much of an error response body is read (the rest is never needed for a message).
+_ERROR_BODY_LIMIT = 8192
+_DONE = b"[DONE]"
+
+
+class _Retry(Exception):
+    """Internal: this attempt failed in a way another attempt may fix."""
+
+    def __init__(self, error: ProviderError, retry_after: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
+class OpenAICompatibleProvider:
+    """The :class:`~terret.runtime.model.ModelProvider` port over
+    ``POST <base_url>/chat/completions``.
+
+    Thread-safe: one instance (and its connection pool) serves every agent's worker thread.
+    Owns its ``httpx.Client`` unless one is passed in; ``close()`` releases it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        stream_usage: bool = True,
+        timeouts: TimeoutConfig | None = None,
+        retry: RetryConfig | None = None,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self._url = self.base_url + "/chat/completions"
+        self._key = Secret(api_key) if api_key else None
+        self._headers = dict(headers or {})
+        self._extra_body = dict(extra_body or {})
+        self._stream_usage = stream_usage
+        self._retry = RetryPolicy(retry or RetryConfig())
+        self._owns_client = client is None
+        if client is None:
+            t = timeouts or TimeoutConfig()
+            client = httpx.Client(
+                timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
+            )
+        self._client = client
+
+    @classmethod
+    def from_endpoint(
+        cls,
+        name: str,
+        endpoint: EndpointConfig,
+        *,
+        api_key: str | None,
+        timeouts: TimeoutConfig | None = None,
+        retry: RetryConfig | None = None,
+    ) -> OpenAICompatibleProvider:
+        return cls(
+            name,
+            endpoint.base_url,
+            api_key=api_key,
+            headers=endpoint.headers,
+            extra_body=endpoint.extra_body,
+            stream_usage=endpoint.stream_usage,
+            timeouts=endpoint.timeouts or timeouts,
+            retry=endpoint.retry or retry,
+        )
+
+    def __repr__(self) -> str:
+        auth = "bearer" if self._key is not None else "none"
+        return (
+            f"OpenAICompatibleProvider(name={self.name!r}, base_url={self.base_url!r}, auth={auth})"
+        )
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> OpenAICompatibleProvider:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- the port ---------------------------------------------------------------------------
+
+    def complete(
+        self,
+        request: ModelRequest,
+        *,
+        on_text: TextSink | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ModelReply:
+        body = request_body(request, stream_usage=self._stream_usage, extra_body=self._extra_body)
+        headers = self._request_headers()
+        attempt = 0
+        while True:
+            self._check_cancel(cancel)
+            try:
+                return self._attempt(body, headers, ChunkAssembler(self.name, on_text), cancel)
+            except _Retry as retry:
+                if attempt >= self._retry.max_retries:
+                    retry.error.add_note(f"{self.name}: gave up after {attempt + 1} attempts")
+                    raise retry.error from retry.__cause__
+                delay = self._retry.delay(attempt, retry.retry_after)
+                attempt += 1
+                logger.warning(
+                    "%s; retry %d of %d in %.2fs",
+                    retry.error,
+                    attempt,
+                    self._retry.max_retries,
+                    delay,
+                )
+                if cancel is not None:
+                    if cancel.wait(delay):
+                        raise ModelCancelled(f"{self.name}: request cancelled") from None
+                elif delay > 0:
+                    threading.Event().wait(delay)
+
+    # --- one attempt --------------------------------------------------------------------------
+
+    def _request_headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        headers.update(self._headers)
+        if self._key is not None:
+            headers["Authorization"] = "Bearer " + self._key.reveal()
+        return headers
+
+    def _attempt(
+        self,
+        body: bytes,
+        headers: dict[str, str],
+        assembler: ChunkAssembler,
+        cancel: threading.Event | None,
+    ) -> ModelReply:
+        try:
+            with self._client.stream("POST", self._url, content=body, headers=headers) as response:
+                if not 200 <= response.status_code < 300:
+                    raise self._status_error(response)
+                if response.headers.get("content-type", "").startswith("application/json"):
+                    return self._read_completion(response, assembler)
+                return self._read_stream(response, assembler, cancel)
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            detail = self._scrub(f"{type(exc).__name__}: {exc}")
+            if assembler.progressed:
+                raise StreamBroken(
+                    self.name,
+                    f"the stream broke after the reply began "
+                    f"({assembler.text_length} characters received): {detail}",
+                ) from exc
+            raise _Retry(ProviderError(self.name, f"request failed: {detail}")) from exc
+        except httpx.HTTPError as exc:  # bad URL, unsupported protocol: retrying cannot help
+            raise ProviderError(self.name, self._scrub(f"{type(exc).__name__}: {exc}")) from exc
+        except UpstreamError as exc:
+            if assembler.progressed:
+                raise
+            raise _Retry(exc) from None
+
+    def _read_stream(
+        self,
+        response: httpx.Response,
+        assembler: ChunkAssembler,
+        cancel: threading.Event | None,
+    ) -> ModelReply:
+        decoder = SSEDecoder()
+        done = False
+        for chunk in response.iter_bytes():
+            if cancel is not None and cancel.is_set():
+                raise ModelCancelled(f"{self.name}: request cancelled")
+            events = decoder.feed(chunk)
+            if events and not done:
+                done = self._consume(events, assembler)
+            # Reading on after [DONE] lets the connection return to the pool.
+        tail, torn = decoder.close()
+        if tail and not done:
+            done = self._consume(tail, assembler)
+        if not done and assembler.finish_reason is None:
+            why = "in the middle of a line" if torn else "without [DONE] or a finish_reason"
+            if assembler.progressed:
+                raise StreamBroken(
+                    self.name,
+                    f"the stream ended {why} after {assembler.text_length} characters",
+                )
+            raise _Retry(ProviderError(self.name, f"the stream ended {why}"))
+        return assembler.reply()
+
+    def _consume(self, events: list[SSEEvent], assembler: ChunkAssembler) -> bool:
+        """Feeds events to the assembler; true once ``[DONE]`` was seen."""
+        loads = json.loads
+        feed = assembler.feed
+        for name, data in events:
+            if data == _DONE:
+                return True
+            if name == b"error":
+                raise UpstreamError(self.name, self._scrub(data.decode("utf-8", "replace")))
+            try:
+                chunk = loads(data)
+            except ValueError as exc:
+                raise MalformedStream(
+                    self.name,
+                    "an SSE data line is not valid JSON",
+                    data=self._scrub(data.decode("utf-8", "replace")),
+                ) from exc
+            feed(chunk)
+        return False
+
+    def _read_completion(self, response: httpx.Response, assembler: ChunkAssembler) -> ModelReply:
+        """A server that ignores ``stream: true`` answers with one JSON completion."""
+        raw = response.read()
+        try:
+            document = json.loads(raw)
+        except ValueError as exc:
+            raise MalformedStream(
+                self.name,
+                "the JSON reply is not valid JSON",
+                data=self._scrub(raw.decode("utf-8", "replace")),
+            ) from exc
+        assembler.feed(document)
+        return assembler.reply()
+
+    def _status_error(self, response: httpx.Response) -> Exception:
+        raw = b""
+        for piece in response.iter_bytes():
+            raw += piece
+            if len(raw) >= _ERROR_BODY_LIMIT:
+                break
+        detail = self._scrub(_error_detail(raw))
+        error = ProviderHTTPError(self.name, response.status_code, detail)
+        if is_retryable_status(response.status_code):
+            return _Retry(error, parse_retry_after(response.headers))
+        return error
+
+    def _check_cancel(self, cancel: threading.Event | None) -> None:
+        if cancel is not None and cancel.is_set():
+            raise ModelCancelled(f"{self.name}: request cancelled")
+
+    def _scrub(self, text: str) -> str:
+        return scrub(self._key, text)
+
+
+def _error_detail(raw: bytes) -> str:
+    """The human part of an error body: ``error.message`` when it is OpenAI-shaped JSON."""
+    text = raw.decode("utf-8", "replace").strip()
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return text[:500]
+    if isinstance(document, dict):
+        error = document.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:500]
+        if isinstance(error, str):
+            return error[:500]
+    return text[:500]

@@ -1,0 +1,236 @@
+"""Summarizers (R19): the role summarizer, a utility request to the ``compactor`` model role,
+and Morph's Compact API, an extractive compressor that deletes whole lines.
+
+Neither is a session request: they read the messages they are given and never touch the event
+log. They fail differently on purpose: the role summarizer raises (an unconfigured role or a
+provider failure is the operator's to see), Morph declines to ``None`` with a warning on any
+failure (it is an optional service; a decline just skips this compaction).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from terret.adapters.providers.secret import Secret
+from terret.domain.messages import Message
+from terret.runtime.model import ModelProvider, ModelRequest
+from terret.runtime.summarizer import render_history
+
+logger = logging.getLogger("terret.summarizers")
+
+RoleResolver = Callable[[str], tuple[ModelProvider, str]]
+
+SUMMARY_INSTRUCTION = (
+    "You compact the history of a long-running agent session. The transcript has one "
+    "role-tagged line per message part: [user], [assistant], [assistant tool call NAME#ID] "
+    "with its JSON arguments, [tool result NAME#ID] and [tool error NAME#ID]. Write a summary "
+    "that lets the agent carry on without the transcript: the user's goals and constraints, "
+    "decisions taken, what was done and with what outcome, every identifier that may matter "
+    "again (files, ids, URLs, versions, deploy ids), errors and how they were resolved, and "
+    "what is still open. Be specific and factual; invent nothing. Reply with the summary only."
+)
+
+
+class RoleSummarizer:
+    """One utility request to the ``compactor`` role over :func:`render_history`.
+
+    ``resolve_role`` maps a role name to ``(provider, model id)`` and raises
+    :class:`~terret.domain.errors.ConfigurationError` for an unconfigured role; that error is
+    let through, as is any :class:`~terret.domain.errors.ProviderError`. An empty reply
+    declines (``None``).
+    """
+
+    def __init__(
+        self,
+        resolve_role: RoleResolver,
+        *,
+        role: str = "compactor",
+        instruction: str = SUMMARY_INSTRUCTION,
+        header: str = "Summary of earlier conversation:\n",
+    ) -> None:
+        self._resolve_role = resolve_role
+        self.role = role
+        self.instruction = instruction
+        self.header = header
+
+    def summarize(self, messages: Sequence[Message]) -> str | None:
+        # Resolve first, so an unconfigured role is reported even for an empty history.
+        provider, model = self._resolve_role(self.role)
+        transcript = render_history(messages)
+        if not transcript:
+            return None
+        request = ModelRequest(
+            model=model,
+            messages=(Message("system", self.instruction), Message("user", transcript)),
+        )
+        summary = provider.complete(request).text.strip()
+        return self.header + summary if summary else None
+
+
+class SummarizerDeclined(UserWarning):
+    """Warned when a summarizer declines (returns ``None``) because something failed."""
+
+
+class MorphSummarizer:
+    """Morph's Compact API: ``POST <base_url>/v1/compact`` with a bearer key.
+
+    The request body (per Morph's public API reference) is
+    ``{"messages": [{"role", "content"}], "query"?, "compression_ratio"?, "preserve_recent"?}``
+    plus any ``options``; the reply is
+    ``{"output": str, "messages": [{"role", "content", "compacted_line_ranges",
+    "kept_line_ranges"}], ...}``. Each Terret message is sent as one Morph message whose content
+    is its :func:`render_history` lines, so a deletion removes whole message parts and every
+    kept line still says whose it was. Messages for which ``keep_context`` is true are wrapped in
+    ``<keepContext>`` tags (kept verbatim); the tags are removed from the result.
+
+    Declines to ``None``, with a :class:`SummarizerDeclined` warning and a log record, on every
+    failure: no key, a connection error or timeout, an HTTP error, a torn or unexpected reply.
+    It never raises.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        api_key_env: str = "MORPH_API_KEY",
+        base_url: str = "https://api.morphllm.com",
+        compression_ratio: float | None = 0.5,
+        query: str | None = None,
+        preserve_recent: int | None = None,
+        keep_context: Callable[[Message], bool] | None = None,
+        options: Mapping[str, Any] | None = None,
+        timeout: float = 60.0,
+        header: str = "Earlier conversation, condensed (lines removed, none reworded):\n",
+        environ: Mapping[str, str] | None = None,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self._key = Secret(api_key) if api_key else None
+        self.api_key_env = api_key_env
+        base = base_url.rstrip("/")
+        self.url = (base[:-3] if base.endswith("/v1") else base) + "/v1/compact"
+        self.compression_ratio = compression_ratio
+        self.query = query
+        self.preserve_recent = preserve_recent
+        self.keep_context = keep_context
+        self.options = dict(options or {})
+        self.header = header
+        self._environ = os.environ if environ is None else environ
+        self._owns_client = client is None
+        self._client = client or httpx.Client(
+            timeout=httpx.Timeout(timeout, connect=min(10.0, timeout))
+        )
+
+    def __repr__(self) -> str:
+        return f"MorphSummarizer(url={self.url!r}, api_key_env={self.api_key_env!r})"
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()
+
+    def summarize(self, messages: Sequence[Message]) -> str | None:
+        key = self._key
+        try:
+            if key is None:
+                value = self._environ.get(self.api_key_env)
+                if not value:
+                    return self._decline(f"no API key (set {self.api_key_env})")
+                key = Secret(value)
+            wire = [self._wire(message) for message in messages]
+            wire = [item for item in wire if item["content"]]
+            if not wire:
+                return None
+            return self._compact(key, wire, messages)
+        except Exception as exc:  # noqa: BLE001 - the contract is "decline, never raise"
+            detail = f"{type(exc).__name__}: {exc}"
+            return self._decline(key.scrub(detail) if key is not None else detail)
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _compact(
+        self, key: Secret, wire: list[dict[str, str]], messages: Sequence[Message]
+    ) -> str | None:
+        body: dict[str, Any] = dict(self.options)
+        body["messages"] = wire
+        query = self.query if self.query is not None else _last_user_text(messages)
+        if query:
+            body["query"] = query
+        if self.compression_ratio is not None:
+            body["compression_ratio"] = self.compression_ratio
+        if self.preserve_recent is not None:
+            body["preserve_recent"] = self.preserve_recent
+        headers = {"Authorization": "Bearer " + key.reveal(), "Content-Type": "application/json"}
+        try:
+            response = self._client.post(self.url, content=json.dumps(body), headers=headers)
+        except httpx.HTTPError as exc:
+            return self._decline(key.scrub(f"request failed: {type(exc).__name__}: {exc}"))
+        if response.status_code != 200:
+            detail = key.scrub(response.text[:300].strip())
+            return self._decline(f"HTTP {response.status_code}: {detail}")
+        try:
+            document = response.json()
+        except ValueError:
+            return self._decline("the reply is not valid JSON (torn response?)")
+        kept = _kept_text(document)
+        if kept is None:
+            return self._decline(f"unexpected reply shape: {key.scrub(response.text[:200])!r}")
+        kept = _strip_keep_tags(kept).strip()
+        if not kept:
+            return self._decline("the reply kept nothing")
+        return self.header + kept
+
+    def _wire(self, message: Message) -> dict[str, str]:
+        content = render_history([message])
+        if content and self.keep_context is not None and self.keep_context(message):
+            # Morph wants the tags on lines of their own.
+            content = f"<keepContext>\n{content}\n</keepContext>"
+        # Tool results travel as "user": the Compact API takes plain {role, content} messages
+        # and a "tool" message without a call id is not one; the line tag keeps the meaning.
+        role = message.role if message.role in ("system", "user", "assistant") else "user"
+        return {"role": role, "content": content}
+
+    def _decline(self, reason: str) -> str | None:
+        """Warns and logs why; returns ``None`` (typed so callers can ``return`` it)."""
+        text = f"Morph compaction declined: {reason}"
+        logger.warning(text)
+        warnings.warn(text, SummarizerDeclined, stacklevel=3)
+        return None
+
+
+def _last_user_text(messages: Sequence[Message]) -> str | None:
+    """The focus query Morph would otherwise guess from the last *user-role* message, which
+    here may be a tool result; the last real user message, cut to 500 characters."""
+    for message in reversed(messages):
+        if message.role == "user" and message.text.strip():
+            return message.text.strip()[:500]
+    return None
+
+
+def _kept_text(document: Any) -> str | None:
+    """The kept text: the per-message contents joined, else ``output``; ``None`` if neither is
+    there in the expected shape."""
+    if not isinstance(document, dict):
+        return None
+    items = document.get("messages")
+    if isinstance(items, list) and items:
+        parts: list[str] = []
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("content"), str):
+                return None
+            if item["content"].strip():
+                parts.append(item["content"].strip("\n"))
+        return "\n".join(parts)
+    output = document.get("output")
+    return output if isinstance(output, str) else None
+
+
+def _strip_keep_tags(text: str) -> str:
+    return "\n".join(
+        line for line in text.split("\n") if line.strip() not in ("<keepContext>", "</keepContext>")
+    )

@@ -1,0 +1,97 @@
+"""Pending approvals of the open turn (R10, R11). A closed turn's approvals are settled: its
+rows are dropped at ``turn/end``."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from terret.domain.codec import RecordedEvent
+from terret.projections.base import Projection
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    session: str
+    call_id: str
+    name: str
+    args: dict[str, Any]
+    turn: int
+    requested_seq: int
+
+
+@dataclass(frozen=True)
+class RecordedVerdict:
+    verdict: str
+    reason: str | None
+    by: dict[str, Any] | None
+
+
+class ApprovalsProjection(Projection):
+    name = "approvals"
+    handles = frozenset({"turn/start", "turn/end", "approval/requested", "approval/resolved"})
+    schema = """
+    CREATE TABLE IF NOT EXISTS approvals (
+        session TEXT NOT NULL, call_id TEXT NOT NULL, name TEXT NOT NULL, args TEXT NOT NULL,
+        turn INTEGER NOT NULL, seq INTEGER NOT NULL, verdict TEXT, reason TEXT, by TEXT,
+        PRIMARY KEY (session, call_id)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS approval_turns (session TEXT PRIMARY KEY, turn INTEGER);
+    """
+    tables = ("approvals", "approval_turns")
+
+    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        p: Any = event.payload
+        session = event.stream
+        name = event.wire_name
+        if name in ("turn/start", "turn/end"):
+            db.execute("DELETE FROM approvals WHERE session = ?", (session,))
+            open_turn = p.turn if name == "turn/start" else None
+            db.execute("INSERT OR REPLACE INTO approval_turns VALUES (?, ?)", (session, open_turn))
+        elif name == "approval/requested":
+            row = db.execute("SELECT turn FROM approval_turns WHERE session = ?",
+                             (session,)).fetchone()
+            if row is None or row[0] is None:
+                return  # outside an open turn: it belongs to no turn and is never pending
+            db.execute(
+                "INSERT OR REPLACE INTO approvals VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, NULL)",
+                (session, p.call_id, p.name, _canonical(p.args), row[0], event.seq),
+            )
+        else:
+            db.execute(
+                "UPDATE approvals SET verdict = ?, reason = ?, by = ?"
+                " WHERE session = ? AND call_id = ? AND verdict IS NULL",
+                (p.verdict, p.reason, p.by.model_dump_json(), session, p.call_id),
+            )
+
+
+def _canonical(args: dict[str, Any]) -> str:
+    return json.dumps(args, sort_keys=True, separators=(",", ":"))
+
+
+def pending(db: sqlite3.Connection, stream: str | None = None) -> list[PendingApproval]:
+    sql = "SELECT session, call_id, name, args, turn, seq FROM approvals WHERE verdict IS NULL"
+    params: tuple[str, ...] = ()
+    if stream is not None:
+        sql += " AND session = ?"
+        params = (stream,)
+    return [
+        PendingApproval(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5])
+        for r in db.execute(sql + " ORDER BY session, seq", params)
+    ]
+
+
+def verdict_for(db: sqlite3.Connection, stream: str, call_id: str, name: str,
+                args: dict[str, Any]) -> RecordedVerdict | None:
+    """R11: a verdict counts only when a request in the open turn names the same call id, tool
+    and arguments."""
+    row = db.execute(
+        "SELECT verdict, reason, by FROM approvals WHERE session = ? AND call_id = ?"
+        " AND name = ? AND args = ? AND verdict IS NOT NULL",
+        (stream, call_id, name, _canonical(args)),
+    ).fetchone()
+    if row is None:
+        return None
+    return RecordedVerdict(row[0], row[1], json.loads(row[2]) if row[2] else None)

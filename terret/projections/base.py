@@ -1,0 +1,128 @@
+"""Projections and the SQLite view store they write to.
+
+A projection owns some tables in the view store, handles some wire names, and processes one
+event at a time inside a transaction the runner opens; the runner records the projection's
+tracked position in the same transaction. Several processes may share one view file: each
+batch re-reads the tracked positions inside its write transaction and skips what another process
+already applied, so an event is never applied twice.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import ClassVar
+
+from terret.domain.codec import RecordedEvent
+
+_VIEW_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tracking (projection TEXT PRIMARY KEY, position INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS projection_faults (
+    projection TEXT PRIMARY KEY, position INTEGER NOT NULL, error TEXT NOT NULL,
+    recorded_at REAL NOT NULL
+);
+"""
+
+
+class Projection(ABC):
+    """A read model. Subclasses declare ``name``, ``handles`` (wire names), ``tables`` and
+    ``schema`` (CREATE statements), and implement ``process``."""
+
+    name: ClassVar[str]
+    handles: ClassVar[frozenset[str]]
+    tables: ClassVar[tuple[str, ...]]
+    schema: ClassVar[str]
+
+    @abstractmethod
+    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        """Apply one event to this projection's tables (inside the runner's transaction)."""
+
+    def create(self, db: sqlite3.Connection) -> None:
+        db.executescript(self.schema)
+
+    def drop(self, db: sqlite3.Connection) -> None:
+        for table in self.tables:
+            db.execute(f"DROP TABLE IF EXISTS {table}")
+
+    def dump(self, db: sqlite3.Connection) -> dict[str, list[tuple[object, ...]]]:
+        """Every row of every table, sorted — what ``verify`` compares."""
+        return {
+            table: sorted(db.execute(f"SELECT * FROM {table}").fetchall(), key=repr)
+            for table in self.tables
+        }
+
+
+class ViewStore:
+    """The SQLite database holding the views. ``":memory:"`` keeps them in memory (tests)."""
+
+    def __init__(self, path: str = ":memory:", *, synchronous: str = "NORMAL") -> None:
+        self.path = path if path == ":memory:" else str(Path(path).resolve())
+        # One connection, serialised by a lock: the runner's batches and the readers'
+        # queries interleave at transaction granularity, which also works for ":memory:".
+        self.db = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=30.0
+        )
+        if self.path != ":memory:":
+            self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(f"PRAGMA synchronous={synchronous}")
+        self.lock = threading.RLock()
+        with self.lock:
+            self.db.executescript(_VIEW_SCHEMA)
+
+    def ensure(self, projection: Projection) -> None:
+        with self.lock:
+            projection.create(self.db)
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        with self.lock:
+            yield self.db
+
+    def tracked(self, name: str) -> int:
+        with self.lock:
+            row = self.db.execute(
+                "SELECT position FROM tracking WHERE projection = ?", (name,)
+            ).fetchone()
+        return row[0] if row else 0
+
+    @staticmethod
+    def set_tracked(db: sqlite3.Connection, name: str, position: int) -> None:
+        db.execute(
+            "INSERT INTO tracking (projection, position) VALUES (?, ?)"
+            " ON CONFLICT (projection) DO UPDATE SET position = excluded.position",
+            (name, position),
+        )
+
+    @staticmethod
+    def record_fault(db: sqlite3.Connection, name: str, position: int, error: str) -> None:
+        db.execute(
+            "INSERT OR REPLACE INTO projection_faults VALUES (?, ?, ?, ?)",
+            (name, position, error, time.time()),
+        )
+
+    def fault(self, name: str) -> tuple[int, str] | None:
+        with self.lock:
+            row = self.db.execute(
+                "SELECT position, error FROM projection_faults WHERE projection = ?", (name,)
+            ).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()

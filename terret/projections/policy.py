@@ -1,0 +1,49 @@
+"""Per-session settings recorded in the log: the latest ``policy/updated`` patterns (R23 — the
+floor is the runtime's business, not this projection's) and the model roles (``session/started``
+roles overridden by ``model/set``)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from terret.domain.codec import RecordedEvent
+from terret.projections.base import Projection
+
+
+class PolicyProjection(Projection):
+    name = "policy"
+    handles = frozenset({"policy/updated"})
+    tables = ("policies",)
+    schema = "CREATE TABLE IF NOT EXISTS policies (session TEXT PRIMARY KEY, patterns TEXT);"
+
+    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        p: Any = event.payload
+        db.execute("INSERT OR REPLACE INTO policies VALUES (?, ?)",
+                   (event.stream, json.dumps(p.patterns)))
+
+
+def read_policy(db: sqlite3.Connection, stream: str) -> list[str] | None:
+    """The recorded patterns, or None when the session never recorded a policy."""
+    row = db.execute("SELECT patterns FROM policies WHERE session = ?", (stream,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+class ModelsProjection(Projection):
+    name = "models"
+    handles = frozenset({"session/started", "model/set"})
+    tables = ("model_roles",)
+    schema = """CREATE TABLE IF NOT EXISTS model_roles (
+        session TEXT NOT NULL, role TEXT NOT NULL, spec TEXT NOT NULL,
+        PRIMARY KEY (session, role)) WITHOUT ROWID;"""
+
+    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        p: Any = event.payload
+        roles = p.roles.items() if event.wire_name == "session/started" else [(p.role, p.spec)]
+        db.executemany("INSERT OR REPLACE INTO model_roles VALUES (?, ?, ?)",
+                       [(event.stream, role, spec) for role, spec in roles])
+
+
+def read_roles(db: sqlite3.Connection, stream: str) -> dict[str, str]:
+    return dict(db.execute("SELECT role, spec FROM model_roles WHERE session = ?", (stream,)))

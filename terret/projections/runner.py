@@ -1,0 +1,439 @@
+"""The projection runner: one catch-up subscription per process feeding every projection in log
+order, then the listeners (so a listener always reads views that include its event).
+
+During catch-up the runner commits in batches; live, it commits as soon as the subscription has
+nothing more buffered. ``wait_until(position)`` gives read-your-writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from terret.domain.catalogue import EventCatalogue, catalogue
+from terret.domain.codec import RecordedEvent, decode
+from terret.domain.errors import CorruptRecord, ProjectionHalted, StoreError
+from terret.domain.store import CaughtUp, Checkpoint, EventStore, StoredRecord
+from terret.projections.base import Projection, ViewStore
+
+log = logging.getLogger("terret.projections")
+
+Listener = Callable[[RecordedEvent], None]
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class ListenerHandle:
+    runner: ProjectionRunner
+    fn: Listener
+    wire_names: frozenset[str] | None
+
+    def remove(self) -> None:
+        self.runner._remove_listener(self)
+
+
+@dataclass(frozen=True)
+class ProjectionState:
+    name: str
+    position: int
+    lag: int
+    fault: tuple[int, str] | None
+
+
+_SKIPS = """CREATE TABLE IF NOT EXISTS projection_skips (
+    projection TEXT NOT NULL, position INTEGER NOT NULL, error TEXT NOT NULL, by TEXT NOT NULL,
+    recorded_at REAL NOT NULL, PRIMARY KEY (projection, position));"""
+
+
+class ProjectionRunner:
+    def __init__(
+        self,
+        store: EventStore,
+        views: ViewStore,
+        projections: Sequence[Projection],
+        *,
+        batch_size: int = 500,
+        registry: EventCatalogue = catalogue,
+    ) -> None:
+        names = [p.name for p in projections]
+        if len(set(names)) != len(names):
+            raise ValueError(f"projection names must be unique: {names}")
+        self.store = store
+        self.views = views
+        self.projections = list(projections)
+        self.batch_size = batch_size
+        self.registry = registry
+        self._listeners: list[ListenerHandle] = []
+        self._listeners_lock = threading.Lock()
+        self._pause = threading.RLock()
+        self._progress = threading.Condition()
+        self._position = 0
+        self._listen_from = 0
+        self._thread: threading.Thread | None = None
+        self._subscription: object | None = None
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        with views.lock:
+            views.db.executescript(_SKIPS)
+        for projection in self.projections:
+            views.ensure(projection)
+        self._position = self._lowest_tracked()
+
+    # --- listeners -----------------------------------------------------------------------
+
+    def add_listener(self, fn: Listener, wire_names: Collection[str] | None = None
+                     ) -> ListenerHandle:
+        handle = ListenerHandle(self, fn, frozenset(wire_names) if wire_names else None)
+        with self._listeners_lock:
+            self._listeners.append(handle)
+        return handle
+
+    def _remove_listener(self, handle: ListenerHandle) -> None:
+        with self._listeners_lock:
+            if handle in self._listeners:
+                self._listeners.remove(handle)
+
+    @property
+    def listener_count(self) -> int:
+        with self._listeners_lock:
+            return len(self._listeners)
+
+    def _notify(self, events: Sequence[RecordedEvent]) -> None:
+        with self._listeners_lock:
+            listeners = list(self._listeners)
+        for event in events:
+            if event.position <= self._listen_from:
+                continue
+            for handle in listeners:
+                if handle.wire_names is not None and event.wire_name not in handle.wire_names:
+                    continue
+                try:
+                    handle.fn(event)
+                except Exception:  # a listener's failure must not stop the bus
+                    log.exception("listener %r failed on %s at %d", handle.fn,
+                                  event.wire_name, event.position)
+
+    # --- running -------------------------------------------------------------------------
+
+    def start(self) -> ProjectionRunner:
+        """Start the background thread: catch up, then follow the log live. Listeners see events
+        appended after this call (history is for projections only)."""
+        if self._thread is not None:
+            return self
+        self._listen_from = self.store.head_position()
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="terret-projections", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        sub = self._subscription
+        if sub is not None:
+            sub.stop()  # type: ignore[attr-defined]
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        with self._progress:
+            self._progress.notify_all()
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def _run(self) -> None:
+        delay = 0.05
+        while not self._stopping.is_set():
+            try:
+                self._follow()
+                delay = 0.05
+            except StoreError as exc:
+                log.warning("projection subscription failed (%s); resubscribing", exc)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 2.0)
+            except BaseException as exc:  # pragma: no cover - reported via wait_until
+                log.exception("projection runner stopped")
+                self._error = exc
+                with self._progress:
+                    self._progress.notify_all()
+                return
+
+    def _follow(self) -> None:
+        sub = self.store.subscribe(after=self._lowest_tracked())
+        self._subscription = sub
+        batch: list[StoredRecord] = []
+        try:
+            for item in sub:
+                if self._stopping.is_set():
+                    break
+                if isinstance(item, StoredRecord):
+                    batch.append(item)
+                    if len(batch) < self.batch_size and getattr(sub, "buffered", 0) > 0:
+                        continue
+                    self._apply(batch, batch[-1].position)
+                    batch = []
+                elif isinstance(item, Checkpoint | CaughtUp):
+                    if batch:
+                        self._apply(batch, batch[-1].position)
+                        batch = []
+                    if item.position > self._position:
+                        self._apply([], item.position)
+        finally:
+            sub.stop()
+            self._subscription = None
+
+    def catch_up(self, *, progress: Progress | None = None) -> int:
+        """Process everything up to the store's head in this thread (CLI commands use this
+        instead of a background runner). Returns the position reached."""
+        head = self.store.head_position()
+        after = self._lowest_tracked()
+        while after < head:
+            records = self.store.read_all(after=after, limit=self.batch_size)
+            records = [r for r in records if r.position <= head]
+            if not records:
+                break
+            self._apply(records, records[-1].position)
+            after = records[-1].position
+            if progress:
+                progress(after, head)
+        self._apply([], head)
+        return head
+
+    def wait_until(self, position: int, timeout: float = 10.0) -> None:
+        """Block until every projection has processed ``position`` (read-your-writes)."""
+        deadline = time.monotonic() + timeout
+        with self._progress:
+            while self._position < position:
+                if self._error is not None:
+                    raise StoreError(f"projection runner failed: {self._error}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"projections did not reach position {position} within {timeout}s "
+                        f"(at {self._position})"
+                    )
+                self._progress.wait(remaining)
+
+    # --- applying ------------------------------------------------------------------------
+
+    def _apply(self, records: Sequence[StoredRecord], upto: int,
+               only: Sequence[Projection] | None = None, notify: bool = True) -> None:
+        projections = self.projections if only is None else only
+        with self._pause:
+            try:
+                events = self._apply_fast(records, upto, projections)
+            except _ProcessFailed:
+                events = self._apply_careful(records, upto, projections)
+            with self._progress:
+                if only is None:
+                    self._position = max(self._position, upto)
+                self._progress.notify_all()
+        if notify and only is None:
+            self._notify(events)
+
+    def _begin(self, db: sqlite3.Connection, projections: Sequence[Projection]
+               ) -> tuple[dict[str, int], set[str]]:
+        tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())
+        halted = {r[0] for r in db.execute("SELECT projection FROM projection_faults")}
+        return {p.name: tracked.get(p.name, 0) for p in projections}, halted
+
+    def _decode(self, record: StoredRecord) -> RecordedEvent | CorruptRecord:
+        try:
+            return decode(record, self.registry)
+        except CorruptRecord as exc:
+            return exc
+
+    def _apply_fast(self, records: Sequence[StoredRecord], upto: int,
+                    projections: Sequence[Projection]) -> list[RecordedEvent]:
+        events: list[RecordedEvent] = []
+        with self.views.transaction() as db:
+            tracked, halted = self._begin(db, projections)
+            skipped = self._skips(db)
+            for record in records:
+                event = self._decode(record)
+                if isinstance(event, RecordedEvent):
+                    events.append(event)
+                for p in projections:
+                    if p.name in halted or record.position <= tracked[p.name]:
+                        continue
+                    if record.wire_name in p.handles:
+                        if (p.name, record.position) in skipped:
+                            pass
+                        elif isinstance(event, CorruptRecord):
+                            self.views.record_fault(db, p.name, record.position, str(event))
+                            halted.add(p.name)
+                            log.error("projection %s halted: %s", p.name, event)
+                            continue
+                        else:
+                            try:
+                                p.process(db, event)
+                            except Exception as exc:
+                                raise _ProcessFailed() from exc
+                    tracked[p.name] = record.position
+            for p in projections:
+                if p.name not in halted and upto > tracked[p.name]:
+                    tracked[p.name] = upto
+                self.views.set_tracked(db, p.name, tracked[p.name])
+        return events
+
+    def _apply_careful(self, records: Sequence[StoredRecord], upto: int,
+                       projections: Sequence[Projection]) -> list[RecordedEvent]:
+        """The slow path after a projection raised: one savepoint per event and projection,
+        so the failing projection halts at the failing event and the others carry on."""
+        events: list[RecordedEvent] = []
+        with self.views.transaction() as db:
+            tracked, halted = self._begin(db, projections)
+            skipped = self._skips(db)
+            for record in records:
+                event = self._decode(record)
+                if isinstance(event, RecordedEvent):
+                    events.append(event)
+                for p in projections:
+                    if p.name in halted or record.position <= tracked[p.name]:
+                        continue
+                    if record.wire_name in p.handles and (p.name, record.position) not in skipped:
+                        error: str | None = str(event) if isinstance(event, CorruptRecord) else None
+                        if error is None:
+                            assert isinstance(event, RecordedEvent)
+                            db.execute("SAVEPOINT event")
+                            try:
+                                p.process(db, event)
+                                db.execute("RELEASE event")
+                            except Exception as exc:
+                                db.execute("ROLLBACK TO event")
+                                db.execute("RELEASE event")
+                                error = f"{type(exc).__name__}: {exc}"
+                        if error is not None:
+                            self.views.record_fault(db, p.name, record.position, error)
+                            halted.add(p.name)
+                            log.error("projection %s halted at %d: %s", p.name,
+                                      record.position, error)
+                            continue
+                    tracked[p.name] = record.position
+            for p in projections:
+                if p.name not in halted and upto > tracked[p.name]:
+                    tracked[p.name] = upto
+                self.views.set_tracked(db, p.name, tracked[p.name])
+        return events
+
+    @staticmethod
+    def _skips(db: sqlite3.Connection) -> set[tuple[str, int]]:
+        return {(r[0], r[1]) for r in db.execute("SELECT projection, position FROM projection_skips")}
+
+    def _lowest_tracked(self) -> int:
+        with self.views.reading() as db:
+            tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())
+            halted = {r[0] for r in db.execute("SELECT projection FROM projection_faults")}
+        live = [tracked.get(p.name, 0) for p in self.projections if p.name not in halted]
+        return min(live, default=max(tracked.values(), default=0))
+
+    # --- operations ----------------------------------------------------------------------
+
+    def projection(self, name: str) -> Projection:
+        for p in self.projections:
+            if p.name == name:
+                return p
+        raise KeyError(f"no projection named {name!r}; known: "
+                       f"{', '.join(p.name for p in self.projections)}")
+
+    def states(self) -> list[ProjectionState]:
+        head = self.store.head_position()
+        out = []
+        for p in self.projections:
+            position = self.views.tracked(p.name)
+            out.append(ProjectionState(p.name, position, max(0, head - position),
+                                       self.views.fault(p.name)))
+        return out
+
+    def check_halted(self) -> None:
+        for p in self.projections:
+            fault = self.views.fault(p.name)
+            if fault is not None:
+                raise ProjectionHalted(p.name, fault[0], fault[1])
+
+    def skip(self, name: str, *, by: str = "operator") -> int:
+        """Skip the event a halted projection stopped at. The skip is recorded in the view
+        store and honoured by later rebuilds."""
+        projection = self.projection(name)
+        with self._pause, self.views.transaction() as db:
+            row = db.execute("SELECT position, error FROM projection_faults WHERE projection = ?",
+                             (name,)).fetchone()
+            if row is None:
+                raise KeyError(f"projection {name!r} is not halted")
+            db.execute("INSERT OR REPLACE INTO projection_skips VALUES (?, ?, ?, ?, ?)",
+                       (name, row[0], row[1], by, time.time()))
+            db.execute("DELETE FROM projection_faults WHERE projection = ?", (name,))
+        del projection
+        log.warning("projection %s: event at %d skipped by %s", name, row[0], by)
+        return int(row[0])
+
+    def rebuild(self, name: str, *, progress: Progress | None = None) -> int:
+        """Drop one projection's view and tracked position and replay it from position 0."""
+        projection = self.projection(name)
+        with self._pause:
+            with self.views.reading() as db:
+                # executescript commits on its own, so this runs outside a transaction; the
+                # pause lock keeps the runner from applying anything meanwhile.
+                db.execute("DELETE FROM tracking WHERE projection = ?", (name,))
+                db.execute("DELETE FROM projection_faults WHERE projection = ?", (name,))
+                projection.drop(db)
+                projection.create(db)
+            return self._replay_into(self, [projection], progress)
+
+    def _replay_into(self, target: ProjectionRunner, projections: Sequence[Projection],
+                     progress: Progress | None, upto: int | None = None) -> int:
+        head = self.store.head_position() if upto is None else upto
+        after = 0
+        while after < head:
+            records = [r for r in self.store.read_all(after=after, limit=self.batch_size * 4)
+                       if r.position <= head]
+            if not records:
+                break
+            target._apply(records, records[-1].position, only=projections, notify=False)
+            after = records[-1].position
+            if progress:
+                progress(after, head)
+        target._apply([], head, only=projections, notify=False)
+        return head
+
+    def verify(self, name: str, *, progress: Progress | None = None) -> list[str]:
+        """Rebuild one projection into a scratch view and list every difference from the live
+        one (empty when they agree)."""
+        live = self.projection(name)
+        with self._pause:
+            upto = self.views.tracked(name)
+            scratch_views = ViewStore(":memory:")
+            fresh = type(live)()
+            scratch = ProjectionRunner(self.store, scratch_views, [fresh], registry=self.registry)
+            with self.views.reading() as db:
+                skips = db.execute("SELECT * FROM projection_skips WHERE projection = ?",
+                                   (name,)).fetchall()
+            with scratch_views.transaction() as sdb:
+                sdb.executemany("INSERT INTO projection_skips VALUES (?, ?, ?, ?, ?)", skips)
+            self._replay_into(scratch, [fresh], progress, upto=upto)
+            with self.views.reading() as db:
+                expected = live.dump(db)
+            with scratch_views.reading() as sdb:
+                actual = fresh.dump(sdb)
+            scratch_views.close()
+        return _differences(name, expected, actual)
+
+
+def _differences(name: str, live: dict[str, list[tuple[object, ...]]],
+                 rebuilt: dict[str, list[tuple[object, ...]]]) -> list[str]:
+    out = []
+    for table in sorted(set(live) | set(rebuilt)):
+        a, b = set(live.get(table, [])), set(rebuilt.get(table, []))
+        for row in sorted(a - b, key=repr)[:20]:
+            out.append(f"{name}.{table}: live has {row!r}, rebuild does not")
+        for row in sorted(b - a, key=repr)[:20]:
+            out.append(f"{name}.{table}: rebuild has {row!r}, live does not")
+    return out
+
+
+class _ProcessFailed(Exception):
+    pass

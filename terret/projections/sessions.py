@@ -1,0 +1,110 @@
+"""The operators' session index: id, agent, created, last activity, event count, closed — joined
+at read time with the title, status and usage views."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from terret.domain.catalogue import catalogue
+from terret.domain.codec import RecordedEvent
+from terret.projections.base import Projection
+from terret.projections.usage import UsageTotals
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    session: str
+    agent: str
+    title: str | None
+    status: str
+    created: float
+    last_activity: float
+    events: int
+    usage: UsageTotals
+    closed: bool
+
+    @property
+    def id(self) -> str:
+        return self.session.removeprefix("session-")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "agent": self.agent, "title": self.title, "status": self.status,
+            "created": self.created, "last_activity": self.last_activity,
+            "events": self.events, "usage": self.usage.as_dict(), "closed": self.closed,
+        }
+
+
+class _EveryKnownEvent(frozenset[str]):
+    """Matches every wire name registered in the catalogue, extensions included."""
+
+    def __contains__(self, name: object) -> bool:
+        return name in catalogue
+
+
+class SessionsProjection(Projection):
+    name = "sessions"
+    handles = _EveryKnownEvent()
+    tables = ("sessions",)
+    schema = """
+    CREATE TABLE IF NOT EXISTS sessions (
+        session TEXT PRIMARY KEY, agent TEXT NOT NULL, created REAL NOT NULL,
+        last_activity REAL NOT NULL, events INTEGER NOT NULL, closed INTEGER NOT NULL
+    );
+    """
+
+    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        if not event.stream.startswith("session-"):
+            return
+        p: Any = event.payload
+        if event.wire_name == "session/started":
+            db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, 0)",
+                       (event.stream, p.agent, event.recorded_at, event.recorded_at, event.seq))
+            return
+        closed = 1 if event.wire_name == "session/closed" else 0
+        db.execute(
+            "UPDATE sessions SET last_activity = ?, events = max(events, ?),"
+            " closed = max(closed, ?) WHERE session = ?",
+            (event.recorded_at, event.seq, closed, event.stream),
+        )
+
+
+def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
+                  limit: int | None = None, stream: str | None = None) -> list[SessionSummary]:
+    where, params = ("WHERE s.session = ?", (stream,)) if stream else ("", ())
+    rows = db.execute(
+        f"""
+        SELECT s.session, s.agent, t.title, s.created, s.last_activity, s.events, s.closed,
+               st.turn_open, st.pending, u.p, u.c, u.cost, u.steps
+        FROM sessions s
+        LEFT JOIN titles t ON t.session = s.session
+        LEFT JOIN status st ON st.session = s.session
+        LEFT JOIN (SELECT session, sum(prompt_tokens) p, sum(completion_tokens) c,
+                          sum(cost) cost, sum(steps) steps
+                   FROM usage_turns GROUP BY session) u ON u.session = s.session
+        {where}
+        ORDER BY s.last_activity DESC
+        """, params
+    ).fetchall()
+    out = []
+    for r in rows:
+        state = "idle"
+        if r[6]:
+            state = "closed"
+        elif r[7]:
+            state = "waiting_approval" if r[8] not in (None, "[]") else "running"
+        if status is not None and state != status:
+            continue
+        usage = UsageTotals(r[9] or 0, r[10] or 0, r[11] or 0.0, r[12] or 0)
+        out.append(SessionSummary(r[0], r[1], r[2], state, r[3], r[4], r[5], usage,
+                                  bool(r[6])))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def get_summary(db: sqlite3.Connection, stream: str) -> SessionSummary | None:
+    found = list_sessions(db, stream=stream)
+    return found[0] if found else None

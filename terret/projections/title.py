@@ -1,0 +1,25 @@
+"""The session's title (R20): the latest ``session/titled``."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from terret.domain.codec import RecordedEvent
+from terret.projections.base import Projection
+
+
+class TitleProjection(Projection):
+    name = "title"
+    handles = frozenset({"session/titled"})
+    tables = ("titles",)
+    schema = "CREATE TABLE IF NOT EXISTS titles (session TEXT PRIMARY KEY, title TEXT NOT NULL);"
+
+    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        p: Any = event.payload
+        db.execute("INSERT OR REPLACE INTO titles VALUES (?, ?)", (event.stream, p.title))
+
+
+def read_title(db: sqlite3.Connection, stream: str) -> str | None:
+    row = db.execute("SELECT title FROM titles WHERE session = ?", (stream,)).fetchone()
+    return row[0] if row else None

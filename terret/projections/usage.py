@@ -1,0 +1,125 @@
+"""Cost accounting (R21): tokens, cost and steps summed from ``step/end``, per session, per turn
+and per model (the model comes from the step's ``step/start``). A ``step/end`` without usage
+(written by a resume) counts the step and adds no tokens."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from terret.domain.codec import RecordedEvent
+from terret.projections.base import Projection
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    steps: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost": round(self.cost, 10),
+            "steps": self.steps,
+        }
+
+
+class UsageProjection(Projection):
+    name = "usage"
+    handles = frozenset({"step/start", "step/end"})
+    tables = ("usage_steps", "usage_turns", "usage_models")
+    schema = """
+    CREATE TABLE IF NOT EXISTS usage_steps (
+        session TEXT NOT NULL, turn INTEGER NOT NULL, step INTEGER NOT NULL, model TEXT NOT NULL,
+        PRIMARY KEY (session, turn, step)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS usage_turns (
+        session TEXT NOT NULL, turn INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL, cost REAL NOT NULL, steps INTEGER NOT NULL,
+        last_prompt_tokens INTEGER, PRIMARY KEY (session, turn)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS usage_models (
+        session TEXT NOT NULL, model TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL, cost REAL NOT NULL, steps INTEGER NOT NULL,
+        PRIMARY KEY (session, model)
+    ) WITHOUT ROWID;
+    """
+
+    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        p: Any = event.payload
+        session = event.stream
+        if event.wire_name == "step/start":
+            # Only the open step's model is needed; older rows of the session are dropped.
+            db.execute("DELETE FROM usage_steps WHERE session = ?", (session,))
+            db.execute("INSERT INTO usage_steps VALUES (?, ?, ?, ?)",
+                       (session, p.turn, p.step, p.model))
+            return
+        usage = p.usage
+        prompt = usage.prompt_tokens if usage else 0
+        completion = usage.completion_tokens if usage else 0
+        cost = (usage.cost or 0.0) if usage else 0.0
+        row = db.execute(
+            "SELECT model FROM usage_steps WHERE session = ? AND turn = ? AND step = ?",
+            (session, p.turn, p.step),
+        ).fetchone()
+        model = row[0] if row else "unknown"
+        db.execute(
+            "INSERT INTO usage_turns VALUES (?, ?, ?, ?, ?, 1, ?)"
+            " ON CONFLICT (session, turn) DO UPDATE SET"
+            " prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
+            " completion_tokens = completion_tokens + excluded.completion_tokens,"
+            " cost = cost + excluded.cost, steps = steps + 1,"
+            " last_prompt_tokens = excluded.last_prompt_tokens",
+            (session, p.turn, prompt, completion, cost, usage.prompt_tokens if usage else None),
+        )
+        db.execute(
+            "INSERT INTO usage_models VALUES (?, ?, ?, ?, ?, 1)"
+            " ON CONFLICT (session, model) DO UPDATE SET"
+            " prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
+            " completion_tokens = completion_tokens + excluded.completion_tokens,"
+            " cost = cost + excluded.cost, steps = steps + 1",
+            (session, model, prompt, completion, cost),
+        )
+
+
+def _totals(row: tuple[Any, ...] | None) -> UsageTotals:
+    if row is None or row[3] is None:
+        return UsageTotals()
+    return UsageTotals(int(row[0]), int(row[1]), float(row[2]), int(row[3]))
+
+
+def session_usage(db: sqlite3.Connection, stream: str) -> UsageTotals:
+    return _totals(db.execute(
+        "SELECT sum(prompt_tokens), sum(completion_tokens), sum(cost), sum(steps)"
+        " FROM usage_turns WHERE session = ?", (stream,)).fetchone())
+
+
+def usage_by_turn(db: sqlite3.Connection, stream: str) -> dict[int, UsageTotals]:
+    return {
+        row[0]: _totals(row[1:])
+        for row in db.execute(
+            "SELECT turn, prompt_tokens, completion_tokens, cost, steps FROM usage_turns"
+            " WHERE session = ? ORDER BY turn", (stream,))
+    }
+
+
+def usage_by_model(db: sqlite3.Connection, stream: str | None = None) -> dict[str, UsageTotals]:
+    sql = ("SELECT model, sum(prompt_tokens), sum(completion_tokens), sum(cost), sum(steps)"
+           " FROM usage_models")
+    params: tuple[str, ...] = ()
+    if stream is not None:
+        sql += " WHERE session = ?"
+        params = (stream,)
+    return {row[0]: _totals(row[1:]) for row in db.execute(sql + " GROUP BY model", params)}
+
+
+def last_prompt_tokens(db: sqlite3.Connection, stream: str, turn: int) -> int | None:
+    row = db.execute(
+        "SELECT last_prompt_tokens FROM usage_turns WHERE session = ? AND turn = ?",
+        (stream, turn),
+    ).fetchone()
+    return row[0] if row else None

@@ -1,0 +1,101 @@
+"""``Views``: the read side in one object — what the runtime and the CLI query."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from terret.domain.messages import Message
+from terret.domain.store import session_stream
+from terret.projections import approvals, messages, policy, sessions, status, title, usage
+from terret.projections.base import Projection, ViewStore
+
+
+def default_projections() -> list[Projection]:
+    return [
+        messages.MessagesProjection(),
+        usage.UsageProjection(),
+        title.TitleProjection(),
+        policy.PolicyProjection(),
+        policy.ModelsProjection(),
+        approvals.ApprovalsProjection(),
+        status.StatusProjection(),
+        sessions.SessionsProjection(),
+    ]
+
+
+def _stream(session: UUID | str) -> str:
+    if isinstance(session, UUID):
+        return session_stream(session)
+    return session if session.startswith("session-") else session_stream(UUID(session))
+
+
+class Views:
+    def __init__(self, store: ViewStore) -> None:
+        self.store = store
+
+    def messages(self, session: UUID | str) -> list[Message]:
+        with self.store.reading() as db:
+            return messages.read_messages(db, _stream(session))
+
+    def usage(self, session: UUID | str) -> usage.UsageTotals:
+        with self.store.reading() as db:
+            return usage.session_usage(db, _stream(session))
+
+    def usage_by_turn(self, session: UUID | str) -> dict[int, usage.UsageTotals]:
+        with self.store.reading() as db:
+            return usage.usage_by_turn(db, _stream(session))
+
+    def usage_by_model(self, session: UUID | str | None = None) -> dict[str, usage.UsageTotals]:
+        with self.store.reading() as db:
+            return usage.usage_by_model(db, _stream(session) if session else None)
+
+    def last_prompt_tokens(self, session: UUID | str, turn: int) -> int | None:
+        with self.store.reading() as db:
+            return usage.last_prompt_tokens(db, _stream(session), turn)
+
+    def title(self, session: UUID | str) -> str | None:
+        with self.store.reading() as db:
+            return title.read_title(db, _stream(session))
+
+    def policy(self, session: UUID | str) -> list[str] | None:
+        with self.store.reading() as db:
+            return policy.read_policy(db, _stream(session))
+
+    def roles(self, session: UUID | str) -> dict[str, str]:
+        with self.store.reading() as db:
+            return policy.read_roles(db, _stream(session))
+
+    def pending(self, session: UUID | str | None = None) -> list[approvals.PendingApproval]:
+        with self.store.reading() as db:
+            return approvals.pending(db, _stream(session) if session else None)
+
+    def verdict_for(self, session: UUID | str, call_id: str, name: str,
+                    args: dict[str, Any]) -> approvals.RecordedVerdict | None:
+        with self.store.reading() as db:
+            return approvals.verdict_for(db, _stream(session), call_id, name, args)
+
+    def status(self, session: UUID | str) -> status.SessionStatus | None:
+        with self.store.reading() as db:
+            return status.read_status(db, _stream(session))
+
+    def resumable(self, session: UUID | str) -> bool:
+        found = self.status(session)
+        return bool(found and found.resumable and not found.closed)
+
+    def resumable_sessions(self) -> list[UUID]:
+        with self.store.reading() as db:
+            return [UUID(s.removeprefix("session-")) for s in status.resumable_sessions(db)]
+
+    def sessions_to_wake(self) -> list[UUID]:
+        with self.store.reading() as db:
+            return [UUID(s.removeprefix("session-")) for s in status.sessions_to_wake(db)]
+
+    def sessions(self, *, status: str | None = None, limit: int | None = None
+                 ) -> list[sessions.SessionSummary]:
+        with self.store.reading() as db:
+            return sessions.list_sessions(db, status=status, limit=limit)
+
+    def summary(self, session: UUID | str) -> sessions.SessionSummary | None:
+        with self.store.reading() as db:
+            return sessions.get_summary(db, _stream(session))
