@@ -1,0 +1,34 @@
+"""Fixtures for the emulator's own tests.
+
+The fixtures are imported explicitly so that these tests run before tests/conftest.py
+registers `tests.support.esdb_fixtures` as a plugin; once it does, drop the import.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from esdbclient import EventStoreDBClient
+
+from tests.support.esdb_fixtures import esdb_emulator, esdb_faults, esdb_uri  # noqa: F401
+
+
+@pytest.fixture
+def client(esdb_uri: str) -> Iterator[EventStoreDBClient]:  # noqa: F811
+    esdb_client = EventStoreDBClient(esdb_uri)
+    yield esdb_client
+    esdb_client.close()
+
+
+@pytest.fixture
+def stream_name() -> str:
+    return f"emulator-test-{uuid.uuid4()}"
+
+
+@pytest.fixture
+def unique_type() -> Callable[[str], str]:
+    """Event types unique to one test, so $all filters see only that test's events."""
+    prefix = f"T{uuid.uuid4().hex[:12]}"
+    return lambda name: f"{prefix}{name}"
