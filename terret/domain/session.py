@@ -357,6 +357,10 @@ class Session(Aggregate):
             handler(self.state, payload, seq)
 
 
+def _on_started(s: SessionState, p: Any, seq: int) -> None:
+    s.agent = p.agent
+
+
 def _on_turn_start(s: SessionState, p: Any, seq: int) -> None:
     s.turn, s.turn_open, s.step, s.step_open, s.step_answered = p.turn, True, 0, False, False
     s.owed, s.pending, s.verdicts, s.cancel_requested = {}, {}, {}, False
@@ -429,6 +433,7 @@ def _on_detached(s: SessionState, p: Any, seq: int) -> None:
 
 
 _APPLY: dict[str, Callable[[SessionState, Any, int], None]] = {
+    "session/started": _on_started,
     "turn/start": _on_turn_start,
     "step/start": _on_step_start,
     "assistant/message": _on_assistant,

@@ -48,7 +48,10 @@ class MemoryStore(EventStore):
                 stream, records, expected_version, len(events), id_at, by_id.get
             )
             if isinstance(decision, AlreadyWritten):
-                return AppendResult(events[decision.last_seq - 1].position, len(events))
+                # R7: the original write's result, even if the stream moved on since
+                return AppendResult(events[decision.last_seq - 1].position, decision.last_seq)
+            if not records:
+                return AppendResult(events[-1].position if events else 0, len(events))
             now = time.time()
             events = self._streams.setdefault(stream, [])
             for record in records:

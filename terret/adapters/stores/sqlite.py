@@ -180,7 +180,13 @@ class SQLiteStore(EventStore):
                 "SELECT position FROM events WHERE stream = ? AND seq = ?",
                 (stream, decision.last_seq),
             ).fetchone()
-            return AppendResult(position=found[0], version=current)
+            # R7: the original write's result, even if the stream moved on since
+            return AppendResult(position=found[0], version=decision.last_seq)
+        if not records:
+            found = conn.execute(
+                "SELECT position FROM events WHERE stream = ? AND seq = ?", (stream, current)
+            ).fetchone()
+            return AppendResult(position=found[0] if found else 0, version=current)
         now = time.time()
         seq = decision.first_seq
         cursor = conn.executemany(

@@ -1,0 +1,15 @@
+"""The store contract on the in-memory store (cross-process cases do not apply)."""
+
+from __future__ import annotations
+
+from terret.adapters.stores.memory import MemoryStore
+from terret.domain.store import EventStore
+from tests.contract.store_contract import StoreContract
+
+
+class TestMemoryStore(StoreContract):
+    def create_store(self) -> EventStore:
+        return MemoryStore()
+
+    def create_store_with_slow_poll(self) -> EventStore:
+        return MemoryStore(poll_interval=5.0)

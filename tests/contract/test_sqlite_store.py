@@ -1,0 +1,174 @@
+"""The store contract on the SQLite store, plus what only a file-backed store can show."""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from terret.adapters.stores.sqlite import SQLiteStore
+from terret.domain.errors import WrongExpectedVersion
+from terret.domain.store import EventStore, StoredRecord, StreamState
+from tests.contract.store_contract import (
+    SIGNAL,
+    TIMEOUT,
+    Collector,
+    Opener,
+    StoreContract,
+    expect,
+    new_stream,
+    record,
+    records,
+)
+
+
+class TestSQLiteStore(StoreContract):
+    @property
+    def db_path(self) -> Path:
+        return Path(self.tmp_path) / "terret.db"
+
+    def create_store(self) -> EventStore:
+        return SQLiteStore(self.db_path)
+
+    def create_store_with_slow_poll(self) -> EventStore:
+        return SQLiteStore(self.db_path, poll_interval=5.0)
+
+    def other_process_opener(self) -> Opener:
+        return functools.partial(SQLiteStore, str(self.db_path))
+
+    def corrupt_record(self, store: EventStore, stored: StoredRecord) -> None:
+        with sqlite3.connect(self.db_path) as conn:
+            conn.execute(
+                "UPDATE events SET event_id = ?, data = ? WHERE position = ?",
+                (b"\x00garbage", "not a blob", stored.position),
+            )
+
+    # --- SQLite only ------------------------------------------------------------------------
+
+    def test_durable_by_default(self, store: EventStore) -> None:
+        assert isinstance(store, SQLiteStore)
+        conn = sqlite3.connect(self.db_path)
+        try:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        finally:
+            conn.close()
+        assert store.synchronous == "FULL"
+        assert store._conn().execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert "synchronous=FULL" in store.describe()
+
+    def test_two_instances_on_one_file_wake_each_other_at_once(self) -> None:
+        reader = SQLiteStore(self.db_path, poll_interval=5.0)
+        writer = SQLiteStore(self.db_path, poll_interval=5.0)
+        try:
+            stream = new_stream()
+            collector = Collector(reader.subscribe(after=reader.head_position(),
+                                                   wire_names=[SIGNAL]))
+            try:
+                collector.wait_caught_up()
+                began = time.monotonic()
+                writer.append(stream, records(1), StreamState.NO_STREAM)
+                collector.wait_records([stream], 1)
+                assert time.monotonic() - began < 0.5
+            finally:
+                collector.stop()
+        finally:
+            reader.close()
+            writer.close()
+
+    def test_other_connections_are_noticed_by_the_poll(self) -> None:
+        store = SQLiteStore(self.db_path, poll_interval=0.05)
+        try:
+            stream = new_stream()
+            collector = Collector(store.subscribe(after=store.head_position()))
+            try:
+                collector.wait_caught_up()
+                # a writer this process's change signal knows nothing about
+                conn = sqlite3.connect(self.db_path, isolation_level=None)
+                try:
+                    template = records(1)[0]
+                    conn.execute(
+                        "INSERT INTO events (stream, seq, event_id, wire_name, data, metadata,"
+                        " recorded_at) VALUES (?, 1, ?, ?, ?, ?, 0)",
+                        (stream, template.event_id.bytes, SIGNAL, template.data,
+                         template.metadata),
+                    )
+                finally:
+                    conn.close()
+                got = collector.wait_records([stream], 1, timeout=TIMEOUT)
+                assert got[0].event_id == template.event_id
+            finally:
+                collector.stop()
+        finally:
+            store.close()
+
+    def test_racing_store_instances_on_one_file(self) -> None:
+        stores = [SQLiteStore(self.db_path), SQLiteStore(self.db_path)]
+        try:
+            stream = new_stream()
+            rounds = 15
+            barrier = threading.Barrier(2)
+            outcomes: list[tuple[int, str, int]] = []
+            lock = threading.Lock()
+
+            def race(store: SQLiteStore) -> None:
+                for r in range(rounds):
+                    barrier.wait(TIMEOUT)
+                    try:
+                        outcome = (r, "won", store.append(stream, [record()], expect(r)).version)
+                    except WrongExpectedVersion as exc:
+                        outcome = (r, "lost", exc.actual)
+                    with lock:
+                        outcomes.append(outcome)
+                    barrier.wait(TIMEOUT)
+
+            threads = [threading.Thread(target=race, args=(s,)) for s in stores]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(TIMEOUT * 2)
+            for r in range(rounds):
+                assert sorted(o[1:] for o in outcomes if o[0] == r) == [
+                    ("lost", r + 1), ("won", r + 1)
+                ]
+        finally:
+            for s in stores:
+                s.close()
+
+    def test_a_reopened_store_keeps_everything(self) -> None:
+        stream = new_stream()
+        first = SQLiteStore(self.db_path)
+        first.append(stream, records(3), StreamState.NO_STREAM)
+        first.write_snapshot(stream, 3, b"s")
+        before = first.read_stream(stream)
+        first.close()
+        second = SQLiteStore(self.db_path)
+        try:
+            assert second.read_stream(stream) == before
+            assert second.read_snapshot(stream) == (3, b"s")
+            assert second.append(stream, records(1), 3).position > before[-1].position
+        finally:
+            second.close()
+
+    @pytest.mark.parametrize("column, value", [
+        ("seq", "not a number"),
+        ("recorded_at", "yesterday"),
+        ("metadata", 42),
+    ])
+    def test_each_damaged_column_is_a_corrupt_record(
+        self, store: EventStore, column: str, value: object
+    ) -> None:
+        from terret.domain.errors import CorruptRecord
+
+        stream = new_stream()
+        store.append(stream, records(2), StreamState.NO_STREAM)
+        damaged = store.read_stream(stream)[0]
+        with sqlite3.connect(self.db_path) as conn:
+            conn.execute(f"UPDATE events SET {column} = ? WHERE position = ?",
+                         (value, damaged.position))
+        with pytest.raises(CorruptRecord) as info:
+            store.read_all(after=damaged.position - 1, limit=10)
+        assert info.value.position == damaged.position
