@@ -18,10 +18,36 @@ from terret.domain import (
 from terret.domain import errors as errors
 from terret.domain.events import Actor
 from terret.domain.messages import Message, ToolCall, Usage
+from terret.runtime import (
+    AgentDefinition,
+    CallContext,
+    FixedSummarizer,
+    Reply,
+    Runtime,
+    RuntimeConfig,
+    ScriptedProvider,
+    StaticResolver,
+    Tool,
+    TurnResult,
+    call,
+    tool,
+)
 
 __all__ = [
     "MAX_STEPS",
     "Actor",
+    "AgentDefinition",
+    "CallContext",
+    "FixedSummarizer",
+    "Reply",
+    "Runtime",
+    "RuntimeConfig",
+    "ScriptedProvider",
+    "StaticResolver",
+    "Tool",
+    "TurnResult",
+    "call",
+    "tool",
     "EventPayload",
     "Message",
     "OpaquePayload",

@@ -64,6 +64,10 @@ class SessionState:
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
     verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
     cancel_requested: bool = False
+    cancel_by: dict[str, Any] | None = None
+    cancel_reason: str | None = None
+    turn_input: bool = False
+    last_reply_final: bool = False
     titled: bool = False
     closed: bool = False
     last_compaction_seq: int = 0
@@ -364,6 +368,8 @@ def _on_started(s: SessionState, p: Any, seq: int) -> None:
 def _on_turn_start(s: SessionState, p: Any, seq: int) -> None:
     s.turn, s.turn_open, s.step, s.step_open, s.step_answered = p.turn, True, 0, False, False
     s.owed, s.pending, s.verdicts, s.cancel_requested = {}, {}, {}, False
+    s.cancel_by = s.cancel_reason = None
+    s.turn_input = s.last_reply_final = False
 
 
 def _on_step_start(s: SessionState, p: Any, seq: int) -> None:
@@ -372,6 +378,7 @@ def _on_step_start(s: SessionState, p: Any, seq: int) -> None:
 
 def _on_assistant(s: SessionState, p: Any, seq: int) -> None:
     s.step_answered = True
+    s.last_reply_final = not p.tool_calls
     s.owed = {c.id: c.model_dump() for c in p.tool_calls}
 
 
@@ -386,6 +393,7 @@ def _on_step_end(s: SessionState, p: Any, seq: int) -> None:
 def _on_turn_end(s: SessionState, p: Any, seq: int) -> None:
     s.turn_open, s.step_open, s.step_answered = False, False, False
     s.owed, s.pending, s.verdicts, s.cancel_requested = {}, {}, {}, False
+    s.cancel_by = s.cancel_reason = None
 
 
 def _on_requested(s: SessionState, p: Any, seq: int) -> None:
@@ -408,6 +416,8 @@ def _on_inbox(s: SessionState, p: Any, seq: int) -> None:
 
 
 def _on_taken(s: SessionState, p: Any, seq: int) -> None:
+    if s.turn_open:
+        s.turn_input = True
     if p.inbox_id:
         s.inbox.pop(p.inbox_id, None)
 
@@ -417,6 +427,13 @@ def _set(attr: str, value: Any) -> Callable[[SessionState, Any, int], None]:
         setattr(s, attr, value)
 
     return apply
+
+
+def _on_cancel(s: SessionState, p: Any, seq: int) -> None:
+    if s.turn_open:
+        s.cancel_requested = True
+        s.cancel_by = p.by.model_dump()
+        s.cancel_reason = p.reason
 
 
 def _on_compacted(s: SessionState, p: Any, seq: int) -> None:
@@ -445,7 +462,7 @@ _APPLY: dict[str, Callable[[SessionState, Any, int], None]] = {
     "inbox/queued": _on_inbox,
     "user/message": _on_taken,
     "context/injected": _on_taken,
-    "turn/cancel_requested": _set("cancel_requested", True),
+    "turn/cancel_requested": _on_cancel,
     "session/titled": _set("titled", True),
     "session/closed": _set("closed", True),
     "session/compacted": _on_compacted,

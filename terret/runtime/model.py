@@ -59,3 +59,32 @@ class ModelProvider(Protocol):
         on_text: TextSink | None = None,
         cancel: threading.Event | None = None,
     ) -> ModelReply: ...
+
+
+@runtime_checkable
+class ModelResolver(Protocol):
+    """Turns a ``provider:model`` spec into the provider to call and its own model id."""
+
+    def resolve(self, spec: str) -> tuple[ModelProvider, str]: ...
+
+
+class StaticResolver:
+    """Resolves specs against a fixed set of providers, by the part before the colon."""
+
+    def __init__(self, providers: dict[str, ModelProvider] | None = None) -> None:
+        self.providers: dict[str, ModelProvider] = dict(providers or {})
+
+    def add(self, provider: ModelProvider, name: str | None = None) -> None:
+        self.providers[name or provider.name] = provider
+
+    def resolve(self, spec: str) -> tuple[ModelProvider, str]:
+        from terret.domain.errors import ConfigurationError
+
+        prefix, sep, model = spec.partition(":")
+        provider = self.providers.get(prefix)
+        if not sep or provider is None:
+            known = ", ".join(sorted(self.providers)) or "none"
+            raise ConfigurationError(f"no provider for model spec {spec!r} (known: {known})")
+        return provider, model
+
+

@@ -1,0 +1,277 @@
+"""An agent: the live instance serving one session in this process (R22), and its turns.
+
+Status (R1) is ``idle → running → waiting_approval → running → idle``; a parked agent refuses a
+new turn like a running one. The turn loop appends through the ``Session`` aggregate and reads
+the messages view after waiting for its own last write (read-your-writes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from terret.domain import errors
+from terret.domain.events import Actor, ToolCallData, TurnStatus, UsageData
+from terret.domain.messages import Message
+from terret.domain.session import MAX_STEPS, Session
+from terret.runtime.allowlist import AllowList
+from terret.runtime.approvals import ApprovalGate, TurnCancelled
+from terret.runtime.hooks import PreStepHook, StepClaim
+from terret.runtime.model import ModelReply, ModelRequest, TextSink
+from terret.runtime.tools import CallContext, Tool, ToolContext, ToolPipeline
+
+if TYPE_CHECKING:
+    from terret.runtime.runtime import Runtime
+
+log = logging.getLogger("terret.agent")
+
+
+@dataclass(frozen=True)
+class AgentDefinition:
+    """What an agent is: instructions, tools, the allow-list floor (R23: deny by default — a
+    tool runs only if a pattern allows it), the step cap (R2)."""
+
+    name: str = "default"
+    revision: int = 1
+    instructions: str = ""
+    tools: Sequence[Tool] = ()
+    allow: Sequence[str] = ()
+    max_steps: int = MAX_STEPS
+    pre_step: Sequence[PreStepHook] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    session_id: UUID
+    turn: int
+    status: TurnStatus
+    text: str = ""
+
+
+class Agent:
+    def __init__(self, runtime: Runtime, agent_id: str, session_id: UUID,
+                 definition: AgentDefinition) -> None:
+        self.runtime = runtime
+        self.id = agent_id
+        self.session_id = session_id
+        self.definition = definition
+        self._status = "idle"
+        self._lock = threading.Lock()
+        self.cancel_event = threading.Event()
+        self.on_text: TextSink | None = None
+        self.context: ToolContext = runtime.tool_context.fork()
+        self.allowlist = AllowList(definition.allow, runtime.views.policy,
+                                   lambda sid: runtime.views.status(sid) is not None)
+        self.context.pre_execute.append(self.allowlist)
+        self.gate = ApprovalGate(
+            runtime.writer, runtime.views, runtime.signals, runtime.wait_for,
+            max_wait=runtime.config.approval_max_wait,
+            on_park=lambda: self._set_status("waiting_approval"),
+            on_unpark=lambda: self._set_status("running"),
+        )
+        self.pipeline = ToolPipeline(definition.tools, self.context, self.gate)
+        self._listeners = [
+            runtime.runner.add_listener(self._on_policy, {"policy/updated"}),
+        ]
+        self._thread: threading.Thread | None = None
+
+    # --- status --------------------------------------------------------------------------
+
+    @property
+    def status(self) -> str:
+        return self._status
+
+    def _set_status(self, status: str) -> None:
+        self._status = status
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def _on_policy(self, event: Any) -> None:
+        if event.session_id == self.session_id:
+            self.allowlist.on_policy_updated(event)
+
+    def release(self) -> None:
+        """Remove every listener this agent registered (R22, R26)."""
+        for handle in self._listeners:
+            handle.remove()
+        self._listeners.clear()
+
+    # --- turns ---------------------------------------------------------------------------
+
+    def _claim(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise errors.TurnAlreadyRunning(
+                f"agent {self.id} is already mid-turn on session {self.session_id}"
+            )
+        self.cancel_event.clear()
+        self._set_status("running")
+
+    def _release_claim(self) -> None:
+        self._set_status("idle")
+        self._lock.release()
+
+    def run_turn(self, text: str | None, *, trigger: str = "user",
+                 inbox_id: str | None = None) -> TurnResult:
+        """R4: refused with ``TurnOpenInLog`` if the log holds an open turn, with
+        ``TurnAlreadyRunning`` if this agent is mid-turn. Failures are recorded as
+        ``turn/end failed`` and re-raised."""
+        self._claim()
+        try:
+            turn, _ = self.runtime.writer.execute(
+                self.session_id,
+                lambda s: s.start_turn(trigger=trigger, text=text or None, inbox_id=inbox_id),
+                owner=True,
+            )
+            return self._drive(turn, resumed=False)
+        finally:
+            self._release_claim()
+
+    def resume_turn(self) -> TurnResult:
+        """R14–R16: re-enter the open turn without a second ``turn/start``. A failure leaves the
+        turn open (it stays resumable) and is re-raised."""
+        self._claim()
+        try:
+            session = self.runtime.writer.load(self.session_id)
+            if not session.turn_open:
+                raise errors.NoOpenTurn(f"session {self.session_id} has no open turn to resume")
+            return self._drive(session.current_turn, resumed=True)
+        finally:
+            self._release_claim()
+
+    def start_in_background(self, fn: Callable[[], object]) -> threading.Thread:
+        def run() -> None:
+            try:
+                fn()
+            except errors.TurnAlreadyRunning:
+                pass
+            except Exception:
+                log.exception("turn of session %s failed", self.session_id)
+
+        thread = threading.Thread(target=run, name=f"terret-turn-{self.session_id}",
+                                  daemon=True)
+        self._thread = thread
+        thread.start()
+        return thread
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def _write(self, command: Callable[[Session], Any]) -> Any:
+        value, result = self.runtime.writer.execute(self.session_id, command, owner=True)
+        self._last_position = result.position if result else self._last_position
+        return value
+
+    def _end(self, turn: int, status: TurnStatus, *, reason: str | None = None,
+             by: Actor | None = None, error: str | None = None, text: str = "") -> TurnResult:
+        self._write(lambda s: s.end_turn(status, reason=reason, by=by, error=error))
+        log.info("session %s turn %d ended %s", self.session_id, turn, status)
+        return TurnResult(self.session_id, turn, status, text)
+
+    def _drive(self, turn: int, *, resumed: bool) -> TurnResult:
+        self._last_position = 0
+        try:
+            if resumed:
+                closed = self._close_open_step(turn)
+                if closed is not None:
+                    return closed
+            else:
+                session = self.runtime.writer.load(self.session_id)
+                if not session.state.turn_input and not session.state.inbox:
+                    return self._end(turn, "empty", reason="nothing to do")
+            while True:
+                result = self._step(turn)
+                if result is not None:
+                    return result
+        except (TurnCancelled, errors.ModelCancelled):
+            return self._close_cancelled(turn)
+        except errors.LostOwnership:
+            log.warning("session %s: lost ownership; turn %d stops without writing",
+                        self.session_id, turn)
+            raise
+        except errors.MaxStepsExceeded as exc:
+            self._end(turn, "failed", error=str(exc))
+            raise
+        except Exception as exc:
+            if resumed:
+                log.warning("resume of session %s failed; the turn stays open: %s",
+                            self.session_id, exc)
+                raise
+            self._end(turn, "failed", error=f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _close_cancelled(self, turn: int) -> TurnResult:
+        session = self.runtime.writer.load(self.session_id)
+        by = Actor(**session.state.cancel_by) if session.state.cancel_by else None
+        return self._end(turn, "cancelled", reason=session.state.cancel_reason, by=by)
+
+    def _close_open_step(self, turn: int) -> TurnResult | None:
+        """R15/R16: re-execute owed calls, close the step without usage; decide the edges."""
+        session = self.runtime.writer.load(self.session_id)
+        state = session.state
+        if state.cancel_requested:
+            raise TurnCancelled("cancel recorded before resume")
+        if state.step_open and state.step_answered:
+            self._run_calls(turn, session.owed_calls())
+            self._write(lambda s: s.end_step(None))
+            return None  # keep stepping; a final reply gets one extra model request (R16)
+        if state.step == 0 and not state.turn_input and not state.inbox:
+            return self._end(turn, "empty", reason="nothing to do")
+        if not state.step_open and state.step > 0 and state.last_reply_final:
+            return self._end(turn, "completed")
+        return None
+
+    def _step(self, turn: int) -> TurnResult | None:
+        runtime = self.runtime
+        session = runtime.writer.load(self.session_id)
+        if session.state.cancel_requested or self.cancel_event.is_set():
+            raise TurnCancelled("cancel requested")
+        spec = runtime.model_spec(self.session_id, "main")
+        claim = StepClaim(self.session_id, turn, session.current_step + 1, spec)
+        for hook in (*runtime.pre_step, *self.definition.pre_step):
+            refusal = hook(claim)
+            if refusal is not None:
+                return self._end(turn, "rejected", reason=refusal.reason,
+                                 by=Actor(actor=refusal.actor))  # type: ignore[arg-type]
+
+        def open_step(s: Session) -> int:
+            step = s.start_step(spec, max_steps=self.definition.max_steps)
+            s.take_inbox()
+            return step
+
+        step = self._write(open_step)
+        runtime.wait_for(self._last_position)
+        messages = runtime.views.messages(self.session_id)
+        reply = self._ask(spec, messages)
+        calls = [ToolCallData(id=c.id, name=c.name, args=c.args) for c in reply.tool_calls]
+        self._write(lambda s: s.record_assistant(reply.text, calls))
+        self._run_calls(turn, calls)
+        usage = None
+        if reply.usage is not None:
+            usage = UsageData(prompt_tokens=reply.usage.prompt_tokens,
+                              completion_tokens=reply.usage.completion_tokens,
+                              cost=reply.usage.cost)
+        self._write(lambda s: s.end_step(usage))
+        log.debug("session %s turn %d step %d closed", self.session_id, turn, step)
+        if not calls:
+            return self._end(turn, "completed", text=reply.text)
+        return None
+
+    def _ask(self, spec: str, messages: list[Message]) -> ModelReply:
+        provider, model = self.runtime.resolver.resolve(spec)
+        system = [Message(role="system", text=self.definition.instructions)] \
+            if self.definition.instructions else []
+        request = ModelRequest(model=model, messages=[*system, *messages],
+                               tools=self.pipeline.specs())
+        return provider.complete(request, on_text=self.on_text, cancel=self.cancel_event)
+
+    def _run_calls(self, turn: int, calls: Sequence[ToolCallData]) -> None:
+        for call in calls:
+            ctx = CallContext(self.session_id, call.id, call.name, dict(call.args), turn)
+            outcome = self.pipeline.run(ctx)
+            self._write(lambda s, c=call, o=outcome: s.record_tool_result(
+                c.id, c.name, o.content, is_error=o.is_error))

@@ -1,0 +1,154 @@
+"""Durable approvals (R8–R13): the execute-stage gate that parks a call on a recorded request
+and wakes when a verdict — from this process or any other — arrives through the subscription.
+
+A parked call waits on a condition; the ``approval/resolved``, ``turn/cancel_requested`` and
+``turn/end`` listener signals it, and the call then re-reads the verdict from the approvals view
+(bound to call id, tool and arguments — R11). There is no timeout by default (R12); with
+``max_wait`` set, the reaper records a durable denial ``by: reaper`` when the wait runs out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from uuid import UUID
+
+from terret.domain.codec import RecordedEvent
+from terret.domain.errors import ApprovalNotPending, TerretError
+from terret.domain.events import Actor
+from terret.domain.session import Session
+from terret.projections.views import Views
+from terret.runtime.tools import CallContext, Tool, ToolOutcome
+from terret.runtime.writer import SessionWriter
+
+log = logging.getLogger("terret.approvals")
+
+
+class TurnCancelled(TerretError):
+    """Raised inside a turn when its cancellation was recorded; the loop closes it cancelled."""
+
+
+class ApprovalSignals:
+    """Wakes parked calls of a session when something they wait for is recorded."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._generation: dict[UUID, int] = {}
+
+    def signal(self, session_id: UUID) -> None:
+        with self._condition:
+            self._generation[session_id] = self._generation.get(session_id, 0) + 1
+            self._condition.notify_all()
+
+    def generation(self, session_id: UUID) -> int:
+        with self._condition:
+            return self._generation.get(session_id, 0)
+
+    def wait(self, session_id: UUID, seen: int, timeout: float) -> int:
+        with self._condition:
+            self._condition.wait_for(
+                lambda: self._generation.get(session_id, 0) != seen, timeout
+            )
+            return self._generation.get(session_id, 0)
+
+    def on_event(self, event: RecordedEvent) -> None:
+        if event.session_id is not None:
+            self.signal(event.session_id)
+
+
+class ApprovalGate:
+    """The execute-stage gate of one agent. ``on_park``/``on_unpark`` flip its status."""
+
+    def __init__(
+        self,
+        writer: SessionWriter,
+        views: Views,
+        signals: ApprovalSignals,
+        wait_for_views: Callable[[int], None],
+        *,
+        max_wait: float | None = None,
+        on_park: Callable[[], None] = lambda: None,
+        on_unpark: Callable[[], None] = lambda: None,
+        poll: float = 1.0,
+    ) -> None:
+        self.writer = writer
+        self.views = views
+        self.signals = signals
+        self.wait_for_views = wait_for_views
+        self.max_wait = max_wait
+        self.on_park = on_park
+        self.on_unpark = on_unpark
+        self.poll = poll
+
+    def __call__(self, tool: Tool, ctx: CallContext) -> ToolOutcome | None:
+        sid = ctx.session_id
+        session = self.writer.load(sid)
+        if session.state.cancel_requested:
+            raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled")
+        verdict = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
+        if verdict is None and ctx.call_id not in session.state.pending:
+            _, result = self.writer.execute(
+                sid, lambda s: s.request_approval(ctx.call_id, ctx.name, ctx.args), owner=True
+            )
+            requested_at = time.time()
+        else:
+            requested_at = time.time()
+        if verdict is None:
+            verdict = self._park(ctx, requested_at)
+        if verdict["verdict"] == "approved":
+            return None
+        by = verdict.get("by") or {}
+        who = by.get("actor", "someone") if isinstance(by, dict) else "someone"
+        reason = verdict.get("reason")
+        text = f"{tool.name} was denied by {who}" + (f": {reason}" if reason else "")
+        return ToolOutcome(text, is_error=True)
+
+    def _park(self, ctx: CallContext, requested_at: float) -> dict[str, object]:
+        sid = ctx.session_id
+        deadline = requested_at + self.max_wait if self.max_wait is not None else None
+        self.on_park()
+        try:
+            while True:
+                seen = self.signals.generation(sid)
+                found = self._recorded_verdict(ctx)
+                if found is not None:
+                    return found
+                if self.writer.load(sid).state.cancel_requested:
+                    raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled while parked")
+                timeout = self.poll
+                if deadline is not None:
+                    remaining = deadline - time.time()
+                    if remaining <= 0:
+                        self._reap(ctx)
+                        continue
+                    timeout = min(timeout, remaining)
+                self.signals.wait(sid, seen, timeout)
+        finally:
+            self.on_unpark()
+
+    def _recorded_verdict(self, ctx: CallContext) -> dict[str, object] | None:
+        sid = ctx.session_id
+        # The aggregate folds in events appended by other processes when it reloads; the
+        # writer reloads on demand, so refresh it from the store.
+        self.writer.forget(sid)
+        session = self.writer.load(sid)
+        found = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
+        if found is None:
+            return None
+        recorded = self.views.verdict_for(sid, ctx.call_id, ctx.name, ctx.args)
+        by = recorded.by if recorded is not None else None
+        return {"verdict": found["verdict"], "reason": found["reason"], "by": by}
+
+    def _reap(self, ctx: CallContext) -> None:
+        def deny(s: Session) -> None:
+            s.resolve_approval(ctx.call_id, "denied", by=Actor(actor="reaper"),
+                               reason=f"no verdict within {self.max_wait:g}s")
+
+        try:
+            self.writer.execute(ctx.session_id, deny)
+            log.warning("approval of %s in %s reaped after %ss", ctx.call_id, ctx.session_id,
+                        self.max_wait)
+        except ApprovalNotPending:
+            pass  # a verdict landed meanwhile

@@ -1,0 +1,353 @@
+"""``Runtime``: the public entry point — sessions, turns, approvals, inbox, compaction, titles,
+usage, the agent registry (R22) and ``serve``.
+
+One runtime per process owns a projection runner (the store is the bus), a session writer (R5)
+and a small worker pool for between-turn upkeep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID, uuid4
+
+from terret.domain import errors
+from terret.domain.codec import RecordedEvent, encode
+from terret.domain.events import Actor, SessionPurged
+from terret.domain.repository import SessionRepository
+from terret.domain.session import MAX_STEPS, Session
+from terret.domain.store import RETENTION_STREAM, EventStore, StreamState, session_stream
+from terret.projections.base import ViewStore
+from terret.projections.runner import ProjectionRunner
+from terret.projections.views import Views, default_projections
+from terret.runtime.agent import Agent, AgentDefinition, TurnResult
+from terret.runtime.approvals import ApprovalSignals
+from terret.runtime.hooks import BudgetGuard, PreStepHook
+from terret.runtime.maintenance import AutoTitler, Compactor, Titler
+from terret.runtime.model import ModelResolver
+from terret.runtime.summarizer import FixedSummarizer, Summarizer
+from terret.runtime.tools import ToolContext
+from terret.runtime.writer import SessionWriter
+
+log = logging.getLogger("terret.runtime")
+
+
+@dataclass
+class RuntimeConfig:
+    """Deployment settings. ``roles`` maps model roles to ``provider:model`` specs; sessions
+    record their own at start and ``model/set`` changes them."""
+
+    roles: dict[str, str] = field(default_factory=lambda: {"main": "scripted:default"})
+    max_steps: int = MAX_STEPS
+    max_agents: int = 128
+    compaction_budget: int | None = None
+    approval_max_wait: float | None = None
+    spend_cap: float | None = None
+    wait_timeout: float = 30.0
+
+
+class Runtime:
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        resolver: ModelResolver,
+        views: ViewStore | str = ":memory:",
+        config: RuntimeConfig | None = None,
+        agents: Iterable[AgentDefinition] = (),
+        summarizer: Summarizer | None = None,
+        titler: Titler | None = None,
+        pre_step: Sequence[PreStepHook] = (),
+    ) -> None:
+        self.store = store
+        self.config = config or RuntimeConfig()
+        self.resolver = resolver
+        self.view_store = views if isinstance(views, ViewStore) else ViewStore(views)
+        self.views = Views(self.view_store)
+        self.runner = ProjectionRunner(store, self.view_store, default_projections())
+        self.repository = SessionRepository(store)
+        self.writer = SessionWriter(self.repository)
+        self.signals = ApprovalSignals()
+        self.tool_context = ToolContext()
+        self.definitions: dict[str, AgentDefinition] = {}
+        for definition in agents:
+            self.define(definition)
+        self.pre_step: list[PreStepHook] = list(pre_step)
+        if self.config.spend_cap is not None:
+            self.pre_step.append(BudgetGuard(self.views, self.config.spend_cap))
+        self.compactor = Compactor(self, summarizer or FixedSummarizer(),
+                                   self.config.compaction_budget)
+        self.titler = AutoTitler(self, titler)
+        self._agents: dict[str, Agent] = {}
+        self._by_session: dict[UUID, Agent] = {}
+        self._registry_lock = threading.RLock()
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="terret-upkeep")
+        self._serving = False
+        self._started = False
+        self.host = socket.gethostname()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Runtime:
+        if self._started:
+            return self
+        r = self.runner
+        r.add_listener(self.signals.on_event,
+                       {"approval/resolved", "turn/cancel_requested", "turn/end"})
+        r.add_listener(self.compactor.on_turn_end, {"turn/end"})
+        r.add_listener(self.titler.on_turn_end, {"turn/end"})
+        r.add_listener(self._on_inbox, {"inbox/queued"})
+        r.start()
+        self._started = True
+        return self
+
+    def close(self) -> None:
+        """Stop: running turns stop at their next boundary and stay resumable."""
+        self._serving = False
+        for agent in list(self._agents.values()):
+            agent.cancel_event.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.runner.stop()
+        self.view_store.close()
+
+    def __enter__(self) -> Runtime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def background(self, task: Callable[[], None]) -> None:
+        try:
+            self._pool.submit(task)
+        except RuntimeError:
+            pass  # shutting down
+
+    def wait_for(self, position: int) -> None:
+        if self._started:
+            self.runner.wait_until(position, self.config.wait_timeout)
+        else:
+            self.runner.catch_up()
+
+    def catch_up_views(self) -> None:
+        self.wait_for(self.store.head_position())
+
+    def define(self, definition: AgentDefinition) -> None:
+        self.definitions[definition.name] = definition
+
+    # --- sessions ------------------------------------------------------------------------
+
+    def create_session(self, *, agent: str = "default", roles: dict[str, str] | None = None,
+                       session_id: UUID | None = None) -> UUID:
+        definition = self._definition(agent)
+        session = Session.start(session_id, agent=definition.name,
+                                agent_revision=definition.revision,
+                                roles={**self.config.roles, **(roles or {})},
+                                policy_floor=list(definition.allow))
+        self.writer.create(session)
+        return session.id
+
+    def _definition(self, name: str) -> AgentDefinition:
+        if name not in self.definitions:
+            if name == "default":
+                return AgentDefinition()
+            raise errors.ConfigurationError(f"no agent definition named {name!r}")
+        return self.definitions[name]
+
+    def model_spec(self, session_id: UUID, role: str) -> str:
+        spec = self.views.roles(session_id).get(role) or self.config.roles.get(role)
+        if spec is None:
+            raise errors.ConfigurationError(f"model role {role!r} is not configured")
+        return spec
+
+    def close_session(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
+        self.writer.execute(session_id, lambda s: s.close(by=by, reason=reason))
+        agent = self._by_session.get(session_id)
+        if agent is not None and not agent.busy:
+            self.dispose_agent(agent.id, reason="session closed")
+
+    def purge(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
+        """Retention (R27): delete a closed session's stream; the deletion is recorded."""
+        session = self.writer.load(session_id)
+        if not session.closed:
+            raise errors.RuleViolation(f"session {session_id} is not closed; close it first")
+        record = encode(SessionPurged(session_id=str(session_id), reason=reason, by=by))
+        self.store.append(RETENTION_STREAM, [record], StreamState.ANY)
+        self.store.delete_stream(session_stream(session_id))
+        self.writer.forget(session_id)
+
+    # --- the agent registry (R22) --------------------------------------------------------
+
+    def spawn_agent(self, session_id: UUID, *, agent_id: str | None = None) -> Agent:
+        with self._registry_lock:
+            agent_id = agent_id or f"agent-{uuid4().hex[:12]}"
+            if agent_id in self._agents:
+                raise errors.AgentExists(f"agent id {agent_id!r} is taken")
+            if session_id in self._by_session:
+                raise errors.AgentExists(
+                    f"session {session_id} already has agent {self._by_session[session_id].id}")
+            if len(self._agents) >= self.config.max_agents:
+                raise errors.AgentCapExceeded(
+                    f"this process already holds {self.config.max_agents} agents")
+            session = self.writer.load(session_id)
+            if session.closed:
+                raise errors.SessionClosed(f"session {session_id} is closed")
+            agent = Agent(self, agent_id, session_id,
+                          self._definition(session.state.agent))
+            self._agents[agent_id] = agent
+            self._by_session[session_id] = agent
+        try:
+            self.writer.execute(session_id, lambda s: s.attach(agent_id, self.host, os.getpid()))
+        except BaseException:
+            self._forget_agent(agent)
+            raise
+        return agent
+
+    def dispose_agent(self, agent_id: str, *, reason: str | None = None) -> None:
+        with self._registry_lock:
+            agent = self._agents.get(agent_id)
+            if agent is None:
+                raise errors.RuntimeFault(f"no agent {agent_id!r}")
+            if agent.busy:
+                raise errors.AgentBusy(f"agent {agent_id} is {agent.status}; only idle agents "
+                                       "can be disposed")
+            self._forget_agent(agent)
+        self.writer.execute(agent.session_id,
+                            lambda s: s.detach(agent_id, self.host, os.getpid(), reason))
+
+    def _forget_agent(self, agent: Agent) -> None:
+        with self._registry_lock:
+            agent.release()
+            self._agents.pop(agent.id, None)
+            if self._by_session.get(agent.session_id) is agent:
+                del self._by_session[agent.session_id]
+
+    def agent_for_session(self, session_id: UUID) -> Agent | None:
+        return self._by_session.get(session_id)
+
+    @property
+    def agents(self) -> list[Agent]:
+        return list(self._agents.values())
+
+    def _agent(self, session_id: UUID) -> Agent:
+        return self.agent_for_session(session_id) or self.spawn_agent(session_id)
+
+    # --- turns ---------------------------------------------------------------------------
+
+    def run_turn(self, session_id: UUID, text: str | None) -> TurnResult:
+        return self._agent(session_id).run_turn(text)
+
+    def resume_turn(self, session_id: UUID) -> TurnResult:
+        return self._agent(session_id).resume_turn()
+
+    def resumable(self, session_id: UUID) -> bool:
+        """R14: the log holds a ``turn/start`` with no ``turn/end`` after it."""
+        return self.writer.load(session_id).turn_open
+
+    def cancel(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
+        """R13: record the cancel first; the turn's owner then denies standing approvals and
+        closes the turn ``cancelled`` at its next boundary (a parked turn at once)."""
+        self.writer.execute(session_id, lambda s: s.request_cancel(by=by, reason=reason))
+        agent = self.agent_for_session(session_id)
+        if agent is not None:
+            agent.cancel_event.set()
+        self.signals.signal(session_id)
+
+    # --- approvals -----------------------------------------------------------------------
+
+    def pending(self, session_id: UUID) -> list[str]:
+        """R10: the open turn's call ids still awaiting a verdict."""
+        return list(self.writer.load(session_id).pending_approvals())
+
+    def approve(self, session_id: UUID, call_id: str, *, by: Actor,
+                reason: str | None = None) -> None:
+        self._resolve(session_id, call_id, "approved", by, reason)
+
+    def deny(self, session_id: UUID, call_id: str, *, by: Actor, reason: str) -> None:
+        self._resolve(session_id, call_id, "denied", by, reason)
+
+    def _resolve(self, session_id: UUID, call_id: str, verdict: str, by: Actor,
+                 reason: str | None) -> None:
+        self.writer.forget(session_id)  # a verdict must see the freshest log
+        self.writer.execute(session_id, lambda s: s.resolve_approval(
+            call_id, verdict, by=by, reason=reason))
+
+    # --- inbox and wake (R24) ------------------------------------------------------------
+
+    def inject(self, session_id: UUID, text: str, *, wake: bool = False) -> str:
+        inbox_id, result = self.writer.execute(session_id, lambda s: s.queue(text, wake=wake))
+        if wake and not self._started:
+            pass  # no runner here: a serving process picks the wake up from the log
+        return str(inbox_id)
+
+    def _on_inbox(self, event: RecordedEvent) -> None:
+        sid = event.session_id
+        if sid is None or not getattr(event.payload, "wake", False):
+            return
+        if self.agent_for_session(sid) is None and not self._serving:
+            return
+        self.background(lambda: self.wake(sid))
+
+    def wake(self, session_id: UUID) -> TurnResult | None:
+        """Start a turn with the pending inbox if the agent is idle (the loser of a race leaves
+        its text in the inbox: it rides the winner's next step). A session whose log holds an
+        open turn is resumed instead."""
+        agent = self._agent(session_id)
+        session = self.writer.load(session_id)
+        if session.closed:
+            return None
+        try:
+            if session.turn_open:
+                return agent.resume_turn()
+            inbox = session.pending_inbox()
+            if not inbox:
+                return None
+            inbox_id, entry = next(iter(inbox.items()))
+            return agent.run_turn(entry["text"], trigger="wake", inbox_id=inbox_id)
+        except (errors.TurnAlreadyRunning, errors.TurnOpenInLog):
+            return None
+
+    # --- compaction, titles, policy, models ----------------------------------------------
+
+    def compact(self, session_id: UUID) -> int | None:
+        return self.compactor.compact(session_id)
+
+    def set_title(self, session_id: UUID, title: str, *, by: Actor) -> str:
+        value, _ = self.writer.execute(session_id, lambda s: s.title(title, by=by))
+        return str(value)
+
+    def set_policy(self, session_id: UUID, patterns: Sequence[str], *, by: Actor) -> None:
+        self.writer.execute(session_id, lambda s: s.update_policy(patterns, by=by))
+
+    def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor) -> None:
+        self.writer.execute(session_id, lambda s: s.set_model(role, spec, by=by))
+
+    def usage(self, session_id: UUID) -> dict[str, Any]:
+        self.catch_up_views()
+        return self.views.usage(session_id).as_dict()
+
+    def title(self, session_id: UUID) -> str | None:
+        self.catch_up_views()
+        return self.views.title(session_id)
+
+    # --- serving -------------------------------------------------------------------------
+
+    def serve_start(self) -> list[UUID]:
+        """Resume every open turn (the rolling-deploy case) and wake sessions with a pending
+        waking inbox; then keep waking sessions as ``inbox/queued`` with wake arrives."""
+        self.start()
+        self._serving = True
+        self.catch_up_views()
+        resumed = []
+        for sid in self.views.resumable_sessions():
+            agent = self.agent_for_session(sid) or self.spawn_agent(sid)
+            agent.start_in_background(agent.resume_turn)
+            resumed.append(sid)
+        for sid in self.views.sessions_to_wake():
+            self.background(lambda s=sid: self.wake(s))
+        return resumed

@@ -1,0 +1,100 @@
+"""A deterministic model provider: scripted replies, tool calls and usage; it can raise on cue
+and block until released. Tests and the demo run on it, and users can use it in their own tests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from terret.domain.errors import ModelCancelled, ProviderError
+from terret.domain.messages import ToolCall, Usage
+from terret.runtime.model import ModelReply, ModelRequest, TextSink
+
+
+@dataclass
+class Reply:
+    """One scripted reply. ``raises`` makes the request fail instead; ``gate`` (a
+    ``threading.Event``) makes it block until the test sets it."""
+
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage | None = None
+    raises: BaseException | None = None
+    gate: threading.Event | None = None
+
+
+def call(name: str, args: dict[str, Any] | None = None, id: str | None = None) -> ToolCall:
+    """A scripted tool call; ids default to ``call-<n>`` in script order."""
+    return ToolCall(id=id or "", name=name, args=dict(args or {}))
+
+
+class ScriptedProvider:
+    """Replies in order; when the script runs out it answers ``default`` (or raises if None).
+
+    ``requests`` keeps every request received, so tests can check what the model was shown.
+    """
+
+    def __init__(
+        self,
+        replies: Iterable[Reply] = (),
+        *,
+        name: str = "scripted",
+        default: Reply | Callable[[ModelRequest], Reply] | None = None,
+        chunk: int = 8,
+    ) -> None:
+        self.name = name
+        self._replies: deque[Reply] = deque(replies)
+        self._default = default
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._chunk = chunk
+        self.requests: list[ModelRequest] = []
+
+    def script(self, *replies: Reply) -> None:
+        with self._lock:
+            self._replies.extend(replies)
+
+    @property
+    def remaining(self) -> int:
+        with self._lock:
+            return len(self._replies)
+
+    def complete(
+        self,
+        request: ModelRequest,
+        *,
+        on_text: TextSink | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ModelReply:
+        with self._lock:
+            self.requests.append(request)
+            if self._replies:
+                reply = self._replies.popleft()
+            elif callable(self._default):
+                reply = self._default(request)
+            elif self._default is not None:
+                reply = self._default
+            else:
+                raise ProviderError(self.name, "the script has no reply left")
+            calls = []
+            for c in reply.tool_calls:
+                self._counter += 1
+                calls.append(ToolCall(id=c.id or f"call-{self._counter}", name=c.name,
+                                      args=c.args))
+        if reply.gate is not None:
+            while not reply.gate.wait(0.05):
+                if cancel is not None and cancel.is_set():
+                    raise ModelCancelled(f"{self.name}: request cancelled")
+        if reply.raises is not None:
+            raise reply.raises
+        if on_text is not None:
+            for i in range(0, len(reply.text), self._chunk):
+                if cancel is not None and cancel.is_set():
+                    raise ModelCancelled(f"{self.name}: request cancelled")
+                on_text(reply.text[i : i + self._chunk])
+        return ModelReply(text=reply.text, tool_calls=tuple(calls), usage=reply.usage,
+                          finish_reason="tool_calls" if calls else "stop")

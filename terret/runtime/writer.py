@@ -1,0 +1,126 @@
+"""Writing to a session (R5, R7).
+
+Seq assignment and the durable write are one critical section per session in this process.
+Across processes, the store's expected-version check detects interleaving: on a conflict the
+writer re-reads; if only commutative events landed (an approval, an inbox entry, a policy or
+model change, a title, a cancel request) it folds them in and retries the command; otherwise a
+turn's owner has lost the session and stops without writing. Event ids are fixed before the
+first attempt inside the store call, so a retry after an unknown outcome never duplicates.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TypeVar
+from uuid import UUID
+
+from terret.domain.catalogue import catalogue
+from terret.domain.errors import LostOwnership, WrongExpectedVersion
+from terret.domain.repository import SessionRepository
+from terret.domain.session import Session
+from terret.domain.store import AppendResult, session_stream
+
+T = TypeVar("T")
+
+MAX_ATTEMPTS = 20
+
+
+class SessionWriter:
+    def __init__(self, repository: SessionRepository, *, cache_size: int = 512) -> None:
+        self.repository = repository
+        self._locks: dict[UUID, threading.RLock] = {}
+        self._locks_lock = threading.Lock()
+        self._cache: OrderedDict[UUID, Session] = OrderedDict()
+        self._cache_size = cache_size
+
+    def lock(self, session_id: UUID) -> threading.RLock:
+        with self._locks_lock:
+            lock = self._locks.get(session_id)
+            if lock is None:
+                lock = self._locks[session_id] = threading.RLock()
+            return lock
+
+    def load(self, session_id: UUID) -> Session:
+        """The session as last written by this process, or loaded from the store."""
+        with self.lock(session_id):
+            cached = self._cache.get(session_id)
+            if cached is not None and not cached.pending_events:
+                self._cache.move_to_end(session_id)
+                return cached
+            return self._reload(session_id)
+
+    def _reload(self, session_id: UUID) -> Session:
+        session = self.repository.get(session_id)
+        self._remember(session)
+        return session
+
+    def _remember(self, session: Session) -> None:
+        self._cache[session.id] = session
+        self._cache.move_to_end(session.id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def forget(self, session_id: UUID) -> None:
+        with self.lock(session_id):
+            self._cache.pop(session_id, None)
+
+    def create(self, session: Session) -> AppendResult:
+        with self.lock(session.id):
+            result = self.repository.save(session)
+            assert result is not None
+            self._remember(session)
+            return result
+
+    def execute(
+        self,
+        session_id: UUID,
+        command: Callable[[Session], T],
+        *,
+        owner: bool = False,
+        correlation_id: str | None = None,
+    ) -> tuple[T, AppendResult | None]:
+        """Run ``command`` on the session and append what it recorded.
+
+        ``owner=True`` marks the writer that runs the session's turn: it may fold in only
+        commutative events on a conflict (R5). Any other writer re-runs its command on the
+        fresh state, which re-validates it.
+        """
+        with self.lock(session_id):
+            session = self.load(session_id)
+            for _attempt in range(MAX_ATTEMPTS):
+                base = session.version
+                try:
+                    value = command(session)
+                except BaseException:
+                    self._cache.pop(session_id, None)  # drop half-applied pending events
+                    raise
+                try:
+                    result = self.repository.save(session, correlation_id=correlation_id)
+                except WrongExpectedVersion:
+                    self._cache.pop(session_id, None)
+                    if owner:
+                        self._check_commutative(session_id, base)
+                    session = self._reload(session_id)
+                    continue
+                except BaseException:
+                    self._cache.pop(session_id, None)
+                    raise
+                self._remember(session)
+                return value, result
+        raise LostOwnership(f"session {session_id}: gave up after {MAX_ATTEMPTS} conflicts")
+
+    def _check_commutative(self, session_id: UUID, base: int) -> None:
+        landed = self.repository.store.read_stream(session_stream(session_id), from_seq=base + 1)
+        foreign = [r.wire_name for r in landed if not _commutes(r.wire_name)]
+        if foreign:
+            raise LostOwnership(
+                f"session {session_id} moved on under this writer ({', '.join(foreign)}); "
+                "another process owns its turn"
+            )
+
+
+def _commutes(wire_name: str) -> bool:
+    cls = catalogue.payload_class(wire_name)
+    return bool(cls is not None and cls.commutative)
