@@ -19,7 +19,7 @@ from terret.domain.events import Actor, ToolCallData, TurnStatus, UsageData
 from terret.domain.messages import Message
 from terret.domain.session import MAX_STEPS, Session
 from terret.runtime.allowlist import AllowList
-from terret.runtime.approvals import ApprovalGate, TurnCancelled
+from terret.runtime.approvals import ApprovalGate, TurnCancelled, TurnSuspended
 from terret.runtime.hooks import PreStepHook, StepClaim
 from terret.runtime.model import ModelReply, ModelRequest, TextSink
 from terret.runtime.tools import CallContext, Tool, ToolContext, ToolPipeline
@@ -70,8 +70,9 @@ class Agent:
         self.gate = ApprovalGate(
             runtime.writer, runtime.views, runtime.signals, runtime.wait_for,
             max_wait=runtime.config.approval_max_wait,
-            on_park=lambda: self._set_status("waiting_approval"),
+            on_park=self._parked,
             on_unpark=lambda: self._set_status("running"),
+            stopping=runtime.stopping,
         )
         self.pipeline = ToolPipeline(definition.tools, self.context, self.gate)
         self._listeners = [
@@ -87,6 +88,10 @@ class Agent:
 
     def _set_status(self, status: str) -> None:
         self._status = status
+
+    def _parked(self) -> None:
+        log.info("session %s parked on an approval", self.session_id)
+        self._set_status("waiting_approval")
 
     @property
     def busy(self) -> bool:
@@ -128,6 +133,7 @@ class Agent:
                 lambda s: s.start_turn(trigger=trigger, text=text or None, inbox_id=inbox_id),
                 owner=True,
             )
+            log.info("session %s turn %d started (%s)", self.session_id, turn, trigger)
             return self._drive(turn, resumed=False)
         finally:
             self._release_claim()
@@ -140,6 +146,7 @@ class Agent:
             session = self.runtime.writer.load(self.session_id)
             if not session.turn_open:
                 raise errors.NoOpenTurn(f"session {self.session_id} has no open turn to resume")
+            log.info("session %s turn %d resumed", self.session_id, session.current_turn)
             return self._drive(session.current_turn, resumed=True)
         finally:
             self._release_claim()
@@ -148,7 +155,7 @@ class Agent:
         def run() -> None:
             try:
                 fn()
-            except errors.TurnAlreadyRunning:
+            except (errors.TurnAlreadyRunning, TurnSuspended):
                 pass
             except Exception:
                 log.exception("turn of session %s failed", self.session_id)
@@ -189,6 +196,9 @@ class Agent:
                     return result
         except (TurnCancelled, errors.ModelCancelled):
             return self._close_cancelled(turn)
+        except TurnSuspended:
+            log.info("session %s turn %d suspended; it stays resumable", self.session_id, turn)
+            raise
         except errors.LostOwnership:
             log.warning("session %s: lost ownership; turn %d stops without writing",
                         self.session_id, turn)
@@ -227,6 +237,8 @@ class Agent:
 
     def _step(self, turn: int) -> TurnResult | None:
         runtime = self.runtime
+        if runtime.stopping.is_set():
+            raise TurnSuspended("the process is stopping")
         session = runtime.writer.load(self.session_id)
         if session.state.cancel_requested or self.cancel_event.is_set():
             raise TurnCancelled("cancel requested")

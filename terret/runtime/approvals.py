@@ -30,6 +30,11 @@ class TurnCancelled(TerretError):
     """Raised inside a turn when its cancellation was recorded; the loop closes it cancelled."""
 
 
+class TurnSuspended(TerretError):
+    """The process is stopping: the turn stops at a step boundary (or leaves its parked
+    approval) without writing anything, and stays open and resumable."""
+
+
 class ApprovalSignals:
     """Wakes parked calls of a session when something they wait for is recorded."""
 
@@ -72,7 +77,9 @@ class ApprovalGate:
         on_park: Callable[[], None] = lambda: None,
         on_unpark: Callable[[], None] = lambda: None,
         poll: float = 1.0,
+        stopping: threading.Event | None = None,
     ) -> None:
+        self.stopping = stopping or threading.Event()
         self.writer = writer
         self.views = views
         self.signals = signals
@@ -115,6 +122,8 @@ class ApprovalGate:
                 found = self._recorded_verdict(ctx)
                 if found is not None:
                     return found
+                if self.stopping.is_set():
+                    raise TurnSuspended(f"stopping while {ctx.call_id} is parked")
                 if self.writer.load(sid).state.cancel_requested:
                     raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled while parked")
                 timeout = self.poll

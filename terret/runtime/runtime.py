@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -90,6 +91,7 @@ class Runtime:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="terret-upkeep")
         self._serving = False
         self._started = False
+        self.stopping = threading.Event()
         self.host = socket.gethostname()
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -107,11 +109,18 @@ class Runtime:
         self._started = True
         return self
 
-    def close(self) -> None:
-        """Stop: running turns stop at their next boundary and stay resumable."""
+    def close(self, *, grace: float = 10.0) -> None:
+        """Stop: running turns stop at their next step boundary (parked ones at once) and stay
+        open and resumable; nothing is lost."""
         self._serving = False
+        self.stopping.set()
+        for sid in list(self._by_session):
+            self.signals.signal(sid)
+        deadline = time.monotonic() + grace
         for agent in list(self._agents.values()):
-            agent.cancel_event.set()
+            thread = agent._thread
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.runner.stop()
         self.view_store.close()
