@@ -134,6 +134,12 @@ class MorphSummarizer:
         if self._owns_client:
             self._client.close()
 
+    def __enter__(self) -> MorphSummarizer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def summarize(self, messages: Sequence[Message]) -> str | None:
         key = self._key
         try:

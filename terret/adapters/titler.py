@@ -70,5 +70,5 @@ def clean_title(text: str, max_chars: int = MAX_TITLE) -> str | None:
     if len(line) > max_chars:
         cut = line[: max_chars + 1].rfind(" ")
         line = line[:cut] if cut >= max_chars // 2 else line[:max_chars]
-        line = line.rstrip(" ,;:-–—").strip()
+        line = line.rstrip(" ,;:-–—" + _QUOTES).strip()
     return line or None

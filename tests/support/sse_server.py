@@ -276,7 +276,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         body = b"".join(reply.parts)
         if reply.framing == "length":
-            self.send_header("Content-Length", str(len(body)))
+            # A cut body promises more than it delivers, as a dropped connection does.
+            promised = len(body) + 100 if reply.cut else len(body)
+            self.send_header("Content-Length", str(promised))
         elif reply.framing == "chunked":
             self.send_header("Transfer-Encoding", "chunked")
         else:

@@ -19,7 +19,8 @@ from terret.domain.errors import ConfigurationError
 #: The spec prefix for an ad-hoc endpoint given inline: ``openai-compatible:<model>@<base_url>``.
 AD_HOC_PROVIDER = "openai-compatible"
 
-_ENDPOINT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+#: The provider part of a spec; the same rule ``model/set`` validates specs with.
+PROVIDER_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
 class TimeoutConfig(BaseModel):
@@ -122,9 +123,10 @@ class ProvidersConfig(BaseModel):
         for name in value:
             if name == AD_HOC_PROVIDER:
                 raise ValueError(f"endpoint name {AD_HOC_PROVIDER!r} is reserved for inline specs")
-            if not _ENDPOINT_NAME.match(name):
+            if not PROVIDER_NAME.match(name):
                 raise ValueError(
-                    f"endpoint name {name!r} must be lowercase letters, digits, '_', '.', '-'"
+                    f"endpoint name {name!r} must be a lowercase letter, then lowercase "
+                    f"letters, digits, '_' or '-'"
                 )
         return {**builtin_endpoints(), **value}
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from terret.adapters.providers.config import (
     AD_HOC_PROVIDER,
+    PROVIDER_NAME,
     EndpointConfig,
     ProvidersConfig,
     check_base_url,
@@ -51,6 +52,11 @@ class ModelSpec:
             )
         if any(ch.isspace() for ch in spec):
             raise ConfigurationError(f"bad model spec {text!r}: it contains whitespace")
+        if not PROVIDER_NAME.match(provider):
+            raise ConfigurationError(
+                f"bad model spec {text!r}: provider {provider!r} must be a lowercase letter, "
+                f"then lowercase letters, digits, '_' or '-'"
+            )
         if provider != AD_HOC_PROVIDER:
             return cls(provider, model)
         cut = max(model.rfind("@http://"), model.rfind("@https://"))
@@ -143,7 +149,7 @@ class ProviderRegistry:
     def register(self, name: str, provider: ModelProvider) -> None:
         """Adds a provider under ``name`` (a scripted provider for tests and demos, a custom
         adapter); ``name:<model>`` specs then resolve to it, ahead of configured endpoints."""
-        if name == AD_HOC_PROVIDER or not name or ":" in name:
+        if name == AD_HOC_PROVIDER or not PROVIDER_NAME.match(name):
             raise ConfigurationError(f"cannot register a provider as {name!r}")
         with self._lock:
             self._providers[name] = provider

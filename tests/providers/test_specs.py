@@ -1,0 +1,213 @@
+"""Model specs, provider configuration and the registry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from terret.adapters.providers import (
+    EndpointConfig,
+    ModelSpec,
+    OpenAICompatibleProvider,
+    ProviderRegistry,
+    ProvidersConfig,
+    RetryConfig,
+)
+from terret.domain.errors import ConfigurationError
+from terret.domain.events import validate_model_spec
+from terret.domain.messages import Message
+from terret.runtime.model import ModelRequest
+from terret.runtime.scripted import Reply as ScriptedReply
+from terret.runtime.scripted import ScriptedProvider
+from tests.support.sse_server import Reply, ScriptedServer, text_stream
+
+KEYS = {"OPENROUTER_API_KEY": "or-key", "OPENAI_API_KEY": "oa-key"}
+
+
+@pytest.mark.parametrize(
+    ("text", "provider", "model", "base_url"),
+    [
+        ("openrouter:anthropic/claude-sonnet-4", "openrouter", "anthropic/claude-sonnet-4", None),
+        (
+            "openrouter:meta-llama/llama-3.1-8b-instruct:free",
+            "openrouter",
+            "meta-llama/llama-3.1-8b-instruct:free",
+            None,
+        ),
+        ("openai:gpt-4o-mini", "openai", "gpt-4o-mini", None),
+        ("ollama:llama3.1:8b", "ollama", "llama3.1:8b", None),
+        (
+            "openai-compatible:Qwen/Qwen2.5-7B@http://localhost:8000/v1",
+            "openai-compatible",
+            "Qwen/Qwen2.5-7B",
+            "http://localhost:8000/v1",
+        ),
+        (
+            "openai-compatible:me@work/model@https://llm.internal/v1/",
+            "openai-compatible",
+            "me@work/model",
+            "https://llm.internal/v1",
+        ),
+    ],
+)
+def test_specs_parse_and_print_canonically(
+    text: str, provider: str, model: str, base_url: str | None
+) -> None:
+    spec = ModelSpec.parse(text)
+    assert (spec.provider, spec.model, spec.base_url) == (provider, model, base_url)
+    assert ModelSpec.parse(str(spec)) == spec
+    validate_model_spec(str(spec))  # what model/set and step/start accept
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "gpt-4o",
+        ":gpt-4o",
+        "openai:",
+        "open ai:gpt",
+        "OpenAI:gpt-4o",
+        "openai:gpt 4o",
+        "openai-compatible:qwen",
+        "openai-compatible:qwen@localhost:8000",
+        "openai-compatible:@http://localhost:8000/v1",
+        "openai-compatible:qwen@ftp://host/v1",
+    ],
+)
+def test_bad_specs_raise_configuration_errors_naming_them(text: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        ModelSpec.parse(text)
+    assert repr(text) in str(caught.value)
+
+
+def test_from_env_defaults() -> None:
+    registry = ProviderRegistry.from_env(KEYS)
+    try:
+        openrouter, model = registry.resolve("openrouter:anthropic/claude-sonnet-4")
+        assert model == "anthropic/claude-sonnet-4"
+        assert isinstance(openrouter, OpenAICompatibleProvider)
+        assert openrouter.name == "openrouter"
+        assert openrouter.base_url == "https://openrouter.ai/api/v1"
+        openai, model = registry.resolve("openai:gpt-4o")
+        assert isinstance(openai, OpenAICompatibleProvider)
+        assert (openai.base_url, model) == ("https://api.openai.com/v1", "gpt-4o")
+        # One provider (one connection pool) per endpoint.
+        assert registry.resolve("openrouter:other/model")[0] is openrouter
+    finally:
+        registry.close()
+
+
+def test_from_env_reads_a_providers_file(tmp_path: Path) -> None:
+    path = tmp_path / "providers.toml"
+    path.write_text(
+        """
+        [endpoints.vllm]
+        base_url = "http://gpu-box:8000/v1"
+
+        [endpoints.ollama]
+        base_url = "http://localhost:11434/v1"
+        stream_usage = true
+
+        [retry]
+        max_retries = 5
+
+        [roles]
+        main = "openrouter:anthropic/claude-sonnet-4"
+        compactor = "ollama:llama3.1:8b"
+        """
+    )
+    registry = ProviderRegistry.from_env({**KEYS, "TERRET_PROVIDERS_FILE": str(path)})
+    try:
+        assert registry.config.retry.max_retries == 5
+        assert set(registry.config.endpoints) == {"openrouter", "openai", "vllm", "ollama"}
+        provider, model = registry.resolve_role("compactor")
+        assert isinstance(provider, OpenAICompatibleProvider)
+        assert (provider.name, provider.base_url, model) == (
+            "ollama",
+            "http://localhost:11434/v1",
+            "llama3.1:8b",
+        )
+    finally:
+        registry.close()
+
+
+def test_a_broken_providers_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "providers.json"
+    path.write_text(json.dumps({"endpoints": {"vllm": {"base_url": "localhost:8000"}}}))
+    with pytest.raises(ConfigurationError, match="providers.json"):
+        ProvidersConfig.from_file(path)
+
+
+@pytest.mark.parametrize(
+    "endpoints",
+    [
+        {"openai-compatible": {"base_url": "http://x/v1"}},
+        {"My Server": {"base_url": "http://x/v1"}},
+        {"vllm": {"base_url": "not a url"}},
+        {"vllm": {"base_url": "http://x/v1", "api_key": "inline keys are refused"}},
+    ],
+)
+def test_invalid_configuration_is_refused(endpoints: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        ProvidersConfig.model_validate({"endpoints": endpoints})
+
+
+def test_unknown_providers_and_unconfigured_roles_are_configuration_errors() -> None:
+    registry = ProviderRegistry(environ=KEYS)
+    with pytest.raises(
+        ConfigurationError, match=r"'vllm:x'.*unknown provider 'vllm'.*openai-compatible"
+    ):
+        registry.resolve("vllm:x")
+    with pytest.raises(ConfigurationError, match="model role 'compactor' is not configured"):
+        registry.role_resolver({"main": "openai:gpt-4o"})("compactor")
+
+
+def test_a_named_local_endpoint_without_auth_talks_to_the_server(server: ScriptedServer) -> None:
+    config = ProvidersConfig(
+        endpoints={
+            "vllm": EndpointConfig(base_url=server.url + "/v1", extra_body={"temperature": 0})
+        },
+        retry=RetryConfig(max_retries=0),
+    )
+    server.script("/v1/chat/completions", Reply.sse(text_stream(["local"], style="openai")))
+    registry = ProviderRegistry(config, environ={})
+    try:
+        provider, model = registry.resolve("vllm:Qwen/Qwen2.5-7B-Instruct")
+        reply = provider.complete(ModelRequest(model=model, messages=(Message("user", "hi"),)))
+    finally:
+        registry.close()
+
+    assert reply.text == "local"
+    body = server.requests[0].json()
+    assert body["model"] == "Qwen/Qwen2.5-7B-Instruct" and body["temperature"] == 0
+    assert "authorization" not in server.requests[0].headers
+
+
+def test_an_inline_openai_compatible_spec_talks_to_the_server(server: ScriptedServer) -> None:
+    server.script("/v1/chat/completions", Reply.sse(text_stream(["inline"])))
+    config = ProvidersConfig(openai_compatible_key_env="LOCAL_KEY")
+    registry = ProviderRegistry(config, environ={"LOCAL_KEY": "local-secret"})
+    try:
+        provider, model = registry.resolve(f"openai-compatible:tiny@{server.url}/v1")
+        reply = provider.complete(ModelRequest(model=model, messages=(Message("user", "hi"),)))
+        assert registry.resolve(f"openai-compatible:other@{server.url}/v1")[0] is provider
+    finally:
+        registry.close()
+
+    assert reply.text == "inline"
+    assert server.requests[0].headers["authorization"] == "Bearer local-secret"
+
+
+def test_registered_providers_resolve_by_name() -> None:
+    scripted = ScriptedProvider([ScriptedReply(text="scripted!")])
+    registry = ProviderRegistry(environ={})
+    registry.register("scripted", scripted)
+
+    provider, model = registry.resolve("scripted:any-model")
+
+    assert provider is scripted and model == "any-model"
+    with pytest.raises(ConfigurationError):
+        registry.register("openai-compatible", scripted)
