@@ -359,16 +359,22 @@ class ProjectionRunner:
         """Skip the event a halted projection stopped at. The skip is recorded in the view
         store and honoured by later rebuilds."""
         projection = self.projection(name)
-        with self._pause, self.views.transaction() as db:
-            row = db.execute("SELECT position, error FROM projection_faults WHERE projection = ?",
-                             (name,)).fetchone()
-            if row is None:
-                raise KeyError(f"projection {name!r} is not halted")
-            db.execute("INSERT OR REPLACE INTO projection_skips VALUES (?, ?, ?, ?, ?)",
-                       (name, row[0], row[1], by, time.time()))
-            db.execute("DELETE FROM projection_faults WHERE projection = ?", (name,))
-        del projection
-        log.warning("projection %s: event at %d skipped by %s", name, row[0], by)
+        with self._pause:
+            with self.views.transaction() as db:
+                row = db.execute(
+                    "SELECT position, error FROM projection_faults WHERE projection = ?", (name,)
+                ).fetchone()
+                if row is None:
+                    raise KeyError(f"projection {name!r} is not halted")
+                db.execute("INSERT OR REPLACE INTO projection_skips VALUES (?, ?, ?, ?, ?)",
+                           (name, row[0], row[1], by, time.time()))
+                db.execute("DELETE FROM projection_faults WHERE projection = ?", (name,))
+            log.warning("projection %s: event at %d skipped by %s", name, row[0], by)
+            # The subscription has moved past the events after the skipped one and will not
+            # deliver them again: replay them into the resumed projection, up to where the
+            # others are, so that none is lost.
+            self._replay_into(self, [projection], None, upto=self._position,
+                              after=self.views.tracked(name))
         return int(row[0])
 
     def rebuild(self, name: str, *, progress: Progress | None = None) -> int:
@@ -385,9 +391,8 @@ class ProjectionRunner:
             return self._replay_into(self, [projection], progress)
 
     def _replay_into(self, target: ProjectionRunner, projections: Sequence[Projection],
-                     progress: Progress | None, upto: int | None = None) -> int:
+                     progress: Progress | None, upto: int | None = None, after: int = 0) -> int:
         head = self.store.head_position() if upto is None else upto
-        after = 0
         while after < head:
             records = [r for r in self.store.read_all(after=after, limit=self.batch_size * 4)
                        if r.position <= head]

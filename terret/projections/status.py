@@ -153,4 +153,6 @@ def resumable_sessions(db: sqlite3.Connection) -> list[str]:
 
 def sessions_to_wake(db: sqlite3.Connection) -> list[str]:
     return [r[0] for r in db.execute(
-        "SELECT session FROM status WHERE turn_open = 0 AND closed = 0 AND inbox LIKE '%true%'")]
+        "SELECT session FROM status WHERE turn_open = 0 AND closed = 0 AND EXISTS"
+        " (SELECT 1 FROM json_each(status.inbox) WHERE json_each.type = 'true')"
+        " ORDER BY session")]

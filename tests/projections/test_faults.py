@@ -1,0 +1,200 @@
+"""An event a projection cannot process halts that projection — recorded, never skipped
+silently; the others carry on; an operator's skip is recorded, resumes the projection and is
+honoured by rebuilds."""
+
+from __future__ import annotations
+
+import queue
+import sqlite3
+from uuid import UUID, uuid4
+
+import pytest
+
+from terret import RecordedEvent, Session
+from terret.domain.errors import ProjectionHalted
+from terret.domain.events import ToolCallData
+from terret.domain.store import EventStore, NewRecord, session_stream
+from terret.projections import Projection, ProjectionRunner, Views, ViewStore, default_projections
+from tests.projections.conftest import OpenedStore
+from tests.projections.logs import MODEL, Writer
+
+WAIT = 10.0
+HANDLING_REQUESTS = {"approvals", "status", "sessions"}  # the projections of approval/requested
+
+
+def _open_step_with_call(s: Session) -> None:
+    s.start_turn(text="deploy")
+    s.start_step(MODEL)
+    s.record_assistant("", [ToolCallData(id="c1", name="deploy", args={"env": "prod"})])
+
+
+def _append_corrupt_request(store: EventStore, sid: UUID) -> int:
+    """An ``approval/requested`` whose data fails validation (empty call id)."""
+    stream = session_stream(sid)
+    record = NewRecord(uuid4(), "approval/requested",
+                       b'{"call_id": "", "name": "deploy", "args": {}}',
+                       b'{"schema_version": 1}')
+    return store.append(stream, [record], store.stream_version(stream)).position
+
+
+def _ask(writer: Writer, sid: UUID) -> int:
+    def run(s: Session) -> None:
+        _open_step_with_call(s)
+        s.request_approval("c1", "deploy", {"env": "prod"})
+
+    return writer.do(sid, run).position
+
+
+def _faults(runner: ProjectionRunner) -> dict[str, tuple[int, str]]:
+    return {s.name: s.fault for s in runner.states() if s.fault is not None}
+
+
+def test_a_corrupt_payload_halts_the_projections_that_handle_it_and_only_them(
+    writer: Writer, runner: ProjectionRunner, store: EventStore, views: Views
+) -> None:
+    broken = writer.start()
+    writer.do(broken, _open_step_with_call)
+    got: queue.Queue[int] = queue.Queue()
+    runner.add_listener(lambda e: got.put(e.position), ["session/titled"])
+    runner.start()
+    bad = _append_corrupt_request(store, broken)
+
+    other = writer.start()
+    _ask(writer, other)
+    titled = writer.do(other, lambda s: s.title("still served")).position
+    runner.wait_until(titled, timeout=WAIT)
+    assert got.get(timeout=WAIT) == titled  # listeners carry on too
+
+    faults = _faults(runner)
+    assert set(faults) == HANDLING_REQUESTS
+    for position, error in faults.values():
+        assert position == bad
+        assert f"position {bad}" in error and "approval/requested" in error
+        assert "call_id" in error  # names the offending field
+    with pytest.raises(ProjectionHalted) as halted:
+        runner.check_halted()
+    assert halted.value.position == bad
+    # Halted projections stopped before the bad event and applied nothing after it …
+    states = {s.name: s for s in runner.states()}
+    assert all(states[n].position == bad - 1 for n in HANDLING_REQUESTS)
+    assert views.pending(other) == []
+    # … while the others went on.
+    assert views.title(other) == "still served"
+    assert [m.text for m in views.messages(broken)] == ["deploy", ""]
+    assert all(s.position == titled for s in states.values() if s.name not in HANDLING_REQUESTS)
+
+
+def test_a_halted_projection_stays_halted_across_restarts(
+    opened_store: OpenedStore, writer: Writer, view_store: ViewStore
+) -> None:
+    sid = writer.start()
+    writer.do(sid, _open_step_with_call)
+    bad = _append_corrupt_request(opened_store.store, sid)
+    ProjectionRunner(opened_store.store, view_store, default_projections()).catch_up()
+    other = writer.start()
+    position = _ask(writer, other)
+
+    again = ProjectionRunner(opened_store.store, view_store, default_projections())
+    opened_store.runners.append(again)
+    again.start().wait_until(position, timeout=WAIT)
+    assert {n: f[0] for n, f in _faults(again).items()} == dict.fromkeys(HANDLING_REQUESTS, bad)
+    assert Views(view_store).pending(other) == []
+
+
+def test_skip_is_recorded_and_the_projection_resumes_without_losing_later_events(
+    writer: Writer, runner: ProjectionRunner, store: EventStore, views: Views,
+    view_store: ViewStore
+) -> None:
+    broken = writer.start()
+    writer.do(broken, _open_step_with_call)
+    runner.start()
+    bad = _append_corrupt_request(store, broken)
+    other = writer.start()
+    runner.wait_until(_ask(writer, other), timeout=WAIT)  # lands while approvals is halted
+    assert views.pending(other) == []
+
+    assert runner.skip("approvals", by="ops@example") == bad
+    recorded = view_store.db.execute(
+        "SELECT projection, position, error, by FROM projection_skips").fetchall()
+    assert [(r[0], r[1], r[3]) for r in recorded] == [("approvals", bad, "ops@example")]
+    assert "call_id" in recorded[0][2]  # the skip keeps the error it skipped
+    assert set(_faults(runner)) == {"status", "sessions"}
+    # The events after the skipped one were not lost, and new ones keep coming.
+    assert [p.call_id for p in views.pending(other)] == ["c1"]
+    third = writer.start()
+    runner.wait_until(_ask(writer, third), timeout=WAIT)
+    assert [p.call_id for p in views.pending(third)] == ["c1"]
+    assert view_store.tracked("approvals") == store.head_position()
+
+    with pytest.raises(KeyError, match="not halted"):
+        runner.skip("approvals")
+    with pytest.raises(KeyError, match="no projection"):
+        runner.skip("nonesuch")
+
+
+def test_skip_on_a_runner_that_is_not_running_resumes_at_the_next_catch_up(
+    writer: Writer, runner: ProjectionRunner, store: EventStore, views: Views
+) -> None:
+    broken = writer.start()
+    writer.do(broken, _open_step_with_call)
+    _append_corrupt_request(store, broken)
+    other = writer.start()
+    _ask(writer, other)
+    runner.catch_up()
+    assert views.pending(other) == []
+    runner.skip("approvals")
+    runner.catch_up()
+    assert [p.call_id for p in views.pending(other)] == ["c1"]
+
+
+def test_a_rebuild_honours_the_recorded_skip_and_halts_again_where_none_was_made(
+    writer: Writer, runner: ProjectionRunner, store: EventStore, views: Views
+) -> None:
+    broken = writer.start()
+    writer.do(broken, _open_step_with_call)
+    bad = _append_corrupt_request(store, broken)
+    other = writer.start()
+    _ask(writer, other)
+    runner.catch_up()
+    runner.skip("approvals")
+    runner.catch_up()
+    before = views.pending()
+
+    assert runner.rebuild("approvals") == store.head_position()
+    assert "approvals" not in _faults(runner)
+    assert views.pending() == before
+    assert runner.verify("approvals") == []
+
+    runner.rebuild("status")  # never skipped: the replay stops at the same event again
+    assert _faults(runner)["status"][0] == bad
+
+
+class Fragile(Projection):
+    """A projection with a bug: it raises on the title "boom"."""
+
+    name = "fragile"
+    handles = frozenset({"session/titled"})
+    tables = ("fragile_titles",)
+    schema = "CREATE TABLE IF NOT EXISTS fragile_titles (seq INTEGER PRIMARY KEY, title TEXT);"
+
+    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        title = event.payload.title  # type: ignore[union-attr]
+        db.execute("INSERT INTO fragile_titles VALUES (?, ?)", (event.seq, title))
+        if title == "boom":
+            raise ValueError("cannot handle boom")
+
+
+def test_a_projection_that_raises_halts_at_that_event_and_keeps_what_came_before(
+    writer: Writer, store: EventStore, view_store: ViewStore
+) -> None:
+    sid = writer.start()
+    for title in ("first", "boom", "third"):
+        writer.do(sid, lambda s, t=title: s.title(t))  # type: ignore[misc]
+    runner = ProjectionRunner(store, view_store, [*default_projections(), Fragile()])
+    runner.catch_up()  # one batch holds all three titles
+    boom = store.read_stream(session_stream(sid))[2]
+    assert boom.wire_name == "session/titled"
+    faults = _faults(runner)
+    assert faults == {"fragile": (boom.position, "ValueError: cannot handle boom")}
+    assert view_store.db.execute("SELECT title FROM fragile_titles").fetchall() == [("first",)]
+    assert Views(view_store).title(sid) == "third"
