@@ -12,7 +12,12 @@ from collections.abc import Callable, Iterator
 import pytest
 from esdbclient import EventStoreDBClient
 
-from tests.support.esdb_fixtures import esdb_emulator, esdb_faults, esdb_uri  # noqa: F401
+from tests.support.esdb_fixtures import (  # noqa: F401
+    esdb_emulator,
+    esdb_faults,
+    esdb_fresh_emulator,
+    esdb_uri,
+)
 
 
 @pytest.fixture

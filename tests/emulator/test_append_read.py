@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import time
 from collections.abc import Callable
 
 import pytest
-from esdbclient import EventStoreDBClient, NewEvent, StreamState
-from esdbclient.exceptions import GrpcDeadlineExceeded, NotFound, WrongCurrentVersion
+from esdbclient import AsyncEventStoreDBClient, EventStoreDBClient, NewEvent, StreamState
+from esdbclient.exceptions import (
+    GrpcDeadlineExceeded,
+    GrpcError,
+    MaximumAppendSizeExceededError,
+    NotFound,
+    WrongCurrentVersion,
+)
 
 from .helpers import new_event
 
@@ -252,3 +259,49 @@ def test_read_all_deadline_is_honoured(client: EventStoreDBClient) -> None:
     time.sleep(0.5)
     with pytest.raises(GrpcDeadlineExceeded):
         list(events)
+
+
+def test_appends_over_the_maximum_size_are_rejected_whole(
+    client: EventStoreDBClient, stream_name: str
+) -> None:
+    big = NewEvent(type="Big", data=b"x" * 1_048_577)
+    with pytest.raises(MaximumAppendSizeExceededError):
+        client.append_to_stream(
+            stream_name, current_version=StreamState.ANY, events=[new_event(), big]
+        )
+    with pytest.raises(GrpcError):  # the Append RPC answers INVALID_ARGUMENT
+        client.append_to_stream(stream_name, current_version=StreamState.ANY, events=big)
+    assert client.get_current_version(stream_name) is StreamState.NO_STREAM
+
+
+def test_links_are_resolved_on_request(client: EventStoreDBClient, stream_name: str) -> None:
+    target = new_event("Target")
+    client.append_to_stream(stream_name, current_version=StreamState.ANY, events=target)
+    links = f"{stream_name}-links"
+    client.append_to_stream(
+        links,
+        current_version=StreamState.ANY,
+        events=NewEvent(type="$>", data=b"0@" + stream_name.encode()),
+    )
+    (unresolved,) = client.get_stream(links)
+    assert unresolved.type == "$>" and unresolved.link is None
+    (resolved,) = client.get_stream(links, resolve_links=True)
+    assert (resolved.id, resolved.stream_name) == (target.id, stream_name)
+    assert resolved.link is not None and resolved.link.stream_name == links
+
+
+def test_async_client_appends_through_batch_append(esdb_uri: str, stream_name: str) -> None:
+    async def scenario() -> list[str]:
+        client = AsyncEventStoreDBClient(esdb_uri)
+        await client.connect()
+        try:
+            await client.append_to_stream(
+                stream_name, current_version=StreamState.NO_STREAM, events=new_event("One")
+            )
+            await client.set_stream_metadata(stream_name, metadata={"k": "v"})
+            await client.append_to_stream(stream_name, current_version=0, events=[new_event("Two")])
+            return [e.type for e in await client.get_stream(stream_name)]
+        finally:
+            await client.close()
+
+    assert asyncio.run(scenario()) == ["One", "Two"]

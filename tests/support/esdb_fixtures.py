@@ -7,6 +7,8 @@ Register with ``pytest_plugins = ["tests.support.esdb_fixtures"]`` in tests/conf
   never started), else the emulator's URI.
 * ``esdb_faults`` (function): the emulator, for fault-injection tests; skipped against a
   real server; pending faults are reset after each test.
+* ``esdb_fresh_emulator`` (function): a new, empty emulator of the test's own (e.g. for
+  benchmarks that need a known $all); skipped against a real server.
 """
 
 from __future__ import annotations
@@ -48,3 +50,11 @@ def esdb_faults(request: pytest.FixtureRequest) -> Iterator[EsdbEmulator]:
     emulator.reset_faults()
     yield emulator
     emulator.reset_faults()
+
+
+@pytest.fixture
+def esdb_fresh_emulator() -> Iterator[EsdbEmulator]:
+    if real_server_uri() is not None:
+        pytest.skip(f"needs a private emulator ({REAL_SERVER_ENV} is set)")
+    with EsdbEmulator().start(host="127.0.0.1", port=0) as emulator:
+        yield emulator

@@ -233,3 +233,8 @@ def batch_timeout() -> status_pb2.Status:
 def batch_bad_request(message: str) -> status_pb2.Status:
     detail = shared_pb2.BadRequest(message=message)
     return status_with_detail(code_pb2.INVALID_ARGUMENT, message, detail)
+
+
+def batch_too_big(max_append_size: int) -> status_pb2.Status:
+    detail = shared_pb2.MaximumAppendSizeExceeded(maxAppendSize=max_append_size)
+    return status_with_detail(code_pb2.INVALID_ARGUMENT, "MaximumAppendSizeExceeded", detail)

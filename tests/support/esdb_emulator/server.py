@@ -15,11 +15,11 @@ from .cluster import GossipServicer, PersistentSubscriptionsServicer
 from .faults import FaultInjector, OpenCalls
 from .records import ProposedEvent
 from .store import EventStore
-from .streams_service import StreamsServicer
+from .streams_service import DEFAULT_MAX_APPEND_SIZE, StreamsServicer
 
 # Every open subscription holds a worker thread of the sync server, and tests leave several
 # open until garbage collection, so the pool is generous.
-DEFAULT_MAX_WORKERS = 128
+DEFAULT_MAX_WORKERS = 256
 WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 
 
@@ -33,8 +33,14 @@ class EsdbEmulator:
     Usage: ``with EsdbEmulator().start() as emulator: EventStoreDBClient(emulator.uri)``.
     """
 
-    def __init__(self, *, max_workers: int = DEFAULT_MAX_WORKERS) -> None:
+    def __init__(
+        self,
+        *,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+        max_append_size: int = DEFAULT_MAX_APPEND_SIZE,
+    ) -> None:
         self._max_workers = max_workers
+        self._max_append_size = max_append_size
         self._store = EventStore()
         self._store.seed_system_event()
         self._faults = FaultInjector()
@@ -56,7 +62,8 @@ class EsdbEmulator:
         # so_reuseport=0: a fixed port already in use must fail rather than be shared.
         server = grpc.server(executor, options=[("grpc.so_reuseport", 0)])
         streams_pb2_grpc.add_StreamsServicer_to_server(
-            StreamsServicer(self._store, self._faults, self._calls), server
+            StreamsServicer(self._store, self._faults, self._calls, self._max_append_size),
+            server,
         )
         gossip_pb2_grpc.add_GossipServicer_to_server(
             GossipServicer(lambda: (self.host, self.port), self._faults), server

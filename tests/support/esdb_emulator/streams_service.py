@@ -30,6 +30,14 @@ from .subscriptions import subscribe_all, subscribe_stream
 # (and write nothing), so that e.g. timeout=0 or timeout=0.001 behave deterministically.
 MIN_SERVICE_SECONDS = 0.005
 
+# The server's default --max-append-size (1 MiB); larger appends are rejected whole.
+DEFAULT_MAX_APPEND_SIZE = 1_048_576
+
+
+def append_size(events: list[ProposedEvent]) -> int:
+    # As the server counts an event (Event.SizeOnDisk): data + metadata + type (UTF-16).
+    return sum(len(e.data) + len(e.custom_metadata) + 2 * len(e.type) for e in events)
+
 
 def guard_call(context: grpc.ServicerContext, faults: FaultInjector, method: str) -> None:
     """Common prologue: expired deadlines and injected faults end the call here."""
@@ -68,10 +76,17 @@ def abort_delete_wrong_version(
 
 
 class StreamsServicer(streams_pb2_grpc.StreamsServicer):
-    def __init__(self, store: EventStore, faults: FaultInjector, calls: OpenCalls) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        faults: FaultInjector,
+        calls: OpenCalls,
+        max_append_size: int = DEFAULT_MAX_APPEND_SIZE,
+    ) -> None:
         self._store = store
         self._faults = faults
         self._calls = calls
+        self._max_append_size = max_append_size
 
     # -- Read ------------------------------------------------------------------------------
 
@@ -111,6 +126,11 @@ class StreamsServicer(streams_pb2_grpc.StreamsServicer):
             events = [convert.proposed_event(req.proposed_message) for req in request_iterator]
         except convert.InvalidProposal as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        if append_size(events) > self._max_append_size:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Maximum Append Size of {self._max_append_size} Exceeded.",
+            )
         self._abort_if_expired(context)
         outcome = self._store.append(stream, expected, events)
         if isinstance(outcome, Written):
@@ -149,6 +169,8 @@ class StreamsServicer(streams_pb2_grpc.StreamsServicer):
         response = batch.response_template()
         if batch.error is not None:
             response.error.CopyFrom(batch.error)
+        elif append_size(batch.events) > self._max_append_size:
+            response.error.CopyFrom(convert.batch_too_big(self._max_append_size))
         elif batch.deadline_passed():
             response.error.CopyFrom(convert.batch_timeout())
         else:
