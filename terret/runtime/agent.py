@@ -239,7 +239,8 @@ class Agent:
         runtime = self.runtime
         if runtime.stopping.is_set():
             raise TurnSuspended("the process is stopping")
-        session = runtime.writer.load(self.session_id)
+        # Other processes may have queued text or recorded a cancel since the last write.
+        session = runtime.writer.refresh(self.session_id)
         if session.state.cancel_requested or self.cancel_event.is_set():
             raise TurnCancelled("cancel requested")
         spec = runtime.model_spec(self.session_id, "main")

@@ -91,7 +91,7 @@ class ApprovalGate:
 
     def __call__(self, tool: Tool, ctx: CallContext) -> ToolOutcome | None:
         sid = ctx.session_id
-        session = self.writer.load(sid)
+        session = self.writer.refresh(sid)
         if session.state.cancel_requested:
             raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled")
         verdict = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
@@ -124,7 +124,7 @@ class ApprovalGate:
                     return found
                 if self.stopping.is_set():
                     raise TurnSuspended(f"stopping while {ctx.call_id} is parked")
-                if self.writer.load(sid).state.cancel_requested:
+                if self.writer.refresh(sid).state.cancel_requested:
                     raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled while parked")
                 timeout = self.poll
                 if deadline is not None:
@@ -139,10 +139,8 @@ class ApprovalGate:
 
     def _recorded_verdict(self, ctx: CallContext) -> dict[str, object] | None:
         sid = ctx.session_id
-        # The aggregate folds in events appended by other processes when it reloads; the
-        # writer reloads on demand, so refresh it from the store.
-        self.writer.forget(sid)
-        session = self.writer.load(sid)
+        # A verdict may come from another process: apply the store's tail first.
+        session = self.writer.refresh(sid)
         found = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
         if found is None:
             return None

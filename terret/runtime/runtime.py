@@ -19,11 +19,11 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from terret.domain import errors
-from terret.domain.codec import RecordedEvent, encode
-from terret.domain.events import Actor, SessionPurged
+from terret.domain.codec import RecordedEvent
+from terret.domain.events import Actor
 from terret.domain.repository import SessionRepository
 from terret.domain.session import MAX_STEPS, Session
-from terret.domain.store import RETENTION_STREAM, EventStore, StreamState, session_stream
+from terret.domain.store import EventStore
 from terret.projections.base import ViewStore
 from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views, default_projections
@@ -32,6 +32,7 @@ from terret.runtime.approvals import ApprovalSignals
 from terret.runtime.hooks import BudgetGuard, PreStepHook
 from terret.runtime.maintenance import AutoTitler, Compactor, Titler
 from terret.runtime.model import ModelResolver
+from terret.runtime.retention import purge_session
 from terret.runtime.summarizer import FixedSummarizer, Summarizer
 from terret.runtime.tools import ToolContext
 from terret.runtime.writer import SessionWriter
@@ -180,14 +181,10 @@ class Runtime:
         if agent is not None and not agent.busy:
             self.dispose_agent(agent.id, reason="session closed")
 
-    def purge(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
+    def purge(self, session_id: UUID, *, by: Actor, reason: str | None = None,
+              max_age: int | None = None) -> None:
         """Retention (R27): delete a closed session's stream; the deletion is recorded."""
-        session = self.writer.load(session_id)
-        if not session.closed:
-            raise errors.RuleViolation(f"session {session_id} is not closed; close it first")
-        record = encode(SessionPurged(session_id=str(session_id), reason=reason, by=by))
-        self.store.append(RETENTION_STREAM, [record], StreamState.ANY)
-        self.store.delete_stream(session_stream(session_id))
+        purge_session(self.repository, session_id, by=by, reason=reason, max_age=max_age)
         self.writer.forget(session_id)
 
     # --- the agent registry (R22) --------------------------------------------------------
@@ -282,7 +279,7 @@ class Runtime:
 
     def _resolve(self, session_id: UUID, call_id: str, verdict: str, by: Actor,
                  reason: str | None) -> None:
-        self.writer.forget(session_id)  # a verdict must see the freshest log
+        self.writer.refresh(session_id)  # a verdict must see the freshest log
         self.writer.execute(session_id, lambda s: s.resolve_approval(
             call_id, verdict, by=by, reason=reason))
 
@@ -307,7 +304,7 @@ class Runtime:
         its text in the inbox: it rides the winner's next step). A session whose log holds an
         open turn is resumed instead."""
         agent = self._agent(session_id)
-        session = self.writer.load(session_id)
+        session = self.writer.refresh(session_id)
         if session.closed:
             return None
         try:

@@ -17,6 +17,7 @@ from typing import TypeVar
 from uuid import UUID
 
 from terret.domain.catalogue import catalogue
+from terret.domain.codec import decode
 from terret.domain.errors import LostOwnership, WrongExpectedVersion
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
@@ -50,6 +51,22 @@ class SessionWriter:
                 self._cache.move_to_end(session_id)
                 return cached
             return self._reload(session_id)
+
+    def refresh(self, session_id: UUID) -> Session:
+        """The session with every event in the store applied, including what other processes
+        appended since this process last wrote (reads only the tail)."""
+        with self.lock(session_id):
+            cached = self._cache.get(session_id)
+            if cached is None or cached.pending_events:
+                return self._reload(session_id)
+            tail = self.repository.store.read_stream(session_stream(session_id),
+                                                     from_seq=cached.version + 1)
+            try:
+                for record in tail:
+                    cached.replay(record.seq, decode(record).payload)
+            except Exception:
+                return self._reload(session_id)
+            return cached
 
     def _reload(self, session_id: UUID) -> Session:
         session = self.repository.get(session_id)

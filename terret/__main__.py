@@ -1,0 +1,3 @@
+from terret.cli import main
+
+main()

@@ -1,0 +1,72 @@
+"""The ``terret`` command line: administer sessions, serve agents, chat, and the demo.
+
+Exit codes: 0 ok, 1 a domain error (not found, conflict, refused by a rule, unreachable store),
+2 a usage error. Messages go to stderr; credentials in store URIs are masked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import click
+
+from terret.adapters.stores.uri import mask_credentials
+from terret.cli._app import App, default_app, load_app
+from terret.cli._context import DEFAULT_STORE, CliContext
+from terret.domain.errors import TerretError
+
+__all__ = ["App", "cli", "default_app", "load_app", "main"]
+
+
+class TerretGroup(click.Group):
+    """Turns Terret's typed errors into one-line messages with exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TerretError as exc:
+            uri = ctx.obj.store_uri if isinstance(ctx.obj, CliContext) else ""
+            message = str(exc)
+            if uri:
+                message = message.replace(uri, mask_credentials(uri))
+            raise click.ClickException(f"{type(exc).__name__}: {message}") from None
+        except KeyError as exc:
+            raise click.ClickException(str(exc.args[0] if exc.args else exc)) from None
+
+
+@click.group(cls=TerretGroup)
+@click.option("--store", "store_uri", envvar="TERRET_STORE", default=DEFAULT_STORE,
+              show_default=True, metavar="URI",
+              help="Event store: a SQLite file path, sqlite:///path, or esdb://host:port?… "
+                   "(env TERRET_STORE).")
+@click.option("--views", "views_path", envvar="TERRET_VIEWS", default=None, metavar="PATH",
+              help="SQLite file for the projections' views (default: beside the store).")
+@click.option("--json", "json_output", is_flag=True, help="Machine-readable JSON output.")
+@click.option("-v", "--verbose", is_flag=True, help="Log lifecycle transitions to stderr.")
+@click.version_option(package_name="terret")
+@click.pass_context
+def cli(ctx: click.Context, store_uri: str, views_path: str | None, json_output: bool,
+        verbose: bool) -> None:
+    """Terret: long-lived LLM agent sessions on an event store.
+
+    Every step, tool call, approval, compaction, title and cost figure is an event in a
+    durable per-session log; the store is the bus, so a command here acts on a session served
+    by another process. Start with `terret demo`.
+    """
+    level = logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
+    ctx.obj = CliContext(store_uri, views_path, json_output)
+    ctx.call_on_close(ctx.obj.close)
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    cli(prog_name="terret")
+
+
+from terret.cli import admin, approvals, demo, logcmd, projections, serve, sessions  # noqa: E402
+
+for _module in (sessions, approvals, logcmd, admin, projections, serve, demo):
+    _module.register(cli)

@@ -1,0 +1,67 @@
+"""What a serving CLI process runs: agent definitions (tools are code), the model resolver,
+runtime settings. ``--app module:function`` names a function returning an :class:`App`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from terret.domain.errors import ConfigurationError
+from terret.runtime.agent import AgentDefinition
+from terret.runtime.maintenance import Titler
+from terret.runtime.model import ModelResolver
+from terret.runtime.runtime import RuntimeConfig
+from terret.runtime.summarizer import Summarizer
+
+
+@dataclass
+class App:
+    resolver: ModelResolver
+    agents: list[AgentDefinition] = field(default_factory=list)
+    config: RuntimeConfig = field(default_factory=RuntimeConfig)
+    summarizer: Summarizer | None = None
+    titler: Titler | None = None
+
+
+def default_app() -> App:
+    """Providers from the environment (OpenRouter, OpenAI, OpenAI-compatible endpoints), a
+    ``default`` agent with no tools, roles from ``TERRET_MAIN_MODEL`` (default: the scripted
+    echo model, so nothing is sent anywhere unless configured)."""
+    import os
+
+    from terret.adapters.providers import ProviderRegistry
+    from terret.adapters.summarizers import RoleSummarizer
+    from terret.runtime.scripted import Reply, ScriptedProvider
+
+    registry = ProviderRegistry.from_env()
+    registry.register("scripted", ScriptedProvider(
+        name="scripted", default=lambda request: Reply(text=_echo(request))))
+    roles = {"main": os.environ.get("TERRET_MAIN_MODEL", "scripted:echo")}
+    if os.environ.get("TERRET_COMPACTOR_MODEL"):
+        roles["compactor"] = os.environ["TERRET_COMPACTOR_MODEL"]
+    config = RuntimeConfig(roles=roles)
+    summarizer = RoleSummarizer(registry.role_resolver(roles)) if "compactor" in roles else None
+    return App(resolver=registry, agents=[AgentDefinition()], config=config,
+               summarizer=summarizer)
+
+
+def _echo(request: object) -> str:
+    messages = getattr(request, "messages", [])
+    last = next((m.text for m in reversed(messages) if m.role == "user"), "")
+    return f"(echo) {last}"
+
+
+def load_app(spec: str | None) -> App:
+    if spec is None:
+        return default_app()
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        factory: Callable[[], App] = getattr(module, attr or "app")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"cannot load app {spec!r}: {exc}") from None
+    app = factory()
+    if not isinstance(app, App):
+        raise ConfigurationError(f"{spec} did not return a terret.cli.App")
+    return app

@@ -1,0 +1,147 @@
+"""Shared CLI plumbing: opening the store and views, typed errors → exit codes, output."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import click
+
+from terret.adapters.stores.uri import mask_credentials, open_store
+from terret.domain.errors import SessionNotFound, StoreUnavailable
+from terret.domain.events import Actor
+from terret.domain.store import EventStore, session_stream
+from terret.projections.base import ViewStore
+from terret.projections.runner import ProjectionRunner
+from terret.projections.views import Views, default_projections
+
+DEFAULT_STORE = "terret.db"
+
+
+def default_views_path(store_uri: str) -> str:
+    if store_uri.startswith(("esdb://", "esdb+discover://")):
+        return "terret-views.db"
+    if store_uri in ("memory:", "memory://"):
+        return ":memory:"
+    path = store_uri.removeprefix("sqlite://")
+    return str(Path(path).with_suffix("")) + ".views.db"
+
+
+class SessionIdType(click.ParamType):
+    """A session id: a UUID, or ``session-<uuid>``. Malformed ids are usage errors (exit 2)."""
+
+    name = "SESSION"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> UUID:
+        if isinstance(value, UUID):
+            return value
+        text = str(value).strip().removeprefix("session-")
+        try:
+            return UUID(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a session id (expected a UUID)", param, ctx)
+
+
+SESSION = SessionIdType()
+
+
+@dataclass
+class CliContext:
+    store_uri: str
+    views_path: str | None
+    json_output: bool
+    _store: EventStore | None = None
+    _views: ViewStore | None = None
+    _runner: ProjectionRunner | None = None
+    closers: list[Any] = field(default_factory=list)
+
+    @property
+    def masked_uri(self) -> str:
+        return mask_credentials(self.store_uri)
+
+    def store(self, *, create: bool = False) -> EventStore:
+        if self._store is None:
+            uri = self.store_uri
+            is_file = not uri.startswith(("esdb://", "esdb+discover://", "memory:"))
+            if is_file and not create:
+                path = uri.removeprefix("sqlite://")
+                if not os.path.exists(path):
+                    raise StoreUnavailable(
+                        f"no store at {path} (create one with `terret sessions new` or "
+                        "`terret demo`, or pass --store)")
+            self._store = open_store(uri)
+            self.closers.append(self._store.close)
+        return self._store
+
+    def view_store(self) -> ViewStore:
+        if self._views is None:
+            self._views = ViewStore(self.views_path or default_views_path(self.store_uri))
+            self.closers.append(self._views.close)
+        return self._views
+
+    def runner(self) -> ProjectionRunner:
+        if self._runner is None:
+            self._runner = ProjectionRunner(self.store(), self.view_store(),
+                                            default_projections())
+        return self._runner
+
+    def views(self) -> Views:
+        """The views, caught up with the store's head (read-your-writes for one-shot commands)."""
+        self.runner().catch_up()
+        return Views(self.view_store())
+
+    def require_session(self, session_id: UUID) -> None:
+        if self.store().stream_version(session_stream(session_id)) == 0:
+            raise SessionNotFound(f"no session {session_id} in {self.masked_uri}")
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            try:
+                close()
+            except Exception:
+                pass
+        self.closers.clear()
+
+    # --- output --------------------------------------------------------------------------
+
+    def emit(self, data: Any, text: str | None = None) -> None:
+        """Print ``data`` as JSON with --json, else ``text`` (or a readable rendering)."""
+        if self.json_output:
+            click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+        elif text is not None:
+            click.echo(text)
+        else:
+            click.echo(json.dumps(data, indent=2, default=str))
+
+
+def operator() -> Actor:
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = None
+    return Actor(actor="operator", id=user)
+
+
+def note(message: str) -> None:
+    """Progress and status messages go to stderr, so stdout stays parseable."""
+    click.echo(message, err=True)
+
+
+def table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=False)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def is_tty() -> bool:
+    return sys.stdout.isatty()

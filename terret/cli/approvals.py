@@ -1,0 +1,69 @@
+"""``terret approvals list``, ``approve``, ``deny``: verdicts from any process (the store is the
+bus: a parked turn in ``terret serve`` resumes when the verdict reaches its subscription)."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import click
+
+from terret.cli._context import SESSION, CliContext, operator, table
+from terret.domain.repository import SessionRepository
+from terret.runtime.writer import SessionWriter
+
+
+@click.group("approvals")
+def approvals() -> None:
+    """Pending approvals of open turns."""
+
+
+@approvals.command("list")
+@click.argument("session_id", type=SESSION, required=False)
+@click.pass_obj
+def list_approvals(obj: CliContext, session_id: UUID | None) -> None:
+    """Requests without a verdict in open turns (of one session, or all)."""
+    if session_id is not None:
+        obj.require_session(session_id)
+    found = obj.views().pending(session_id)
+    data = [{"session": p.session.removeprefix("session-"), "call_id": p.call_id,
+             "tool": p.name, "args": p.args, "turn": p.turn} for p in found]
+    rows = [[d["session"], d["call_id"], d["tool"], str(d["args"])[:60]] for d in data]
+    obj.emit(data, table(rows, ["SESSION", "CALL", "TOOL", "ARGS"]) if rows
+             else "no pending approvals")
+
+
+def _resolve(obj: CliContext, session_id: UUID, call_id: str, verdict: str,
+             reason: str | None) -> None:
+    obj.require_session(session_id)
+    writer = SessionWriter(SessionRepository(obj.store()))
+    # Refused with ApprovalNotPending unless the call is pending in the open turn (R11).
+    writer.execute(session_id, lambda s: s.resolve_approval(
+        call_id, verdict, by=operator(), reason=reason))
+    obj.emit({"session": str(session_id), "call_id": call_id, "verdict": verdict},
+             f"{verdict} {call_id}")
+
+
+@click.command("approve")
+@click.argument("session_id", type=SESSION)
+@click.argument("call_id")
+@click.option("--reason", default=None, help="Recorded with the verdict.")
+@click.pass_obj
+def approve(obj: CliContext, session_id: UUID, call_id: str, reason: str | None) -> None:
+    """Approve a parked tool call of the session's open turn."""
+    _resolve(obj, session_id, call_id, "approved", reason)
+
+
+@click.command("deny")
+@click.argument("session_id", type=SESSION)
+@click.argument("call_id")
+@click.option("--reason", required=True, help="Shown to the model and recorded.")
+@click.pass_obj
+def deny(obj: CliContext, session_id: UUID, call_id: str, reason: str) -> None:
+    """Deny a parked tool call; the model sees the denial as the tool's result."""
+    _resolve(obj, session_id, call_id, "denied", reason)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(approvals)
+    cli.add_command(approve)
+    cli.add_command(deny)

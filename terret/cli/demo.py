@@ -1,0 +1,184 @@
+"""``terret demo``: the lifecycle, live, on the embedded store — including a SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from uuid import UUID
+
+import click
+
+from terret.adapters.stores.sqlite import SQLiteStore
+from terret.cli._context import default_views_path
+from terret.cli.demo_app import COMPACTION_BUDGET
+from terret.domain.codec import decode
+from terret.domain.repository import SessionRepository
+from terret.domain.session import Session
+from terret.domain.store import StoredRecord, session_stream
+from terret.runtime.writer import SessionWriter
+
+APP = "terret.cli.demo_app:demo_app"
+
+
+class Demo:
+    def __init__(self, path: Path, timeout: float) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.store = SQLiteStore(path)
+        self.serve: subprocess.Popen[str] | None = None
+
+    def say(self, text: str) -> None:
+        click.secho(f"\n▶ {text}", bold=True)
+
+    def terret(self, *args: str) -> str:
+        argv = ["terret", "--store", str(self.path), *args]
+        click.secho("  $ " + " ".join(a if " " not in a else repr(a) for a in argv), fg="cyan")
+        done = subprocess.run([sys.executable, "-m", "terret", "--store", str(self.path), *args],
+                              capture_output=True, text=True, timeout=self.timeout)
+        for line in (done.stdout + done.stderr).rstrip().splitlines():
+            click.echo(f"    {line}")
+        if done.returncode != 0:
+            raise click.ClickException(f"`terret {args[0]}` failed ({done.returncode})")
+        return done.stdout
+
+    def start_server(self) -> None:
+        cmd = [sys.executable, "-m", "terret", "--store", str(self.path), "serve", "--app", APP]
+        click.secho("  $ terret --store " + str(self.path) + f" serve --app {APP} &", fg="cyan")
+        self.serve = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True)
+        assert self.serve.stderr is not None
+        deadline = time.monotonic() + self.timeout
+        for line in self.serve.stderr:
+            click.secho(f"    [serve {self.serve.pid}] {line.rstrip()}", dim=True)
+            if line.startswith("serving "):
+                break
+            if time.monotonic() > deadline:
+                break
+        self._echo_server_log()
+
+    def _echo_server_log(self) -> None:
+        import threading
+
+        proc = self.serve
+        assert proc is not None and proc.stderr is not None
+
+        def pump() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                message = line.rstrip().split(" INFO ", 1)[-1]
+                click.secho(f"    [serve {proc.pid}] {message}", dim=True)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def wait_for(self, sid: UUID, what: str, test: Callable[[StoredRecord], bool]) -> StoredRecord:
+        deadline = time.monotonic() + self.timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            for record in self.store.read_stream(session_stream(sid), from_seq=seen + 1):
+                seen = record.seq
+                if test(record):
+                    return record
+            time.sleep(0.05)
+        raise click.ClickException(f"timed out waiting for {what}")
+
+    def close(self) -> None:
+        if self.serve is not None and self.serve.poll() is None:
+            self.serve.terminate()
+            self.serve.wait(self.timeout)
+        self.store.close()
+
+
+def _is(wire_name: str, **fields: object) -> Callable[[StoredRecord], bool]:
+    def test(record: StoredRecord) -> bool:
+        if record.wire_name != wire_name:
+            return False
+        payload = decode(record).payload
+        return all(getattr(payload, k, None) == v for k, v in fields.items())
+
+    return test
+
+
+@click.command("demo")
+@click.option("--path", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("terret-demo.db"), show_default=True,
+              help="Store file to create (replaced if it exists).")
+@click.option("--timeout", type=float, default=30.0, show_default=True,
+              help="Seconds to wait for each stage.")
+def demo(path: Path, timeout: float) -> None:
+    """Walk through a session's lifecycle on the embedded store: a tool call, an approval
+    that survives a SIGKILL of the serving process, resume, compaction, title, usage, log."""
+    started = time.monotonic()
+    for suffix in ("", "-wal", "-shm"):
+        for file in (str(path) + suffix, default_views_path(str(path)) + suffix):
+            if os.path.exists(file):
+                os.remove(file)
+    run = Demo(path, timeout)
+    try:
+        run.say(f"A session starts in {path} (SQLite, WAL, synchronous=FULL)")
+        session = Session.start(agent="demo", roles={"main": "demo:ops-model-1"})
+        SessionWriter(SessionRepository(run.store)).create(session)
+        sid = session.id
+        click.echo(f"  session {sid}")
+
+        run.say("A serving process starts (it runs the session's agent)")
+        run.start_server()
+
+        run.say("An operator asks for a deploy; the serving process wakes on the inbox")
+        run.terret("inject", str(sid), "Check the checkout service and deploy v2", "--wake")
+        run.wait_for(sid, "the status tool's result", _is("tool/result", name="service_status"))
+        click.echo("  the agent called service_status (no approval needed)")
+        record = run.wait_for(sid, "the approval request", _is("approval/requested"))
+        call_id = str(decode(record).payload.call_id)
+        click.echo(f"  deploy is mutating: it parked on approval {call_id}, durably in the log")
+        run.terret("approvals", "list", str(sid))
+
+        run.say("The serving process is killed with SIGKILL (no cleanup runs)")
+        assert run.serve is not None
+        os.kill(run.serve.pid, signal.SIGKILL)
+        run.serve.wait(timeout)
+        click.echo(f"  process {run.serve.pid} is gone; the parked approval is still in the log:")
+        run.terret("sessions", "show", str(sid))
+
+        run.say("A new serving process starts; it resumes the open turn without asking again")
+        run.start_server()
+
+        run.say("The approval is given from the CLI, another process again")
+        run.terret("approve", str(sid), call_id, "--reason", "change window open")
+        run.wait_for(sid, "the end of turn 1", _is("turn/end", turn=1))
+        click.echo("  the parked call ran, the turn resumed and completed")
+
+        run.say(f"A second turn passes the compaction budget ({COMPACTION_BUDGET} prompt tokens)")
+        run.terret("inject", str(sid), "Write the release notes", "--wake")
+        run.wait_for(sid, "the end of turn 2", _is("turn/end", turn=2))
+        run.wait_for(sid, "the compaction", _is("session/compacted"))
+        click.echo("  compacted: the model's next request starts from the summary")
+
+        run.say("Title and usage (projections of the log)")
+        run.wait_for(sid, "the title", _is("session/titled"))
+        run.terret("title", str(sid))
+        run.terret("usage", str(sid), "--by", "model")
+
+        run.say("The log: every state recorded")
+        run.terret("log", str(sid))
+
+        run.say("The serving process stops gracefully (SIGTERM)")
+        assert run.serve is not None
+        run.serve.terminate()
+        run.serve.wait(timeout)
+    finally:
+        run.close()
+    click.secho(f"\nDone in {time.monotonic() - started:.1f}s. Explore the store:", bold=True)
+    for example in (f"terret --store {path} sessions list",
+                    f"terret --store {path} sessions show {sid}",
+                    f"terret --store {path} log {sid} --type approval/resolved",
+                    f"terret --store {path} projections verify"):
+        click.echo(f"  {example}")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(demo)

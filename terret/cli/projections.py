@@ -1,0 +1,133 @@
+"""``terret projections status|rebuild|verify|skip`` and ``terret doctor``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from terret.cli._context import CliContext, default_views_path, note, table
+from terret.domain.errors import TerretError
+
+
+@click.group("projections")
+def projections() -> None:
+    """Read models: their position and lag; rebuild or verify them from the log."""
+
+
+@projections.command("status")
+@click.pass_obj
+def status(obj: CliContext) -> None:
+    """Position and lag of each projection (lag is counted in log positions)."""
+    states = obj.runner().states()
+    data = [{"name": s.name, "position": s.position, "lag": s.lag,
+             "halted": {"position": s.fault[0], "error": s.fault[1]} if s.fault else None}
+            for s in states]
+    rows = [[s.name, str(s.position), str(s.lag),
+             f"HALTED at {s.fault[0]}: {s.fault[1]}" if s.fault else "ok"] for s in states]
+    obj.emit(data, table(rows, ["PROJECTION", "POSITION", "LAG", "STATE"]))
+
+
+def _names(obj: CliContext, name: str | None) -> list[str]:
+    runner = obj.runner()
+    if name is None:
+        return [p.name for p in runner.projections]
+    runner.projection(name)  # KeyError names the known ones
+    return [name]
+
+
+@projections.command("rebuild")
+@click.argument("name", required=False)
+@click.pass_obj
+def rebuild(obj: CliContext, name: str | None) -> None:
+    """Drop a projection's view (all, without NAME) and replay it from position 0."""
+    runner = obj.runner()
+    done = {}
+    for projection in _names(obj, name):
+        head = max(obj.store().head_position(), 1)
+        with click.progressbar(length=head, label=f"rebuilding {projection}", file=sys.stderr,
+                               show_pos=True) as bar:
+            seen = [0]
+
+            def progress(position: int, total: int, bar: object = bar, seen: list[int] = seen
+                         ) -> None:
+                bar.update(position - seen[0])  # type: ignore[attr-defined]
+                seen[0] = position
+
+            done[projection] = runner.rebuild(projection, progress=progress)
+    obj.emit({"rebuilt": done}, "\n".join(f"{k}: rebuilt up to {v}" for k, v in done.items()))
+
+
+@projections.command("verify")
+@click.argument("name", required=False)
+@click.pass_obj
+def verify(obj: CliContext, name: str | None) -> None:
+    """Rebuild into a scratch view and compare with the live one; exit 1 on any difference."""
+    runner = obj.runner()
+    runner.catch_up()
+    report = {n: runner.verify(n) for n in _names(obj, name)}
+    lines = []
+    for projection, diffs in report.items():
+        lines.append(f"{projection}: {'ok' if not diffs else f'{len(diffs)} difference(s)'}")
+        lines.extend(f"  {d}" for d in diffs)
+    obj.emit(report, "\n".join(lines))
+    if any(report.values()):
+        raise SystemExit(1)
+
+
+@projections.command("skip")
+@click.argument("name")
+@click.pass_obj
+def skip(obj: CliContext, name: str) -> None:
+    """Skip the event a halted projection stopped at (the skip is recorded)."""
+    position = obj.runner().skip(name)
+    obj.emit({"projection": name, "skipped": position}, f"{name}: skipped position {position}")
+
+
+@click.command("doctor")
+@click.pass_obj
+def doctor(obj: CliContext) -> None:
+    """Check that the store and views are reachable and consistent, and say what to fix."""
+    problems: list[str] = []
+    checks: list[str] = []
+    try:
+        store = obj.store()
+        head = store.head_position()
+        checks.append(f"store {store.describe()} reachable, head position {head}")
+    except TerretError as exc:
+        raise click.ClickException(f"store unreachable: {exc} — check --store / TERRET_STORE")
+    views_path = obj.views_path or default_views_path(obj.store_uri)
+    if views_path != ":memory:" and not os.path.exists(views_path):
+        checks.append(f"views {views_path} do not exist yet; they will be built now")
+    runner = obj.runner()
+    try:
+        runner.catch_up()
+    except TerretError as exc:
+        problems.append(f"catching up the views failed: {exc}")
+    for state in runner.states():
+        if state.fault:
+            problems.append(
+                f"projection {state.name} halted at {state.fault[0]}: {state.fault[1]} — "
+                f"fix the event's reader or run `terret projections skip {state.name}`")
+        elif state.lag:
+            problems.append(f"projection {state.name} lags by {state.lag}")
+    if head <= 200_000:
+        for projection in runner.projections:
+            diffs = runner.verify(projection.name)
+            if diffs:
+                problems.append(f"projection {projection.name} differs from a rebuild — run "
+                                f"`terret projections rebuild {projection.name}`")
+        checks.append("every projection equals a rebuild from the log")
+    else:
+        checks.append("large store: run `terret projections verify` to compare with a rebuild")
+    obj.emit({"ok": not problems, "checks": checks, "problems": problems},
+             "\n".join([*(f"ok    {c}" for c in checks), *(f"FIX   {p}" for p in problems)]))
+    if problems:
+        note(f"{len(problems)} problem(s) found")
+        raise SystemExit(1)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(projections)
+    cli.add_command(doctor)

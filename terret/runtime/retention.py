@@ -1,0 +1,27 @@
+"""Retention of closed sessions (R27): delete now, or let the store expire the stream
+(EventStoreDB ``$maxAge``). Either way the deletion is recorded in the retention stream."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from terret.domain.codec import encode
+from terret.domain.errors import RuleViolation
+from terret.domain.events import Actor, SessionPurged
+from terret.domain.repository import SessionRepository
+from terret.domain.store import RETENTION_STREAM, StreamState, session_stream
+
+
+def purge_session(repository: SessionRepository, session_id: UUID, *, by: Actor,
+                  reason: str | None = None, max_age: int | None = None) -> None:
+    session = repository.get(session_id)
+    if not session.closed:
+        raise RuleViolation(f"session {session_id} is not closed; close it first")
+    store = repository.store
+    record = encode(SessionPurged(session_id=str(session_id), reason=reason, by=by,
+                                  max_age_seconds=max_age))
+    store.append(RETENTION_STREAM, [record], StreamState.ANY)
+    if max_age is not None:
+        store.set_max_age(session_stream(session_id), max_age)
+    else:
+        store.delete_stream(session_stream(session_id))
