@@ -3,6 +3,7 @@
 The public surface is re-exported here; modules behind it are private unless documented.
 """
 
+from terret.adapters.stores import MemoryStore, SQLiteStore, open_store
 from terret.domain import (
     MAX_STEPS,
     EventPayload,
@@ -35,6 +36,9 @@ from terret.runtime import (
 
 __all__ = [
     "MAX_STEPS",
+    "MemoryStore",
+    "SQLiteStore",
+    "open_store",
     "Actor",
     "AgentDefinition",
     "CallContext",
