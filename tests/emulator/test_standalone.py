@@ -25,26 +25,23 @@ def _first_line(process: subprocess.Popen[str], timeout: float) -> str:
 
 def test_standalone_server_prints_its_uri_and_serves() -> None:
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.esdb_emulator", "--host", "127.0.0.1", "--port", "0"],
-        cwd=PROJECT_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        uri = _first_line(process, timeout=20)
-        assert uri.startswith("esdb://127.0.0.1:") and uri.endswith("?Tls=false")
-        client = EventStoreDBClient(uri)
+    command = [sys.executable, "-m", "tests.support.esdb_emulator", "--host", "127.0.0.1"]
+    with subprocess.Popen(
+        [*command, "--port", "0"], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, text=True
+    ) as process:
         try:
-            event = new_event()
-            position = client.append_to_stream(
-                "standalone", current_version=StreamState.NO_STREAM, events=event
-            )
-            (recorded,) = client.get_stream("standalone")
-            assert (recorded.id, recorded.commit_position) == (event.id, position)
+            uri = _first_line(process, timeout=20)
+            assert uri.startswith("esdb://127.0.0.1:") and uri.endswith("?Tls=false")
+            client = EventStoreDBClient(uri)
+            try:
+                event = new_event()
+                position = client.append_to_stream(
+                    "standalone", current_version=StreamState.NO_STREAM, events=event
+                )
+                (recorded,) = client.get_stream("standalone")
+                assert (recorded.id, recorded.commit_position) == (event.id, position)
+            finally:
+                client.close()
         finally:
-            client.close()
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=10) == 0
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=10) == 0

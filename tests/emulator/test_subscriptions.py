@@ -220,17 +220,20 @@ def test_subscription_deadline_ends_iteration(client: EventStoreDBClient) -> Non
 
 
 def test_stopped_subscriptions_release_their_workers(
-    client: EventStoreDBClient, esdb_faults: EsdbEmulator
+    esdb_fresh_emulator: EsdbEmulator,
 ) -> None:
-    before = esdb_faults.open_reads
-    subscriptions = [client.subscribe_to_all(from_end=True) for _ in range(10)]
-    assert esdb_faults.open_reads >= before + 10
-    for subscription in subscriptions:
-        subscription.stop()
-    deadline = time.monotonic() + 5
-    while esdb_faults.open_reads > before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert esdb_faults.open_reads == before
+    client = EventStoreDBClient(esdb_fresh_emulator.uri)
+    try:
+        subscriptions = [client.subscribe_to_all(from_end=True) for _ in range(10)]
+        assert esdb_fresh_emulator.open_reads == 10
+        for subscription in subscriptions:
+            subscription.stop()
+        deadline = time.monotonic() + 5
+        while esdb_fresh_emulator.open_reads and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert esdb_fresh_emulator.open_reads == 0
+    finally:
+        client.close()
 
 
 def test_bulk_catch_up_is_fast(esdb_fresh_emulator: EsdbEmulator) -> None:
