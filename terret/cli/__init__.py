@@ -66,7 +66,16 @@ def main() -> None:
     cli(prog_name="terret")
 
 
-from terret.cli import admin, approvals, demo, logcmd, projections, serve, sessions  # noqa: E402
+from terret.cli import (  # noqa: E402
+    admin,
+    approvals,
+    chat,
+    demo,
+    logcmd,
+    projections,
+    serve,
+    sessions,
+)
 
-for _module in (sessions, approvals, logcmd, admin, projections, serve, demo):
+for _module in (sessions, approvals, logcmd, admin, projections, serve, chat, demo):
     _module.register(cli)
