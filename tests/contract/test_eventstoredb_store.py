@@ -1,0 +1,202 @@
+"""The store contract on the EventStoreDB adapter — against the wire emulator, or against the
+real server named by ``TERRET_ESDB_URI`` — plus what only this adapter does: the wire
+mapping (event type, metadata, ids, positions), snapshots and deletion records kept out of
+``$all`` readers, and retention metadata."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterator
+
+import pytest
+from esdbclient import EventStoreDBClient, NewEvent
+from esdbclient import StreamState as EsdbStreamState
+
+from terret.adapters.stores.eventstoredb import (
+    DELETIONS_STREAM,
+    SNAPSHOT_PREFIX,
+    EventStoreDBStore,
+)
+from terret.adapters.stores.uri import open_store
+from terret.domain.errors import StreamDeleted
+from terret.domain.store import EventStore, StoredRecord, StreamState
+from tests.contract.store_contract import (
+    SIGNAL,
+    Collector,
+    Opener,
+    StoreContract,
+    expect,
+    new_stream,
+    record,
+    records,
+)
+
+
+class TestEventStoreDBStore(StoreContract):
+    uri: str
+
+    @pytest.fixture(autouse=True)
+    def _uri(self, esdb_uri: str) -> None:
+        self.uri = esdb_uri
+
+    def create_store(self) -> EventStore:
+        # Idle checkpoints every 50 ms instead of 500: the contract's head-race case needs
+        # dozens of idle head reads within its timeout.
+        return EventStoreDBStore(self.uri, idle_checkpoint_after=0.05)
+
+    def other_process_opener(self) -> Opener:
+        return functools.partial(EventStoreDBStore, self.uri)
+
+    # --- EventStoreDB only --------------------------------------------------------------------
+
+    @pytest.fixture
+    def raw(self) -> Iterator[EventStoreDBClient]:
+        client = EventStoreDBClient(self.uri)
+        yield client
+        client.close()
+
+    def test_opened_from_an_esdb_uri(self) -> None:
+        store = open_store(self.uri)
+        try:
+            assert isinstance(store, EventStoreDBStore)
+            assert store.describe().startswith("eventstoredb esdb")
+        finally:
+            store.close()
+
+    def test_wire_mapping(self, store: EventStore, raw: EventStoreDBClient) -> None:
+        stream = new_stream()
+        batch = [record(SIGNAL, 0), record("contract/other", 1)]
+        result = store.append(stream, batch, StreamState.NO_STREAM)
+        events = raw.get_stream(stream)
+        assert [e.type for e in events] == [SIGNAL, "contract/other"]
+        assert [e.id for e in events] == [r.event_id for r in batch]
+        assert [e.data for e in events] == [r.data for r in batch]
+        assert [e.metadata for e in events] == [r.metadata for r in batch]
+        assert [e.stream_position for e in events] == [0, 1]  # revision = seq - 1
+        assert {e.content_type for e in events} == {"application/json"}
+        assert events[-1].commit_position == result.position
+        # NO_STREAM is version 0; version v is revision v - 1
+        assert raw.get_current_version(stream) == 1
+
+    def test_snapshots_live_outside_the_filtered_log(
+        self, store: EventStore, raw: EventStoreDBClient
+    ) -> None:
+        start = store.head_position()
+        stream = new_stream()
+        store.append(stream, records(1), StreamState.NO_STREAM)
+        store.write_snapshot(stream, 1, b"\x00binary state")
+        snapshot_stream = SNAPSHOT_PREFIX + stream
+        metadata, _ = raw.get_stream_metadata(snapshot_stream)
+        assert metadata.get("$maxCount") == 1
+        found = [r for r in store.read_all(after=start, limit=1000)]
+        assert [r.stream for r in found if r.stream in (stream, snapshot_stream)] == [stream]
+        assert store.head_position() == found[-1].position
+
+    def test_set_max_age_writes_stream_metadata(
+        self, store: EventStore, raw: EventStoreDBClient
+    ) -> None:
+        stream = new_stream()
+        store.append(stream, records(2), StreamState.NO_STREAM)
+        raw.set_stream_metadata(stream, metadata={"owner": "ops"})
+        store.set_max_age(stream, 3600)
+        metadata, _ = raw.get_stream_metadata(stream)
+        assert metadata == {"owner": "ops", "$maxAge": 3600}  # other keys are kept
+        store.set_max_age(stream, 7200)
+        assert raw.get_stream_metadata(stream)[0]["$maxAge"] == 7200
+        assert [r.seq for r in store.read_stream(stream)] == [1, 2]  # not expired yet
+        with pytest.raises(ValueError):
+            store.set_max_age(stream, 0)
+
+    def test_delete_tombstones_and_records_the_deletion(
+        self, store: EventStore, raw: EventStoreDBClient
+    ) -> None:
+        stream = new_stream()
+        store.append(stream, records(2), StreamState.NO_STREAM)
+        store.delete_stream(stream)
+        recorded = [json.loads(e.data)["stream"] for e in raw.get_stream(DELETIONS_STREAM)]
+        assert stream in recorded
+        for expected in (StreamState.NO_STREAM, StreamState.ANY, 2):
+            with pytest.raises(StreamDeleted):
+                store.append(stream, records(1), expected)
+        store.delete_stream(stream)  # again: harmless
+
+    def test_another_store_instance_learns_of_deletions(self, store: EventStore) -> None:
+        start = store.head_position()
+        doomed, kept = new_stream(), new_stream()
+        store.append(doomed, records(2), StreamState.NO_STREAM)
+        store.append(kept, records(1), StreamState.NO_STREAM)
+        other = EventStoreDBStore(self.uri)
+        try:
+            collector = Collector(other.subscribe(after=start, wire_names=[SIGNAL]))
+            try:
+                collector.wait_caught_up()
+                assert len(collector.records([doomed])) == 2
+                store.delete_stream(doomed)
+                # read_all in the other instance refreshes its view of deletions
+                assert {r.stream for r in other.read_all(after=start)} & {doomed} == set()
+                store.append(kept, records(1), 1)
+                collector.wait_records([kept], 2)
+            finally:
+                collector.stop()
+            # a new subscription there no longer delivers the deleted stream's history
+            late = Collector(other.subscribe(after=start, wire_names=[SIGNAL]))
+            try:
+                late.wait_caught_up()
+                assert late.records([doomed]) == []
+                assert [r.seq for r in late.records([kept])] == [1, 2]
+            finally:
+                late.stop()
+        finally:
+            other.close()
+
+    def test_events_of_unknown_types_are_delivered_by_default(
+        self, store: EventStore, raw: EventStoreDBClient
+    ) -> None:
+        start = store.head_position()
+        stream = new_stream()
+        raw.append_to_stream(
+            stream,
+            current_version=EsdbStreamState.NO_STREAM,
+            events=[NewEvent(type="future/event", data=b"{}")],
+        )
+        found = [r for r in store.read_all(after=start) if r.stream == stream]
+        assert [r.wire_name for r in found] == ["future/event"]
+        catalogue_only = EventStoreDBStore(self.uri, catalogue_only=True)
+        try:
+            assert [r for r in catalogue_only.read_all(after=start) if r.stream == stream] == []
+        finally:
+            catalogue_only.close()
+
+    def test_caught_up_and_idle_checkpoints_never_pass_an_undelivered_event(
+        self, store: EventStore
+    ) -> None:
+        stream = new_stream()
+        collector = Collector(store.subscribe(after=store.head_position(), wire_names=[SIGNAL]))
+        try:
+            collector.wait_caught_up()
+            for i in range(5):
+                store.append(stream, [record("contract/noise", i)], expect(2 * i))
+                store.append(stream, [record(SIGNAL, i)], 2 * i + 1)
+            got = collector.wait_records([stream], 5)
+            assert [r.seq for r in got] == [2, 4, 6, 8, 10]
+        finally:
+            collector.stop()
+        last_record = 0
+        for item in collector.snapshot():
+            if isinstance(item, StoredRecord):
+                assert item.position > last_record
+                last_record = item.position
+            else:
+                assert item.position >= last_record
+
+    def test_retry_of_an_any_append_reports_the_original_version(
+        self, store: EventStore
+    ) -> None:
+        stream = new_stream()
+        store.append(stream, records(1), StreamState.NO_STREAM)
+        batch = records(2)
+        first = store.append(stream, batch, StreamState.ANY)
+        store.append(stream, records(1), StreamState.ANY)
+        assert store.append(stream, batch, StreamState.ANY) == first
+        assert first.version == 3
