@@ -7,11 +7,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from esdbclient import NewEvent
-from esdbclient.events import CaughtUp, Checkpoint
+from esdbclient.events import CaughtUp, Checkpoint, RecordedEvent
 
 
 def new_event(event_type: str = "Tested", data: bytes = b"{}") -> NewEvent:
     return NewEvent(type=event_type, data=data)
+
+
+def positioned(event: RecordedEvent) -> int:
+    """The commit position, which the emulator sets on every read event."""
+    assert event.commit_position is not None
+    return event.commit_position
 
 
 def is_caught_up(item: Any) -> bool:

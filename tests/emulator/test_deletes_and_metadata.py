@@ -78,6 +78,7 @@ def test_writing_metadata_undeletes_a_soft_deleted_stream(
     )
     client.delete_stream(stream_name, current_version=1)
     _, version = client.get_stream_metadata(stream_name)
+    assert isinstance(version, int)
     client.set_stream_metadata(stream_name, metadata={"foo": "bar"}, current_version=version)
     metadata, new_version = client.get_stream_metadata(stream_name)
     assert metadata == {"foo": "bar", "$tb": 2}

@@ -194,7 +194,9 @@ def batch_success(position: int | None, current: int) -> streams_pb2.BatchAppend
     return success
 
 
-def status_with_detail(code: int, message: str, detail: Any) -> status_pb2.Status:
+def status_with_detail(
+    code: code_pb2.Code.ValueType, message: str, detail: Any
+) -> status_pb2.Status:
     """esdbclient.rpc.Status with exactly one packed detail, as the server sends."""
     packed = any_pb2.Any()
     packed.Pack(detail)

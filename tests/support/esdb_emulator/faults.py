@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import grpc
 
@@ -30,6 +31,19 @@ INJECTED_DETAILS = "Emulator: injected fault"
 CUT_DETAILS = "Emulator: subscription cut"
 
 
+def abort_call(
+    context: grpc.ServicerContext,
+    code: grpc.StatusCode,
+    details: str,
+    trailers: tuple[tuple[str, str], ...] = (),
+) -> NoReturn:
+    """End the call with a status. Trailers are set first so that they are sent with it."""
+    if trailers:
+        context.set_trailing_metadata(trailers)
+    context.abort(code, details)
+    raise AssertionError("grpc.ServicerContext.abort returned")  # it always raises
+
+
 @dataclass(frozen=True, slots=True)
 class Fault:
     """How one call is to fail."""
@@ -38,11 +52,8 @@ class Fault:
     details: str
     trailers: tuple[tuple[str, str], ...] = ()
 
-    def abort(self, context: grpc.ServicerContext) -> None:
-        """Raises: ends the call with this status (trailers set first so they are sent)."""
-        if self.trailers:
-            context.set_trailing_metadata(self.trailers)
-        context.abort(self.code, self.details)
+    def abort(self, context: grpc.ServicerContext) -> NoReturn:
+        abort_call(context, self.code, self.details, self.trailers)
 
 
 @dataclass(slots=True)

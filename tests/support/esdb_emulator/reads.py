@@ -97,15 +97,11 @@ class ReadRequest:
         stream: str | None = None
         if options.WhichOneof("stream_option") == "stream":
             stream = options.stream.stream_identifier.stream_name.decode("utf8")
-            which = options.stream.WhichOneof("revision_option")
-            origin: Origin = {"start": Start, "end": End}.get(
-                which or "start", options.stream.revision
-            )
+            revision_option = options.stream.WhichOneof("revision_option")
+            origin = _origin(revision_option, options.stream.revision)
         else:
-            which = options.all.WhichOneof("all_option")
-            origin = {"start": Start, "end": End}.get(
-                which or "start", options.all.position.commit_position
-            )
+            all_option = options.all.WhichOneof("all_option")
+            origin = _origin(all_option, options.all.position.commit_position)
         subscribe = options.WhichOneof("count_option") == "subscription"
         backwards = options.read_direction == Options.Backwards
         event_filter = None
@@ -131,6 +127,15 @@ class ReadRequest:
             resolve_links=options.resolve_links,
             string_ids=options.uuid_option.WhichOneof("content") != "structured",
         )
+
+
+def _origin(which: str | None, value: int) -> Origin:
+    """From a revision_option / all_option oneof; unset means from the start."""
+    if which == "end":
+        return End
+    if which in ("revision", "position"):
+        return value
+    return Start
 
 
 def resolve_origin(origin: Origin, *, start: int, end: int) -> int:

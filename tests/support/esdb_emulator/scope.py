@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import grpc
 
-from .faults import CUT_DETAILS, OpenCall, OpenCalls
+from .faults import CUT_DETAILS, OpenCall, OpenCalls, abort_call
 from .store import EventStore
 
 # How long a waiting subscription sleeps before re-checking its call without being woken.
@@ -40,7 +40,7 @@ class CallScope:
     def check_cut(self) -> None:
         """Abort the call with UNAVAILABLE if `cut_subscriptions()` was called."""
         if self._call.cut:
-            self._context.abort(grpc.StatusCode.UNAVAILABLE, CUT_DETAILS)
+            abort_call(self._context, grpc.StatusCode.UNAVAILABLE, CUT_DETAILS)
 
     def wait_until(self, ready: Callable[[], bool]) -> bool:
         """Block until `ready()` holds. False if the call ended (cancelled, deadline).

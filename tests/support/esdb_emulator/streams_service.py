@@ -11,17 +11,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from esdbclient.protos.Grpc import streams_pb2, streams_pb2_grpc
 
 from . import convert
-from .faults import FaultInjector, OpenCalls
+from .faults import FaultInjector, OpenCalls, abort_call
 from .reads import InvalidRead, ReadRequest, read_all, read_stream
 from .records import ProposedEvent
 from .scope import CallScope
-from .store import EventStore, StreamDeleted, StreamDeletedError, Written, WrongVersion
+from .store import (
+    EventStore,
+    StreamDeleted,
+    StreamDeletedError,
+    WriteOutcome,
+    Written,
+    WrongVersion,
+)
 from .subscriptions import subscribe_all, subscribe_stream
 
 # A real server answers over a network and cannot complete a call within a few
@@ -43,7 +50,7 @@ def guard_call(context: grpc.ServicerContext, faults: FaultInjector, method: str
     """Common prologue: expired deadlines and injected faults end the call here."""
     remaining = context.time_remaining()
     if remaining is not None and remaining < MIN_SERVICE_SECONDS:
-        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        abort_call(context, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
     metadata = dict(context.invocation_metadata())
     requires_leader = metadata.get("requires-leader") == "true"
     fault = faults.take(method, requires_leader)
@@ -51,27 +58,31 @@ def guard_call(context: grpc.ServicerContext, faults: FaultInjector, method: str
         fault.abort(context)
 
 
-def abort_stream_deleted(context: grpc.ServicerContext, stream: str) -> None:
-    context.set_trailing_metadata((("exception", "stream-deleted"), ("stream-name", stream)))
-    context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"Event stream '{stream}' is deleted.")
+def abort_stream_deleted(context: grpc.ServicerContext, stream: str) -> NoReturn:
+    abort_call(
+        context,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"Event stream '{stream}' is deleted.",
+        (("exception", "stream-deleted"), ("stream-name", stream)),
+    )
 
 
 def abort_delete_wrong_version(
     context: grpc.ServicerContext, stream: str, expected: int, actual: int
-) -> None:
-    # The same "Delete" wording is used for Tombstone (RpcExceptions.WrongExpectedVersion).
-    context.set_trailing_metadata(
+) -> NoReturn:
+    # The same "Delete" wording is used for Tombstone (RpcExceptions.WrongExpectedVersion);
+    # the client recognises a missing stream by "Actual version: -1".
+    abort_call(
+        context,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"Delete failed due to WrongExpectedVersion. Stream: {stream},"
+        f" Expected version: {expected}, Actual version: {actual}",
         (
             ("exception", "wrong-expected-version"),
             ("stream-name", stream),
             ("expected-version", str(expected)),
             ("actual-version", str(actual)),
-        )
-    )
-    context.abort(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        f"Delete failed due to WrongExpectedVersion. Stream: {stream},"
-        f" Expected version: {expected}, Actual version: {actual}",
+        ),
     )
 
 
@@ -97,7 +108,7 @@ class StreamsServicer(streams_pb2_grpc.StreamsServicer):
         try:
             read = ReadRequest.parse(request)
         except InvalidRead as error:
-            context.abort(grpc.StatusCode.UNKNOWN, str(error))
+            abort_call(context, grpc.StatusCode.UNKNOWN, str(error))
         scope = CallScope(context, self._store, self._calls)
         try:
             if read.stream is None:
@@ -118,16 +129,17 @@ class StreamsServicer(streams_pb2_grpc.StreamsServicer):
         guard_call(context, self._faults, "Streams.Append")
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("content") != "options":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Options Were Not Provided")
+            abort_call(context, grpc.StatusCode.INVALID_ARGUMENT, "Options Were Not Provided")
         options = first.options
         stream = options.stream_identifier.stream_name.decode("utf8")
         expected = convert.expected_version(options, "expected_stream_revision", "revision")
         try:
             events = [convert.proposed_event(req.proposed_message) for req in request_iterator]
         except convert.InvalidProposal as error:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            abort_call(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         if append_size(events) > self._max_append_size:
-            context.abort(
+            abort_call(
+                context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"Maximum Append Size of {self._max_append_size} Exceeded.",
             )
@@ -138,7 +150,6 @@ class StreamsServicer(streams_pb2_grpc.StreamsServicer):
         if isinstance(outcome, WrongVersion):
             return convert.append_wrong_version(outcome.current, expected)
         abort_stream_deleted(context, stream)
-        raise AssertionError("unreachable")
 
     # -- BatchAppend -----------------------------------------------------------------------
 
@@ -220,13 +231,13 @@ class StreamsServicer(streams_pb2_grpc.StreamsServicer):
 
     @staticmethod
     def _delete_position(
-        context: grpc.ServicerContext, stream: str, expected: int, outcome: object
+        context: grpc.ServicerContext, stream: str, expected: int, outcome: WriteOutcome
     ) -> int:
         if isinstance(outcome, WrongVersion):
             abort_delete_wrong_version(context, stream, expected, outcome.current)
         if isinstance(outcome, StreamDeleted):
             abort_stream_deleted(context, stream)
-        assert isinstance(outcome, Written) and outcome.position is not None
+        assert outcome.position is not None  # deletes always write a record
         return outcome.position
 
     @staticmethod
@@ -234,7 +245,7 @@ class StreamsServicer(streams_pb2_grpc.StreamsServicer):
         # Never write once the caller has given up (e.g. timeout=0): it sees a failure.
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            abort_call(context, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
 
 class _PendingBatch:

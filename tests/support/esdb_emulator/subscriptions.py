@@ -9,10 +9,10 @@ deadline), `cut_subscriptions()` or a tombstone on the subscribed stream end the
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .convert import ReadResp, caught_up_resp, checkpoint_resp, confirmation_resp
-from .reads import UNFILTERED_PAGE, End, ReadRequest, Start, record_resp
+from .reads import UNFILTERED_PAGE, End, ReadRequest, Start, record_resp, resolve_origin
 from .scope import CallScope
 from .store import EventStore, StreamDeletedError
 
@@ -59,8 +59,11 @@ def subscribe_all(store: EventStore, request: ReadRequest, scope: CallScope) -> 
     yield caught_up_resp()
 
     # Live: every newly committed event counts; at `interval` a checkpoint follows it.
+    def grown_past(length: int) -> Callable[[], bool]:
+        return lambda: len(log) > length
+
     considered = 0
-    while scope.wait_until(lambda seen=cursor: len(log) > seen):
+    while scope.wait_until(grown_past(cursor)):
         page_end = len(log)
         for index in range(cursor, page_end):
             record = log[index]
@@ -90,8 +93,7 @@ def subscribe_stream(
     if origin is End:
         cursor = len(records)
     else:
-        assert origin is Start or isinstance(origin, int)
-        cursor = 0 if origin is Start else origin + 1
+        cursor = resolve_origin(origin, start=-1, end=-1) + 1
         # Catch-up reads the stream, so truncation ($tb, $maxCount) hides older events.
         cursor = max(cursor, store.stream_start_floor(stream))
     yield confirmation_resp(str(uuid.uuid4()))
