@@ -89,6 +89,15 @@ class Record:
         )
 
 
+def json_object(data: bytes) -> dict[str, Any] | None:
+    """`data` parsed as a JSON object, or None if it is not one."""
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 @dataclass(frozen=True, slots=True)
 class StreamMetadata:
     """Stream metadata as derived from the last event of the `$$` metastream."""
@@ -98,11 +107,7 @@ class StreamMetadata:
     @classmethod
     def parse(cls, data: bytes) -> StreamMetadata:
         # Non-JSON or non-object metadata counts as empty, as in the server.
-        try:
-            value = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            return cls()
-        return cls(value) if isinstance(value, dict) else cls()
+        return cls(json_object(data) or {})
 
     def _int(self, key: str) -> int | None:
         value = self.raw.get(key)

@@ -24,6 +24,7 @@ from .records import (
     Record,
     StreamMetadata,
     is_metastream,
+    json_object,
     metastream_of,
     now_ticks,
     original_stream,
@@ -232,9 +233,10 @@ class EventStore:
             ):
                 undelete_original = original_current + 1
         records = self._write(stream, events)
-        if undelete_original is not None:
-            new_meta = StreamMetadata.parse(records[-1].data)
-            data = new_meta.with_truncate_before(undelete_original)
+        user_metadata = json_object(records[-1].data)
+        if undelete_original is not None and user_metadata is not None:
+            # (The server skips this when the user's metadata is not a JSON object.)
+            data = StreamMetadata(user_metadata).with_truncate_before(undelete_original)
             self._write(stream, [_system_event(METADATA_EVENT_TYPE, data)])
         return Written(records[-1].position, self._streams[stream].current)
 
