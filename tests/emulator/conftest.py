@@ -1,7 +1,7 @@
 """Fixtures for the emulator's own tests.
 
-The fixtures are imported explicitly so that these tests run before tests/conftest.py
-registers `tests.support.esdb_fixtures` as a plugin; once it does, drop the import.
+`esdb_uri`, `esdb_faults` and `esdb_fresh_emulator` come from `tests.support.esdb_fixtures`,
+registered as a plugin by tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -12,16 +12,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from esdbclient import EventStoreDBClient
 
-from tests.support.esdb_fixtures import (  # noqa: F401
-    esdb_emulator,
-    esdb_faults,
-    esdb_fresh_emulator,
-    esdb_uri,
-)
-
 
 @pytest.fixture
-def client(esdb_uri: str) -> Iterator[EventStoreDBClient]:  # noqa: F811
+def client(esdb_uri: str) -> Iterator[EventStoreDBClient]:
     esdb_client = EventStoreDBClient(esdb_uri)
     yield esdb_client
     esdb_client.close()
