@@ -188,11 +188,13 @@ def usage(obj: CliContext, session_id: UUID | None, by: str | None) -> None:
 @click.pass_obj
 def events(obj: CliContext) -> None:
     """The event catalogue: Terret's events and registered extensions."""
+    types = list(catalogue)
     data = [{"wire_name": c.wire_name, "version": c.version, "model_visible": c.model_visible,
              "commutative": c.commutative, "builtin": catalogue.is_builtin(c.wire_name),
-             "fields": sorted(c.model_fields)} for c in catalogue]
-    rows = [[d["wire_name"], str(d["version"]), "yes" if d["model_visible"] else "",
-             "" if d["builtin"] else "extension", ", ".join(d["fields"])] for d in data]
+             "fields": sorted(c.model_fields)} for c in types]
+    rows = [[c.wire_name, str(c.version), "yes" if c.model_visible else "",
+             "" if catalogue.is_builtin(c.wire_name) else "extension",
+             ", ".join(sorted(c.model_fields))] for c in types]
     obj.emit(data, table(rows, ["WIRE NAME", "V", "VISIBLE", "", "FIELDS"]))
 
 

@@ -27,7 +27,8 @@ def list_approvals(obj: CliContext, session_id: UUID | None) -> None:
     found = obj.views().pending(session_id)
     data = [{"session": p.session.removeprefix("session-"), "call_id": p.call_id,
              "tool": p.name, "args": p.args, "turn": p.turn} for p in found]
-    rows = [[d["session"], d["call_id"], d["tool"], str(d["args"])[:60]] for d in data]
+    rows = [[p.session.removeprefix("session-"), p.call_id, p.name, str(p.args)[:60]]
+            for p in found]
     obj.emit(data, table(rows, ["SESSION", "CALL", "TOOL", "ARGS"]) if rows
              else "no pending approvals")
 

@@ -17,6 +17,7 @@ from terret.adapters.stores.sqlite import SQLiteStore
 from terret.cli._context import default_views_path
 from terret.cli.demo_app import COMPACTION_BUDGET
 from terret.domain.codec import decode
+from terret.domain.events import ApprovalRequested
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
 from terret.domain.store import StoredRecord, session_stream
@@ -133,7 +134,9 @@ def demo(path: Path, timeout: float) -> None:
         run.wait_for(sid, "the status tool's result", _is("tool/result", name="service_status"))
         click.echo("  the agent called service_status (no approval needed)")
         record = run.wait_for(sid, "the approval request", _is("approval/requested"))
-        call_id = str(decode(record).payload.call_id)
+        requested = decode(record).payload
+        assert isinstance(requested, ApprovalRequested)
+        call_id = requested.call_id
         click.echo(f"  deploy is mutating: it parked on approval {call_id}, durably in the log")
         run.terret("approvals", "list", str(sid))
 

@@ -57,8 +57,8 @@ def demo_model(request: ModelRequest) -> Reply:
     last_user = next((m.text for m in reversed(messages) if m.role == "user"), "")
     if last is not None and last.role == "tool":
         if last.tool_name == "service_status":
-            return Reply(tool_calls=[call("deploy", {"service": "checkout", "version": "v2"}, id="call-deploy")],
-                         usage=usage)
+            deploy_v2 = call("deploy", {"service": "checkout", "version": "v2"}, id="call-deploy")
+            return Reply(tool_calls=[deploy_v2], usage=usage)
         if last.tool_name == "deploy":
             return Reply(text=f"Done: {last.text}." if not last.is_error
                          else f"The deploy did not happen: {last.text}", usage=usage)
@@ -69,7 +69,8 @@ def demo_model(request: ModelRequest) -> Reply:
         return Reply(text=RELEASE_NOTES, usage=big)
     if "deploy" in last_user.lower():
         return Reply(text="Checking the service first.",
-                     tool_calls=[call("service_status", {"service": "checkout"}, id="call-status")], usage=usage)
+                     tool_calls=[call("service_status", {"service": "checkout"}, id="call-status")],
+                     usage=usage)
     return Reply(text=f"You said: {last_user}", usage=usage)
 
 

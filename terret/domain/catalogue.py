@@ -103,7 +103,7 @@ class EventCatalogue:
             del self._upcasters[key]
 
     def upcaster(self, wire_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
-        """Register a function that turns version ``from_version`` data into ``from_version + 1``."""
+        """Register a function turning ``from_version`` data into ``from_version + 1`` data."""
 
         def decorate(fn: Upcaster) -> Upcaster:
             self._upcasters[(wire_name, from_version)] = fn

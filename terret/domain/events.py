@@ -52,7 +52,8 @@ def validate_model_spec(spec: str) -> str:
 def validate_pattern(pattern: str) -> str:
     """An allow-list pattern is a glob over tool names (``fs.*``, ``deploy``, ``*``)."""
     if not _PATTERN.match(pattern):
-        raise ValueError(f"invalid pattern {pattern!r}: use a glob of letters, digits, _ . : / - * ?")
+        raise ValueError(
+            f"invalid pattern {pattern!r}: use a glob of letters, digits, _ . : / - * ?")
     if pattern.count("[") != pattern.count("]"):
         raise ValueError(f"invalid pattern {pattern!r}: unbalanced brackets")
     fnmatch.translate(pattern)

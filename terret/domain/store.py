@@ -169,7 +169,7 @@ class EventStore(ABC):
     def delete_stream(self, stream: str) -> None:
         """Remove a stream's events for good (retention, R27)."""
 
-    def set_max_age(self, stream: str, seconds: int) -> None:
+    def set_max_age(self, stream: str, seconds: int) -> None:  # noqa: B027 - optional
         """Ask the store to expire a stream's events after ``seconds`` (R27). Stores without
         native expiry keep the events until an explicit purge."""
 

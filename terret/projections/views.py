@@ -9,6 +9,9 @@ from terret.domain.messages import Message
 from terret.domain.store import session_stream
 from terret.projections import approvals, messages, policy, sessions, status, title, usage
 from terret.projections.base import Projection, ViewStore
+from terret.projections.sessions import SessionSummary
+from terret.projections.status import SessionStatus
+from terret.projections.usage import UsageTotals
 
 
 def default_projections() -> list[Projection]:
@@ -38,15 +41,15 @@ class Views:
         with self.store.reading() as db:
             return messages.read_messages(db, _stream(session))
 
-    def usage(self, session: UUID | str) -> usage.UsageTotals:
+    def usage(self, session: UUID | str) -> UsageTotals:
         with self.store.reading() as db:
             return usage.session_usage(db, _stream(session))
 
-    def usage_by_turn(self, session: UUID | str) -> dict[int, usage.UsageTotals]:
+    def usage_by_turn(self, session: UUID | str) -> dict[int, UsageTotals]:
         with self.store.reading() as db:
             return usage.usage_by_turn(db, _stream(session))
 
-    def usage_by_model(self, session: UUID | str | None = None) -> dict[str, usage.UsageTotals]:
+    def usage_by_model(self, session: UUID | str | None = None) -> dict[str, UsageTotals]:
         with self.store.reading() as db:
             return usage.usage_by_model(db, _stream(session) if session else None)
 
@@ -75,7 +78,7 @@ class Views:
         with self.store.reading() as db:
             return approvals.verdict_for(db, _stream(session), call_id, name, args)
 
-    def status(self, session: UUID | str) -> status.SessionStatus | None:
+    def status(self, session: UUID | str) -> SessionStatus | None:
         with self.store.reading() as db:
             return status.read_status(db, _stream(session))
 
@@ -92,10 +95,10 @@ class Views:
             return [UUID(s.removeprefix("session-")) for s in status.sessions_to_wake(db)]
 
     def sessions(self, *, status: str | None = None, limit: int | None = None
-                 ) -> list[sessions.SessionSummary]:
+                 ) -> list[SessionSummary]:
         with self.store.reading() as db:
             return sessions.list_sessions(db, status=status, limit=limit)
 
-    def summary(self, session: UUID | str) -> sessions.SessionSummary | None:
+    def summary(self, session: UUID | str) -> SessionSummary | None:
         with self.store.reading() as db:
             return sessions.get_summary(db, _stream(session))
