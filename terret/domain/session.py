@@ -206,9 +206,12 @@ class Session(Aggregate):
                 f"session {self.id} has open turn {self.state.turn}; resume it instead"
             )
         turn = self.state.turn + 1
-        self._record(TurnStarted(turn=turn, trigger=trigger))
-        if text is not None:
-            self._record(UserMessage(text=text, inbox_id=inbox_id))
+        # Both payloads are validated before either is recorded: a refusal leaves nothing.
+        started = TurnStarted(turn=turn, trigger=trigger)
+        message = UserMessage(text=text, inbox_id=inbox_id) if text is not None else None
+        self._record(started)
+        if message is not None:
+            self._record(message)
         return turn
 
     def take_inbox(self) -> list[str]:
@@ -298,13 +301,16 @@ class Session(Aggregate):
                  by: Actor | None = None, error: str | None = None) -> None:
         """R13: a cancelled turn first denies every standing approval, durably."""
         self._require_turn()
-        if status == "cancelled":
-            for call_id in list(self.state.pending):
-                self._record(ApprovalResolved(call_id=call_id, verdict="denied",
-                                              reason=reason or "turn cancelled",
-                                              by=by or Actor(actor="system")))
-        self._record(TurnEnded(turn=self.state.turn, status=status, reason=reason, by=by,
-                               error=error))
+        # Every payload is validated before any is recorded: a refusal leaves nothing.
+        ended = TurnEnded(turn=self.state.turn, status=status, reason=reason, by=by, error=error)
+        denials = [
+            ApprovalResolved(call_id=call_id, verdict="denied", reason=reason or "turn cancelled",
+                             by=by or Actor(actor="system"))
+            for call_id in (self.state.pending if status == "cancelled" else ())
+        ]
+        for denial in denials:
+            self._record(denial)
+        self._record(ended)
 
     def compact(self, summary: str, *, mark: int) -> int:
         """R18: ``upto_seq`` is the seq just before the compaction event; if any model-visible

@@ -679,10 +679,14 @@ class StoreContract:
     def test_no_gap_and_no_duplicate_across_the_switch_to_live(
         self, store: EventStore
     ) -> None:
+        """Subscriptions started at several moments while a writer appends: each one
+        switches from history to live while events land, and must see each exactly once."""
         start = store.head_position()
         stream = new_stream()
         history = 60
-        live = 240
+        live = 250
+        milestones = [0, 50, 100, 150, 200]
+        reached = {m: threading.Event() for m in milestones}
         for i in range(0, history, 20):
             store.append(stream, [record(SIGNAL if k % 4 else NOISE, i + k)
                                   for k in range(20)], expect(i))
@@ -691,28 +695,86 @@ class StoreContract:
 
         def writer() -> None:
             try:
-                for i in range(history, history + live):
+                for n in range(live):
+                    if n in reached:
+                        reached[n].set()
                     if stop_writer.is_set():
                         return
+                    i = history + n
                     store.append(stream, [record(SIGNAL if i % 4 else NOISE, i)], i)
             except BaseException as exc:
                 writer_error.append(exc)
 
         thread = threading.Thread(target=writer)
-        thread.start()
-        collector = self.collect(store, start, [SIGNAL])  # subscribe while writes land
+        collectors: list[Collector] = []
         try:
+            thread.start()
+            for m in milestones:  # subscribe while writes land
+                assert reached[m].wait(TIMEOUT)
+                collectors.append(self.collect(store, start, [SIGNAL]))
             thread.join(TIMEOUT * 2)
             assert not writer_error
             expected = [r for r in store.read_stream(stream) if r.wire_name == SIGNAL]
-            got = collector.wait_records([stream], len(expected))
-            assert [r.seq for r in got] == [r.seq for r in expected]
-            assert got == expected
+            for collector in collectors:
+                got = collector.wait_records([stream], len(expected))
+                assert [r.seq for r in got] == [r.seq for r in expected]
+                assert got == expected
         finally:
             stop_writer.set()
-            collector.stop()
+            thread.join(TIMEOUT)
+            for collector in collectors:
+                collector.stop()
+        for collector in collectors:
+            _assert_monotonic(collector.snapshot())
+            assert len([i for i in collector.snapshot() if isinstance(i, CaughtUp)]) == 1
+
+    def test_events_landing_right_after_each_head_read_are_not_lost(
+        self, store: EventStore
+    ) -> None:
+        """Deterministic version of the switch race for stores whose subscriptions read
+        ``head_position`` (others only check ordinary delivery): whenever a read of the head
+        finds nothing new, i.e. the subscription is about to decide it is caught up or to wait,
+        an append lands right after the read, as if another writer committed in between."""
+        start = store.head_position()
+        stream = new_stream()
+        store.append(stream, records(5), StreamState.NO_STREAM)
+        injected = 30
+        real_head = store.head_position
+        lock = threading.Lock()
+        reads: list[int] = []
+        done: list[int] = []
+
+        def hostile_head() -> int:
+            with lock:
+                head = real_head()
+                if reads and reads[-1] == head and len(done) < injected:
+                    n = len(done)
+                    name = NOISE if n % 3 == 2 else SIGNAL
+                    store.append(stream, [record(name, n)], StreamState.ANY)
+                    done.append(n)
+                reads.append(head)
+                return head
+
+        store.head_position = hostile_head  # type: ignore[method-assign]
+        try:
+            collector = self.collect(store, start, [SIGNAL])
+            try:
+                collector.wait_caught_up()
+                mark = record(SIGNAL, -1)
+                store.append(stream, [mark], StreamState.ANY)
+                assert collector.wait(lambda items: any(
+                    isinstance(i, StoredRecord) and i.event_id == mark.event_id for i in items
+                ))
+                if len(reads) > 1:  # the subscription reads the head: injections are under way
+                    assert collector.wait(lambda _: len(done) >= injected)
+                expected = [r for r in store.read_stream(stream) if r.wire_name == SIGNAL]
+                got = collector.wait_records([stream], len(expected))
+                assert got == expected
+            finally:
+                collector.stop()
+        finally:
+            del store.head_position
         _assert_monotonic(collector.snapshot())
-        assert len([i for i in collector.snapshot() if isinstance(i, CaughtUp)]) == 1
 
     def test_history_longer_than_a_page_with_sparse_matches(self, store: EventStore) -> None:
         start = store.head_position()
