@@ -1,0 +1,332 @@
+"""The event catalogue: validation, extension events, upcasting and opaque events — each read
+back through real stores (memory and SQLite)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+from uuid import uuid4
+
+import pytest
+from pydantic import Field
+
+import terret
+from terret.adapters.stores.memory import MemoryStore
+from terret.adapters.stores.sqlite import SQLiteStore
+from terret.domain import errors
+from terret.domain.catalogue import EventCatalogue, EventPayload, OpaquePayload, catalogue
+from terret.domain.codec import decode, encode
+from terret.domain.events import (
+    COMMUTATIVE,
+    MODEL_VISIBLE,
+    AssistantMessage,
+    ModelSet,
+    StepEnded,
+    TurnStarted,
+    UsageData,
+)
+from terret.domain.repository import SessionRepository
+from terret.domain.session import Session
+from terret.domain.store import (
+    CaughtUp,
+    EventStore,
+    NewRecord,
+    StoredRecord,
+    StreamState,
+    session_stream,
+)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EventStore]:
+    store: EventStore = (
+        MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "t.db")
+    )
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+class Bookmark(EventPayload):
+    """An extension event, as a user of the framework would write one."""
+
+    wire_name: ClassVar[str] = "acme/bookmark"
+    version: ClassVar[int] = 1
+    model_visible: ClassVar[bool] = True
+    url: str = Field(pattern=r"^https?://")
+    note: str | None = None
+
+
+@pytest.fixture
+def bookmark() -> Iterator[type[Bookmark]]:
+    terret.event_type(Bookmark)
+    try:
+        yield Bookmark
+    finally:
+        catalogue.unregister(Bookmark.wire_name)
+
+
+def raw(wire_name: str, data: dict[str, Any] | bytes, schema_version: int | None = 1
+        ) -> NewRecord:
+    meta = {} if schema_version is None else {"schema_version": schema_version}
+    body = data if isinstance(data, bytes) else json.dumps(data).encode()
+    return NewRecord(uuid4(), wire_name, body, json.dumps(meta).encode())
+
+
+def subscribe_until_caught_up(store: EventStore, after: int, wire_names: list[str] | None
+                              ) -> list[StoredRecord]:
+    found: list[StoredRecord] = []
+    with store.subscribe(after=after, wire_names=wire_names) as sub:
+        timer = threading.Timer(10, sub.stop)
+        timer.start()
+        try:
+            for item in sub:
+                if isinstance(item, CaughtUp):
+                    break
+                if isinstance(item, StoredRecord):
+                    found.append(item)
+        finally:
+            timer.cancel()
+    return found
+
+
+# --- the builtin catalogue -----------------------------------------------------------------
+
+
+def test_builtin_flags_follow_the_architecture() -> None:
+    assert COMMUTATIVE == {  # R5
+        "approval/resolved", "inbox/queued", "policy/updated", "model/set", "session/titled",
+        "turn/cancel_requested",
+    }
+    assert MODEL_VISIBLE == {
+        "user/message", "context/injected", "assistant/message", "tool/result",
+        "session/compacted",
+    }
+    assert all(catalogue.is_builtin(cls.wire_name) for cls in catalogue
+               if cls.__module__ == "terret.domain.events")
+
+
+def test_registration_errors() -> None:
+    local = EventCatalogue()
+
+    class Nameless(EventPayload):
+        pass
+
+    with pytest.raises(errors.UnknownEventType):
+        local.register(Nameless)
+
+    class First(EventPayload):
+        wire_name: ClassVar[str] = "acme/thing"
+
+    class Second(EventPayload):
+        wire_name: ClassVar[str] = "acme/thing"
+
+    local.register(First)
+    local.register(First)  # the same class again is fine
+    with pytest.raises(errors.DuplicateEventType):
+        local.register(Second)
+    with pytest.raises(errors.DuplicateEventType):
+        catalogue.register(type("Imposter", (EventPayload,), {
+            "__annotations__": {"wire_name": ClassVar[str]}, "wire_name": "turn/start",
+        }))
+    with pytest.raises(errors.UnknownEventType):
+        encode(First())  # registered elsewhere, not in the process catalogue
+
+
+# --- validation --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("build", "wire_name", "field"), [
+    (lambda: TurnStarted(turn=0), "turn/start", "turn"),
+    (lambda: TurnStarted(), "turn/start", "turn"),
+    (lambda: TurnStarted(turn=1, colour="red"), "turn/start", "colour"),
+    (lambda: ModelSet(role="main", spec="gpt-4o"), "model/set", "spec"),
+    (lambda: AssistantMessage(tool_calls=[{"id": "", "name": "x"}]), "assistant/message",
+     "tool_calls.0.id"),
+    (lambda: StepEnded(turn=1, step=1, usage={"prompt_tokens": -1, "completion_tokens": 0}),
+     "step/end", "usage.prompt_tokens"),
+])
+def test_invalid_payload_names_the_field(build: Any, wire_name: str, field: str) -> None:
+    with pytest.raises(errors.InvalidPayload) as info:
+        build()
+    assert info.value.wire_name == wire_name
+    assert info.value.field == field
+    assert repr(field) in str(info.value)
+
+
+def test_an_invalid_command_payload_appends_nothing(store: EventStore) -> None:
+    repo = SessionRepository(store)
+    session = Session.start()
+    repo.save(session)
+    with pytest.raises(errors.InvalidPayload) as info:
+        session.set_model("main", "not a spec")
+    assert info.value.field == "spec"
+    assert repo.save(session) is None
+    assert store.stream_version(session_stream(session.id)) == 1
+
+
+def test_stored_data_that_fails_validation_is_a_corrupt_record(store: EventStore) -> None:
+    stream = session_stream(uuid4())
+    store.append(stream, [raw("turn/start", {"turn": "first"})], StreamState.NO_STREAM)
+    stored = store.read_stream(stream)[0]
+    with pytest.raises(errors.CorruptRecord) as info:
+        decode(stored)
+    assert info.value.position == stored.position
+    assert "turn" in info.value.reason
+
+
+# --- extension events --------------------------------------------------------------------
+
+
+def test_extension_events_validate_like_builtin_ones(bookmark: type[Bookmark]) -> None:
+    with pytest.raises(errors.InvalidPayload) as info:
+        bookmark(url="ftp://example.org")
+    assert (info.value.wire_name, info.value.field) == ("acme/bookmark", "url")
+    assert "acme/bookmark" in catalogue
+    assert not catalogue.is_builtin("acme/bookmark")
+
+
+def test_extension_events_are_stored_read_filtered_and_subscribed(
+    store: EventStore, bookmark: type[Bookmark]
+) -> None:
+    start = store.head_position()
+    repo = SessionRepository(store)
+    session = Session.start()
+    session.start_turn(text="save this link")
+    repo.save(session)
+    stream = session_stream(session.id)
+    mark = bookmark(url="https://example.org", note="later")
+    store.append(stream, [encode(mark, correlation_id="req-1")], session.version)
+    session.end_turn("completed")
+    with pytest.raises(errors.WrongExpectedVersion):
+        repo.save(session)  # the aggregate sees the extension event like any other
+    session = repo.get(session.id)
+    session.end_turn("completed")
+    repo.save(session)
+
+    events = [decode(r) for r in store.read_stream(stream)]
+    assert [e.wire_name for e in events] == [
+        "session/started", "turn/start", "user/message", "acme/bookmark", "turn/end",
+    ]
+    read_back = events[3]
+    assert read_back.payload == mark and isinstance(read_back.payload, Bookmark)
+    assert read_back.version == 1 and read_back.correlation_id == "req-1"
+    assert read_back.session_id == session.id and not read_back.is_opaque
+    assert session.state.last_visible_seq == 4  # model_visible extension events count too
+
+    only = store.read_all(after=start, wire_names=["acme/bookmark"])
+    assert [decode(r).payload for r in only] == [mark]
+    delivered = subscribe_until_caught_up(store, start, ["acme/bookmark", "turn/end"])
+    assert [r.wire_name for r in delivered] == ["acme/bookmark", "turn/end"]
+    assert decode(delivered[0]).payload == mark
+
+
+def test_an_extension_upcaster_chain(store: EventStore) -> None:
+    class Rating(EventPayload):
+        wire_name: ClassVar[str] = "acme/rating"
+        version: ClassVar[int] = 3
+        stars: int = Field(ge=1, le=5)
+        by: str
+
+    terret.event_type(Rating)
+
+    @terret.upcaster("acme/rating", 1)
+    def _v1(data: dict[str, Any]) -> dict[str, Any]:
+        data["stars"] = data.pop("score")
+        return data
+
+    @terret.upcaster("acme/rating", 2)
+    def _v2(data: dict[str, Any]) -> dict[str, Any]:
+        return {**data, "by": data.get("by", "unknown")}
+
+    try:
+        stream = session_stream(uuid4())
+        store.append(stream, [
+            raw("acme/rating", {"score": 4}, 1),
+            raw("acme/rating", {"stars": 2}, 2),
+            raw("acme/rating", {"stars": 5, "by": "ana"}, 3),
+        ], StreamState.NO_STREAM)
+        got = [decode(r) for r in store.read_stream(stream)]
+        assert [e.payload for e in got] == [
+            Rating(stars=4, by="unknown"), Rating(stars=2, by="unknown"),
+            Rating(stars=5, by="ana"),
+        ]
+        assert [e.version for e in got] == [1, 2, 3]  # the version it was stored with
+    finally:
+        catalogue.unregister("acme/rating")
+
+
+# --- upcasting step/end v1 -> v2 -------------------------------------------------------------
+
+
+def test_step_end_v1_is_upcast_on_read(store: EventStore) -> None:
+    start = store.head_position()
+    stream = session_stream(uuid4())
+    store.append(stream, [
+        raw("step/end", {"turn": 1, "step": 1, "prompt_tokens": 120, "completion_tokens": 30,
+                         "cost": 0.25}, 1),
+        raw("step/end", {"turn": 1, "step": 2, "prompt_tokens": 7}, 1),
+        raw("step/end", {"turn": 1, "step": 3}, 1),  # a resumed step: no usage
+        raw("step/end", {"turn": 1, "step": 4}, None),  # no schema version: version 1
+        encode(StepEnded(turn=1, step=5, usage=UsageData(prompt_tokens=1, completion_tokens=2))),
+    ], StreamState.NO_STREAM)
+    payloads = [decode(r).payload for r in store.read_stream(stream)]
+    assert all(isinstance(p, StepEnded) for p in payloads)
+    assert [p.usage for p in payloads] == [  # type: ignore[union-attr]
+        UsageData(prompt_tokens=120, completion_tokens=30, cost=0.25),
+        UsageData(prompt_tokens=7, completion_tokens=0),
+        None,
+        None,
+        UsageData(prompt_tokens=1, completion_tokens=2),
+    ]
+    delivered = subscribe_until_caught_up(store, start, ["step/end"])
+    assert [decode(r).payload for r in delivered] == payloads
+
+
+def test_a_version_without_an_upcaster_is_a_corrupt_record(store: EventStore) -> None:
+    stream = session_stream(uuid4())
+    store.append(stream, [raw("turn/start", {"turn": 1}, 0)], StreamState.NO_STREAM)
+    with pytest.raises(errors.CorruptRecord) as info:
+        decode(store.read_stream(stream)[0])
+    assert "upcaster" in info.value.reason
+
+
+# --- unknown wire names ----------------------------------------------------------------------
+
+
+def test_an_unknown_wire_name_reads_as_an_opaque_event(store: EventStore) -> None:
+    start = store.head_position()
+    repo = SessionRepository(store)
+    session = Session.start()
+    repo.save(session)
+    stream = session_stream(session.id)
+    data = {"feature": "from the future", "nested": {"n": [1, 2]}}
+    store.append(stream, [raw("future/event", data, 7)], 1)
+
+    event = decode(store.read_stream(stream)[1])
+    assert event.is_opaque
+    assert event.payload == OpaquePayload("future/event", 7, data)
+    assert event.version == 7
+    assert json.loads(event.payload.to_json()) == data  # nothing lost
+    delivered = subscribe_until_caught_up(store, start, None)
+    assert decode(delivered[-1]).payload == event.payload
+    # the aggregate loads past it and keeps working
+    loaded = repo.get(session.id)
+    assert loaded.version == 2
+    loaded.start_turn(text="still fine")
+    repo.save(loaded)
+    assert store.stream_version(stream) == 4
+
+
+def test_an_extension_missing_in_this_process_reads_as_opaque(
+    store: EventStore, bookmark: type[Bookmark]
+) -> None:
+    stream = session_stream(uuid4())
+    store.append(stream, [encode(bookmark(url="https://example.org"))], StreamState.NO_STREAM)
+    catalogue.unregister("acme/bookmark")  # as in a process without the extension installed
+    event = decode(store.read_stream(stream)[0])
+    assert event.payload == OpaquePayload("acme/bookmark", 1, {"url": "https://example.org"})
