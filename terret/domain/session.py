@@ -74,6 +74,7 @@ class SessionState:
     last_visible_seq: int = 0
     inbox: dict[str, dict[str, Any]] = field(default_factory=dict)
     attached: str | None = None
+    roles: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -271,7 +272,9 @@ class Session(Aggregate):
         owed = self.state.owed.get(call_id)
         if not self.state.turn_open or owed is None:
             raise errors.ToolCallNotOwed(f"call {call_id!r} is not owed by the open turn")
-        if call_id in self.state.pending or call_id in self.state.verdicts:
+        decided = self.state.verdicts.get(call_id)
+        if call_id in self.state.pending or (
+                decided is not None and decided["key"] == _call_key(name, args)):
             raise errors.ApprovalAlreadyRequested(f"call {call_id!r} was already asked about")
         self._record(ApprovalRequested(call_id=call_id, name=name, args=args))
 
@@ -369,6 +372,11 @@ class Session(Aggregate):
 
 def _on_started(s: SessionState, p: Any, seq: int) -> None:
     s.agent = p.agent
+    s.roles = dict(p.roles)
+
+
+def _on_model_set(s: SessionState, p: Any, seq: int) -> None:
+    s.roles[p.role] = p.spec
 
 
 def _on_turn_start(s: SessionState, p: Any, seq: int) -> None:
@@ -404,6 +412,9 @@ def _on_turn_end(s: SessionState, p: Any, seq: int) -> None:
 
 def _on_requested(s: SessionState, p: Any, seq: int) -> None:
     if s.turn_open:
+        # R11: an id reused for another tool or other arguments is a new ask; the verdict on
+        # the earlier call does not carry over to it.
+        s.verdicts.pop(p.call_id, None)
         s.pending[p.call_id] = {"name": p.name, "args": p.args}
 
 
@@ -413,6 +424,7 @@ def _on_resolved(s: SessionState, p: Any, seq: int) -> None:
         s.verdicts[p.call_id] = {
             "verdict": p.verdict,
             "reason": p.reason,
+            "by": p.by.model_dump(exclude_none=True),
             "key": _call_key(request["name"], request["args"]),
         }
 
@@ -474,4 +486,5 @@ _APPLY: dict[str, Callable[[SessionState, Any, int], None]] = {
     "session/compacted": _on_compacted,
     "agent/attached": _on_attached,
     "agent/detached": _on_detached,
+    "model/set": _on_model_set,
 }

@@ -17,7 +17,7 @@ from uuid import UUID
 from terret.domain import errors
 from terret.domain.events import Actor, ToolCallData, TurnStatus, UsageData
 from terret.domain.messages import Message
-from terret.domain.session import MAX_STEPS, Session
+from terret.domain.session import Session
 from terret.runtime.allowlist import AllowList
 from terret.runtime.approvals import ApprovalGate, TurnCancelled, TurnSuspended
 from terret.runtime.hooks import PreStepHook, StepClaim
@@ -40,7 +40,8 @@ class AgentDefinition:
     instructions: str = ""
     tools: Sequence[Tool] = ()
     allow: Sequence[str] = ()
-    max_steps: int = MAX_STEPS
+    max_steps: int | None = None
+    """The step cap of this agent's turns; None takes ``RuntimeConfig.max_steps``."""
     pre_step: Sequence[PreStepHook] = field(default_factory=tuple)
 
 
@@ -92,6 +93,11 @@ class Agent:
     def _parked(self) -> None:
         log.info("session %s parked on an approval", self.session_id)
         self._set_status("waiting_approval")
+
+    @property
+    def max_steps(self) -> int:
+        """R2: the definition's cap, else the runtime's (``MAX_STEPS`` by default)."""
+        return self.definition.max_steps or self.runtime.config.max_steps
 
     @property
     def busy(self) -> bool:
@@ -243,7 +249,7 @@ class Agent:
         session = runtime.writer.refresh(self.session_id)
         if session.state.cancel_requested or self.cancel_event.is_set():
             raise TurnCancelled("cancel requested")
-        spec = runtime.model_spec(self.session_id, "main")
+        spec = runtime.model_spec(self.session_id, "main", session)
         claim = StepClaim(self.session_id, turn, session.current_step + 1, spec)
         for hook in (*runtime.pre_step, *self.definition.pre_step):
             refusal = hook(claim)
@@ -252,7 +258,7 @@ class Agent:
                                  by=Actor(actor=refusal.actor))  # type: ignore[arg-type]
 
         def open_step(s: Session) -> int:
-            step = s.start_step(spec, max_steps=self.definition.max_steps)
+            step = s.start_step(spec, max_steps=self.max_steps)
             s.take_inbox()
             return step
 

@@ -141,12 +141,7 @@ class ApprovalGate:
         sid = ctx.session_id
         # A verdict may come from another process: apply the store's tail first.
         session = self.writer.refresh(sid)
-        found = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
-        if found is None:
-            return None
-        recorded = self.views.verdict_for(sid, ctx.call_id, ctx.name, ctx.args)
-        by = recorded.by if recorded is not None else None
-        return {"verdict": found["verdict"], "reason": found["reason"], "by": by}
+        return session.verdict_for(ctx.call_id, ctx.name, ctx.args)
 
     def _reap(self, ctx: CallContext) -> None:
         def deny(s: Session) -> None:

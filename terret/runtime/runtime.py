@@ -169,8 +169,12 @@ class Runtime:
             raise errors.ConfigurationError(f"no agent definition named {name!r}")
         return self.definitions[name]
 
-    def model_spec(self, session_id: UUID, role: str) -> str:
-        spec = self.views.roles(session_id).get(role) or self.config.roles.get(role)
+    def model_spec(self, session_id: UUID, role: str, session: Session | None = None) -> str:
+        """The session's spec for ``role`` as its log records it (``session/started`` and
+        ``model/set``, read through the aggregate so a change is seen by the very next step),
+        else the deployment's."""
+        state = (session or self.writer.refresh(session_id)).state
+        spec = state.roles.get(role) or self.config.roles.get(role)
         if spec is None:
             raise errors.ConfigurationError(f"model role {role!r} is not configured")
         return spec

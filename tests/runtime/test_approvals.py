@@ -1,0 +1,303 @@
+"""Durable approvals (R8–R13) and the pre-execute waterfall they sit behind (R9)."""
+
+from __future__ import annotations
+
+import pytest
+
+from terret import Actor, CallContext, Reply, ScriptedProvider, Tool, call
+from terret.domain.errors import ApprovalNotPending
+from terret.runtime import Veto
+from tests.runtime.conftest import MakeRuntime, OpenedStore
+from tests.runtime.kit import (
+    Kit,
+    LogBuilder,
+    approve_all,
+    calls,
+    final,
+    first_index,
+    only,
+    other_process,
+    read_log,
+    turn_in_background,
+    wait_parked,
+    wait_until,
+)
+
+USER = Actor(actor="user", id="alice")
+
+
+def test_r8_approval_modes_never_policy_and_always(make_runtime: MakeRuntime, kit: Kit,
+                                                   store) -> None:
+    rt = make_runtime([
+        Reply(tool_calls=[call("status", {"env": "a"}), call("inspect", {"env": "b"}),
+                          call("migrate", {"env": "c"}), call("deploy", {"env": "d"})]),
+        final(),
+    ])
+    sid = rt.create_session()
+    result = approve_all(rt, sid, turn_in_background(rt, sid, "go"))
+    assert result.status == "completed"
+    log = read_log(store, sid)
+    # never passes; policy asks only when mutating; always asks
+    assert [e.data["name"] for e in only(log, "approval/requested")] == ["migrate", "deploy"]
+    assert [name for name, _ in kit.ran] == ["status", "inspect", "migrate", "deploy"]
+    assert not any(r.data["is_error"] for r in only(log, "tool/result"))
+
+
+def test_r8_tool_definitions_default_to_never_and_not_mutating(kit: Kit) -> None:
+    assert (kit.noop.approval, kit.noop.mutating, kit.noop.needs_approval()) == (
+        "never", False, False)
+    assert kit.migrate.needs_approval() and not kit.inspect.needs_approval()
+
+
+def test_r9_the_waterfall_runs_parent_first_and_the_allow_list_settles_before_a_human(
+        make_runtime: MakeRuntime, store) -> None:
+    order: list[tuple[str, str]] = []
+
+    def root(tool: Tool, ctx: CallContext) -> Veto | None:
+        order.append(("root", tool.name))
+        return None
+
+    def agent_hook(tool: Tool, ctx: CallContext) -> Veto | None:
+        order.append(("agent", tool.name))
+        return None
+
+    rt = make_runtime([
+        Reply(tool_calls=[call("deploy", {"env": "prod"}), call("status", {"env": "prod"})]),
+        final(),
+    ], allow=["status"])
+    rt.tool_context.pre_execute.append(root)
+    sid = rt.create_session()
+    rt.spawn_agent(sid).context.pre_execute.append(agent_hook)  # after the agent's allow-list
+    assert rt.run_turn(sid, "go").status == "completed"
+    # root first; the allow-list (the agent's first hook) vetoed deploy before agent_hook ran
+    assert order == [("root", "deploy"), ("root", "status"), ("agent", "status")]
+    log = read_log(store, sid)
+    assert not only(log, "approval/requested")  # deploy (approval: always) was never asked
+    deploy, status = only(log, "tool/result")
+    assert deploy.data["is_error"] and "not allowed" in deploy.data["content"]
+    assert not status.data["is_error"]
+
+
+def test_r9_a_root_veto_wins_over_everything_after_it(make_runtime: MakeRuntime,
+                                                      store) -> None:
+    rt = make_runtime([calls(("deploy", {"env": "prod"})), final()], allow=[])
+    rt.tool_context.pre_execute.append(lambda tool, ctx: Veto("root: change freeze"))
+    sid = rt.create_session()
+    rt.run_turn(sid, "go")
+    (result,) = only(read_log(store, sid), "tool/result")
+    assert result.data["content"] == "vetoed: root: change freeze"
+
+
+def test_r10_parking_and_resolving_are_recorded_and_pending_lists_the_open_asks(
+        make_runtime: MakeRuntime, kit: Kit, store) -> None:
+    rt = make_runtime([
+        Reply(tool_calls=[call("deploy", {"env": "prod"}, id="c-1"),
+                          call("deploy", {"env": "eu"}, id="c-2")]),
+        final(),
+    ])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    assert wait_parked(rt, sid) == ["c-1"]
+    rt.catch_up_views()
+    assert [(p.call_id, p.name, p.args) for p in rt.views.pending(sid)] == [
+        ("c-1", "deploy", {"env": "prod"})]
+    rt.approve(sid, "c-1", by=USER, reason="looks right")
+    wait_until(lambda: rt.pending(sid) == ["c-2"], what="the second ask")
+    rt.deny(sid, "c-2", by=USER, reason="not on a Friday")
+    assert job.join().status == "completed"
+    assert rt.pending(sid) == []
+    log = read_log(store, sid)
+    assert [e.data for e in only(log, "approval/requested")] == [
+        {"call_id": "c-1", "name": "deploy", "args": {"env": "prod"}},
+        {"call_id": "c-2", "name": "deploy", "args": {"env": "eu"}},
+    ]
+    assert [e.data for e in only(log, "approval/resolved")] == [
+        {"call_id": "c-1", "verdict": "approved", "reason": "looks right",
+         "by": {"actor": "user", "id": "alice"}},
+        {"call_id": "c-2", "verdict": "denied", "reason": "not on a Friday",
+         "by": {"actor": "user", "id": "alice"}},
+    ]
+    ok, denied = only(log, "tool/result")
+    assert ok.data["content"] == "deployed prod" and not ok.data["is_error"]
+    assert denied.data["is_error"]
+    assert denied.data["content"] == "deploy was denied by user: not on a Friday"
+    assert kit.ran == [("deploy", {"env": "prod"})]
+    # the request precedes its verdict, the verdict precedes the call's result
+    assert (first_index(log, "approval/requested", call_id="c-1")
+            < first_index(log, "approval/resolved", call_id="c-1")
+            < first_index(log, "tool/result", call_id="c-1"))
+
+
+@pytest.mark.parametrize("how", ["approve", "resolve-raw"])
+def test_r10_a_verdict_from_another_process_resumes_the_parked_turn(
+        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit, how: str) -> None:
+    rt = make_runtime([calls(("deploy", {"env": "prod"})), final("shipped")])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    (call_id,) = wait_parked(rt, sid)
+    other_process(opened.uri, how, str(sid), call_id)
+    result = job.join()
+    assert (result.status, result.text) == ("completed", "shipped")
+    assert kit.ran == [("deploy", {"env": "prod"})]
+    (verdict,) = only(read_log(opened.store, sid), "approval/resolved")
+    assert verdict.data["by"] == {"actor": "operator", "id": "proc"}
+
+
+def test_r10_a_denial_from_another_process_reaches_the_model(
+        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit) -> None:
+    provider = ScriptedProvider([calls(("deploy", {"env": "prod"})), final()])
+    rt = make_runtime(provider)
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    (call_id,) = wait_parked(rt, sid)
+    other_process(opened.uri, "deny", str(sid), call_id, "prod is frozen")
+    assert job.join().status == "completed"
+    assert kit.ran == []
+    tool_msg = [m for m in provider.requests[1].messages if m.role == "tool"]
+    assert tool_msg[0].is_error and "prod is frozen" in tool_msg[0].text
+
+
+def test_r11_only_a_pending_request_of_the_open_turn_can_be_resolved(
+        make_runtime: MakeRuntime, store) -> None:
+    rt = make_runtime([calls(("deploy", {"env": "prod"}, "c-1")), final()])
+    sid = rt.create_session()
+    with pytest.raises(ApprovalNotPending):  # no turn at all
+        rt.approve(sid, "c-1", by=USER)
+    job = turn_in_background(rt, sid, "go")
+    wait_parked(rt, sid)
+    before = read_log(store, sid)
+    with pytest.raises(ApprovalNotPending):
+        rt.approve(sid, "c-9", by=USER)  # never asked
+    assert read_log(store, sid) == before
+    rt.approve(sid, "c-1", by=USER)
+    job.join()
+    with pytest.raises(ApprovalNotPending):  # resolved, and its turn closed
+        rt.deny(sid, "c-1", by=USER, reason="too late")
+
+
+def test_r11_a_verdict_must_name_the_same_tool_and_arguments(make_runtime: MakeRuntime,
+                                                            store) -> None:
+    rt = make_runtime([calls(("deploy", {"env": "prod"}, "c-1")), final()])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    wait_parked(rt, sid)
+    log = LogBuilder(store, sid)
+    with pytest.raises(ApprovalNotPending):
+        log.do(lambda s: s.resolve_approval("c-1", "approved", by=USER, name="deploy",
+                                            args={"env": "staging"}))
+    with pytest.raises(ApprovalNotPending):
+        log.do(lambda s: s.resolve_approval("c-1", "approved", by=USER, name="migrate",
+                                            args={"env": "prod"}))
+    log.do(lambda s: s.resolve_approval("c-1", "approved", by=USER, name="deploy",
+                                        args={"env": "prod"}))
+    assert job.join().status == "completed"
+    assert len(only(read_log(store, sid), "approval/resolved")) == 1
+
+
+def test_r11_a_call_id_reused_in_a_later_turn_is_asked_about_again(make_runtime: MakeRuntime,
+                                                                   kit: Kit, store) -> None:
+    rt = make_runtime([
+        calls(("deploy", {"env": "prod"}, "c-1")), final(),
+        calls(("deploy", {"env": "prod"}, "c-1")), final(),
+    ])
+    sid = rt.create_session()
+    approve_all(rt, sid, turn_in_background(rt, sid, "first"))
+    job = turn_in_background(rt, sid, "second")
+    assert wait_parked(rt, sid) == ["c-1"]  # the closed turn's approval settled with it
+    rt.deny(sid, "c-1", by=USER, reason="once was enough")
+    assert job.join().status == "completed"
+    log = read_log(store, sid)
+    assert len(only(log, "approval/requested")) == 2
+    assert kit.ran == [("deploy", {"env": "prod"})]
+
+
+def test_r11_a_call_id_reused_in_the_same_turn_with_other_arguments_is_asked_again(
+        make_runtime: MakeRuntime, kit: Kit, store) -> None:
+    rt = make_runtime([
+        calls(("deploy", {"env": "staging"}, "c-1")),
+        calls(("deploy", {"env": "prod"}, "c-1")),  # a provider reusing an id
+        final(),
+    ])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    wait_parked(rt, sid)
+    rt.approve(sid, "c-1", by=USER)  # approves staging
+    wait_until(lambda: len(only(read_log(store, sid), "approval/requested")) == 2,
+               what="a second ask for the same id with other arguments")
+    rt.deny(sid, "c-1", by=USER, reason="prod needs a change ticket")
+    assert job.join().status == "completed"
+    assert kit.ran == [("deploy", {"env": "staging"})]
+    requests = only(read_log(store, sid), "approval/requested")
+    assert [r.data["args"] for r in requests] == [{"env": "staging"}, {"env": "prod"}]
+
+
+def test_r12_no_timeout_by_default(make_runtime: MakeRuntime, store) -> None:
+    rt = make_runtime([calls(("deploy", {"env": "prod"})), final()])
+    assert rt.config.approval_max_wait is None
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    (call_id,) = wait_parked(rt, sid)
+    with pytest.raises(AssertionError):  # nothing resolves it on its own
+        wait_until(lambda: only(read_log(store, sid), "approval/resolved"), timeout=1.5)
+    assert rt.pending(sid) == [call_id] and not job.done
+    rt.approve(sid, call_id, by=USER)
+    assert job.join().status == "completed"
+
+
+def test_r12_the_reaper_records_a_durable_denial_after_the_maximum_wait(
+        make_runtime: MakeRuntime, kit: Kit, store) -> None:
+    from terret import RuntimeConfig
+
+    provider = ScriptedProvider([calls(("deploy", {"env": "prod"})), final()])
+    rt = make_runtime(provider, config=RuntimeConfig(approval_max_wait=0.3))
+    sid = rt.create_session()
+    result = rt.run_turn(sid, "go")
+    assert result.status == "completed"  # a reaped call is a denial, not a failure
+    log = read_log(store, sid)
+    (verdict,) = only(log, "approval/resolved")
+    assert verdict.data["verdict"] == "denied"
+    assert verdict.data["by"] == {"actor": "reaper"}
+    (tool_result,) = only(log, "tool/result")
+    assert tool_result.data["is_error"] and "denied by reaper" in tool_result.data["content"]
+    assert kit.ran == []
+
+
+def test_r13_cancelling_a_parked_turn_records_the_cancel_then_denies_then_closes(
+        make_runtime: MakeRuntime, kit: Kit, store) -> None:
+    rt = make_runtime([calls(("deploy", {"env": "prod"}, "c-1")), final()])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    wait_parked(rt, sid)
+    rt.cancel(sid, by=Actor(actor="operator", id="bob"), reason="wrong branch")
+    result = job.join()
+    assert result.status == "cancelled"
+    log = read_log(store, sid)
+    cancel = first_index(log, "turn/cancel_requested")
+    denial = first_index(log, "approval/resolved", call_id="c-1")
+    end = first_index(log, "turn/end")
+    assert first_index(log, "approval/requested") < cancel < denial < end
+    assert log[denial].data["verdict"] == "denied"
+    assert log[denial].data["by"] == {"actor": "operator", "id": "bob"}
+    assert log[end].data["status"] == "cancelled"
+    assert log[end].data["by"] == {"actor": "operator", "id": "bob"}
+    assert not only(log, "tool/result") or only(log, "tool/result")[0].data["is_error"]
+    assert kit.ran == []
+    assert rt.pending(sid) == []
+    rt.catch_up_views()
+    assert rt.views.pending(sid) == []
+    assert not rt.resumable(sid)
+
+
+def test_r13_a_cancel_from_another_process_stops_a_parked_turn(
+        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit) -> None:
+    rt = make_runtime([calls(("deploy", {"env": "prod"})), final()])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    wait_parked(rt, sid)
+    other_process(opened.uri, "cancel", str(sid))
+    assert job.join().status == "cancelled"
+    log = read_log(opened.store, sid)
+    assert (first_index(log, "turn/cancel_requested") < first_index(log, "approval/resolved")
+            < first_index(log, "turn/end"))
+    assert only(log, "turn/end")[0].data["by"] == {"actor": "operator", "id": "proc"}
+    assert kit.ran == []
