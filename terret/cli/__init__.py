@@ -43,12 +43,16 @@ class TerretGroup(click.Group):
                    "(env TERRET_STORE).")
 @click.option("--views", "views_path", envvar="TERRET_VIEWS", default=None, metavar="PATH",
               help="SQLite file for the projections' views (default: beside the store).")
+@click.option("--store-timeout", "store_timeout", envvar="TERRET_STORE_TIMEOUT",
+              type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+              help="How long an unreachable EventStoreDB is retried before the command fails "
+                   "(default 10; env TERRET_STORE_TIMEOUT).")
 @click.option("--json", "json_output", is_flag=True, help="Machine-readable JSON output.")
 @click.option("-v", "--verbose", is_flag=True, help="Log lifecycle transitions to stderr.")
 @click.version_option(package_name="terret")
 @click.pass_context
-def cli(ctx: click.Context, store_uri: str, views_path: str | None, json_output: bool,
-        verbose: bool) -> None:
+def cli(ctx: click.Context, store_uri: str, views_path: str | None,
+        store_timeout: float | None, json_output: bool, verbose: bool) -> None:
     """Terret: long-lived LLM agent sessions on an event store.
 
     Every step, tool call, approval, compaction, title and cost figure is an event in a
@@ -57,7 +61,7 @@ def cli(ctx: click.Context, store_uri: str, views_path: str | None, json_output:
     """
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
-    ctx.obj = CliContext(store_uri, views_path, json_output)
+    ctx.obj = CliContext(store_uri, views_path, json_output, store_timeout=store_timeout)
     ctx.call_on_close(ctx.obj.close)
 
 

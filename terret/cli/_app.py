@@ -61,7 +61,13 @@ def load_app(spec: str | None) -> App:
         factory: Callable[[], App] = getattr(module, attr or "app")
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(f"cannot load app {spec!r}: {exc}") from None
-    app = factory()
+    if not callable(factory):
+        raise ConfigurationError(f"cannot load app {spec!r}: {attr or 'app'} is not callable")
+    try:
+        app = factory()
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot load app {spec!r}: {type(exc).__name__}: {exc}") from None
     if not isinstance(app, App):
         raise ConfigurationError(f"{spec} did not return a terret.cli.App")
     return app

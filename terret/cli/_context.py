@@ -57,6 +57,7 @@ class CliContext:
     store_uri: str
     views_path: str | None
     json_output: bool
+    store_timeout: float | None = None
     _store: EventStore | None = None
     _views: ViewStore | None = None
     _runner: ProjectionRunner | None = None
@@ -76,7 +77,13 @@ class CliContext:
                     raise StoreUnavailable(
                         f"no store at {path} (create one with `terret sessions new` or "
                         "`terret demo`, or pass --store)")
-            self._store = open_store(uri)
+            if self.store_timeout is not None and uri.startswith(("esdb://", "esdb+discover://")):
+                from terret.adapters.stores.eventstoredb import EventStoreDBStore
+
+                self._store = EventStoreDBStore(uri, retry_timeout=self.store_timeout,
+                                                call_timeout=min(5.0, self.store_timeout))
+            else:
+                self._store = open_store(uri)
             self.closers.append(self._store.close)
         return self._store
 

@@ -9,7 +9,7 @@ import click
 from terret.cli._app import load_app
 from terret.cli._context import SESSION, CliContext, note, operator, table
 from terret.domain.catalogue import catalogue
-from terret.domain.errors import InvalidPayload
+from terret.domain.errors import ConfigurationError, InvalidPayload
 from terret.domain.repository import SessionRepository
 from terret.runtime.runtime import Runtime
 from terret.runtime.writer import SessionWriter
@@ -24,7 +24,10 @@ def _writer(obj: CliContext) -> SessionWriter:
 
 
 def runtime_for(obj: CliContext, app_spec: str | None) -> Runtime:
-    app = load_app(app_spec)
+    try:
+        app = load_app(app_spec)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--app'") from None
     runtime = Runtime(obj.store(), resolver=app.resolver, views=obj.view_store(),
                       config=app.config, agents=app.agents, summarizer=app.summarizer,
                       titler=app.titler)
@@ -66,6 +69,14 @@ def resume(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
     """Resume the session's open turn in this process (after a crash)."""
     obj.require_session(session_id)
     runtime = runtime_for(obj, app_spec).start()
+    # The owed calls run first: the allow-list and approvals read the views, which must know
+    # the session before they can allow anything.
+    runtime.catch_up_views()
+    pending = runtime.views.pending(session_id)
+    if pending:
+        calls = ", ".join(p.call_id for p in pending)
+        note(f"turn parked on {calls}: waiting for a verdict (`terret approve|deny "
+             f"{session_id} CALL_ID` from another shell; Ctrl-C leaves the turn open)")
     result = runtime.resume_turn(session_id)
     obj.emit({"session": str(session_id), "turn": result.turn, "status": result.status},
              f"turn {result.turn} {result.status}")
