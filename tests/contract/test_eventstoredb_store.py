@@ -190,9 +190,7 @@ class TestEventStoreDBStore(StoreContract):
             else:
                 assert item.position >= last_record
 
-    def test_retry_of_an_any_append_reports_the_original_version(
-        self, store: EventStore
-    ) -> None:
+    def test_retry_of_an_any_append_reports_the_original_version(self, store: EventStore) -> None:
         stream = new_stream()
         store.append(stream, records(1), StreamState.NO_STREAM)
         batch = records(2)

@@ -66,7 +66,7 @@ class SecretURI:
     def scrub(self, text: str) -> str:
         """``text`` with every occurrence of the URI or its credentials masked."""
         if self._uri and self._uri in text:
-            text = text.replace(self._uri, mask_uri(self._uri))
+            text = text.replace(self._uri, self.masked)
         for secret in self.secrets:
             text = text.replace(secret, "***")
         return text
@@ -77,49 +77,51 @@ class SecretURI:
     __str__ = __repr__
 
 
-def _netloc_bounds(uri: str) -> tuple[int, int] | None:
+_QUERY_START = re.compile(r"\?[A-Za-z]+=")
+
+
+def _userinfo_bounds(uri: str) -> tuple[int, int] | None:
+    """Where ``user:password`` sits in a URI: from after ``://`` to the ``@`` that ends it.
+
+    That ``@`` is the *last* one before the query string, not the first one, and not the first
+    one after a ``/`` or ``?``: a password may contain ``@``, ``/``, ``?`` or ``:`` even though
+    it should be percent-encoded, and a mask must not leak its tail."""
     start = uri.find("://")
     if start < 0:
         return None
     start += 3
-    end = len(uri)
-    for sep in "/?#":
-        found = uri.find(sep, start)
-        if found >= 0:
-            end = min(end, found)
-    return start, end
+    at = uri.rfind("@")
+    # An "@" inside the query (e.g. in a TlsCaFile path) does not end the user-info.
+    while at >= start:
+        query = _QUERY_START.search(uri, start, at)
+        if query is None:
+            return start, at
+        at = uri.rfind("@", start, query.start())
+    return None
 
 
 def mask_uri(uri: str) -> str:
-    """``esdb://user:pass@host:2113?Tls=true`` → ``esdb://***@host:2113?Tls=true``.
-
-    The user-info part ends at the *last* ``@`` of the authority, so a password that itself
-    contains ``@`` is masked completely (a plain ``[^@]*@`` pattern would leak its tail)."""
-    bounds = _netloc_bounds(uri)
+    """``esdb://user:pass@host:2113?Tls=true`` → ``esdb://***@host:2113?Tls=true``."""
+    bounds = _userinfo_bounds(uri)
     if bounds is None:
         return uri
-    start, end = bounds
-    netloc = uri[start:end]
-    at = netloc.rfind("@")
-    if at < 0:
-        return uri
-    return uri[:start] + "***" + netloc[at:] + uri[end:]
+    start, at = bounds
+    return uri[:start] + "***" + uri[at:]
 
 
 def _secrets_of(uri: str) -> list[str]:
-    bounds = _netloc_bounds(uri)
+    bounds = _userinfo_bounds(uri)
     if bounds is None:
         return []
-    netloc = uri[bounds[0] : bounds[1]]
-    at = netloc.rfind("@")
-    if at < 0:
-        return []
-    userinfo = netloc[:at]
+    userinfo = uri[bounds[0] : bounds[1]]
     user, _, password = userinfo.partition(":")
     found = {userinfo, unquote(userinfo)}
     # Short fragments would mask ordinary words in error texts ("a", "ok"); a password that
     # short is not worth protecting from an error message anyway.
-    for part in (password, unquote(password), user, unquote(user)):
+    # A client that splits the user-info differently may quote a piece of it (esdbclient
+    # takes the host list from after the *first* "@"): mask the pieces as well.
+    pieces = [password, user, *userinfo.split("@")]
+    for part in pieces + [unquote(p) for p in pieces]:
         if len(part) >= 3:
             found.add(part)
     return sorted((s for s in found if s), key=len, reverse=True)
@@ -136,6 +138,17 @@ def prepare_uri(uri: str) -> SecretURI:
     if parts.scheme not in SCHEMES:
         raise InvalidStoreURI(
             f"invalid EventStoreDB URI {masked!r}: the scheme must be esdb:// or esdb+discover://"
+        )
+    bounds = _userinfo_bounds(uri)
+    bad = sorted(set("@/?#") & set(uri[bounds[0] : bounds[1]])) if bounds else []
+    if bad:
+        # esdbclient splits the URI with urlparse (which ends the host part at "/", "?" or
+        # "#") and takes the hosts from after the *first* "@"; it passes the password on
+        # without percent-decoding, so such credentials cannot work in any spelling.
+        raise InvalidStoreURI(
+            f"invalid EventStoreDB URI {masked!r}: the user name or password contains "
+            f"{' '.join(repr(c) for c in bad)}, which esdbclient cannot parse; "
+            "choose credentials without '@', '/', '?' or '#'"
         )
     given = {key.lower() for key, _ in parse_qsl(parts.query, keep_blank_values=True)}
     extra = [f"{k}={v}" for k, v in DEFAULT_URI_OPTIONS.items() if k.lower() not in given]

@@ -117,7 +117,9 @@ class EsdbSubscription(Subscription):
         try:
             return self._items.popleft()
         except IndexError:
-            return self._wait_next()
+            pass
+        # Outside the handler, so that an error raised while waiting is not chained to it.
+        return self._wait_next()
 
     def _wait_next(self) -> SubscriptionItem:
         idle_since = time.monotonic()
@@ -159,11 +161,14 @@ class EsdbSubscription(Subscription):
         store = self._store
         with self._position_lock:
             start = self._position
+        if self._inner is None:
+            return None  # the reader is reconnecting: its failure, not an idle stream
         try:
-            head = store.head_position()
+            client = store._client()
+            head = store.read_head(client, store.retry.call_timeout)
             if head <= start:
                 return None
-            with store._client().read_all(
+            with client.read_all(
                 commit_position=start if start > 0 else None,
                 limit=2,
                 timeout=store.retry.call_timeout,
@@ -240,11 +245,15 @@ class EsdbSubscription(Subscription):
         if self._wire_names is None:
             # The catalogue may have grown since the last (re)subscription.
             self._filter = store.type_filter(None)
-        # Every event up to this head was committed before the subscription starts, so the
-        # server has considered all of them once it says "caught up".
-        self._head_before = store.head_position()
-        self._refresh_deletions()
         client = store._client()
+        # Every event up to this head was committed before the subscription starts, so the
+        # server has considered all of them once it says "caught up". Single attempts here:
+        # a failure is retried by the subscription's own loop, within its own bound.
+        timeout = store.retry.call_timeout
+        self._head_before = store.read_head(client, timeout)
+        store.refresh_deletions(client, timeout)
+        self._deleted = store.deleted_streams(refresh=False)
+        self._deleted_at = time.monotonic()
         with self._position_lock:
             start = self._position
         inner = client.subscribe_to_all(

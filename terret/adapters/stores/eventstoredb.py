@@ -219,7 +219,8 @@ class EventStoreDBStore(EventStore):
         self, stream: str, records: Sequence[NewRecord], expected_version: ExpectedVersion
     ) -> AppendResult:
         check_size(records, self.max_record_bytes)
-        total = sum(len(r.wire_name) + len(r.data) + len(r.metadata) for r in records)
+        # As the server counts an append: data + metadata + the type in UTF-16.
+        total = sum(2 * len(r.wire_name) + len(r.data) + len(r.metadata) for r in records)
         if total > self.max_append_bytes:
             # The server limits a whole append, not only one record; refusing here gives the
             # same error as the other adapters instead of a server-side rejection.
@@ -350,23 +351,24 @@ class EventStoreDBStore(EventStore):
         """Streams ``delete_stream`` removed (by any process), read from the deletions stream;
         ``refresh`` reads what was recorded since the last call (one small read)."""
         if refresh:
-            with self._deleted_lock:
-                after = self._deleted_revision
-
-            def op(client: EventStoreDBClient, timeout: float) -> Sequence[RecordedEvent]:
-                try:
-                    return client.get_stream(
-                        DELETIONS_STREAM,
-                        stream_position=after + 1 if after >= 0 else None,
-                        timeout=timeout,
-                    )
-                except NotFound:
-                    return ()
-
-            for event in self._run("read the deletions", op):
-                self.note_deletion(event)
+            self._run("read the deletions", self.refresh_deletions)
         with self._deleted_lock:
             return frozenset(self._deleted)
+
+    def refresh_deletions(self, client: EventStoreDBClient, timeout: float) -> None:
+        """One attempt at reading the deletions recorded since the last read."""
+        with self._deleted_lock:
+            after = self._deleted_revision
+        try:
+            events = client.get_stream(
+                DELETIONS_STREAM,
+                stream_position=after + 1 if after >= 0 else None,
+                timeout=timeout,
+            )
+        except NotFound:
+            return
+        for event in events:
+            self.note_deletion(event)
 
     def note_deletion(self, event: RecordedEvent) -> None:
         """Learn a deletion from a record of the deletions stream (read or subscribed)."""
@@ -530,12 +532,12 @@ class EventStoreDBStore(EventStore):
         Not the log's raw head: snapshots, deletion records and system events are never
         delivered, and EventStoreDB sends checkpoints past them only now and then, so waiting
         for such a position could take long."""
+        return self._run("read the head position", self.read_head)
+
+    def read_head(self, client: EventStoreDBClient, timeout: float) -> int:
+        """One attempt at ``head_position``."""
         kwargs = self.type_filter(None).server_filter(with_deletions=False)
-
-        def op(client: EventStoreDBClient, timeout: float) -> int:
-            return client.get_commit_position(timeout=timeout, **kwargs)
-
-        return self._run("read the head position", op)
+        return client.get_commit_position(timeout=timeout, **kwargs)
 
     def read_all(
         self, *, after: int = 0, limit: int = 1000, wire_names: Collection[str] | None = None
