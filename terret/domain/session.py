@@ -103,7 +103,8 @@ class Session(Aggregate):
             aggregate._apply(self.payload, aggregate.version + 1)
 
     def __init__(self, payload: SessionStarted, event_id: UUID) -> None:
-        self.state = SessionState(agent=payload.agent)
+        # the same state a replay of session/started gives (_on_started)
+        self.state = SessionState(agent=payload.agent, roles=dict(payload.roles))
         self.state.titled = False
 
     # --- creation and loading -------------------------------------------------------------

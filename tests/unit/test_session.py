@@ -452,3 +452,36 @@ def test_the_inbox_moves_into_the_turn() -> None:
         "inbox/queued", "inbox/queued", "turn/start", "context/injected", "context/injected",
     ]
     assert events[3].payload.inbox_id == first
+
+
+def test_the_live_state_equals_a_replay_of_the_log() -> None:
+    """What the aggregate holds after running commands is what loading its log gives (so a
+    session used right after it was created behaves like one loaded in another process)."""
+    store = MemoryStore()
+    repo = SessionRepository(store, snapshot_every=10_000)
+    session = Session.start(agent="ops", agent_revision=3, roles={"main": MODEL},
+                            policy_floor=["fs.*"])
+    session.attach("agent-1", "host", 42)
+    session.queue("also check the cache")
+    session.start_turn(text="deploy it")
+    session.take_inbox()
+    session.start_step(MODEL)
+    session.record_assistant("", [ToolCallData(id="c1", name="deploy", args={"env": "prod"}),
+                                  ToolCallData(id="c2", name="fs.read")])
+    session.request_approval("c1", "deploy", {"env": "prod"})
+    session.resolve_approval("c1", "approved", by=USER)
+    session.record_tool_result("c1", "deploy", "ok")
+    session.set_model("titler", "openai:gpt-4o-mini", by=USER)
+    session.update_policy(["fs.*", "deploy"], by=USER)
+    session.title("Deploying", automatic=True)
+    repo.save(session)
+    assert repo.get(session.id).state == session.state  # mid-turn
+    session.request_cancel(by=USER, reason="enough")
+    session.record_tool_result("c2", "fs.read", "late but owed")
+    session.end_step()
+    session.end_turn("cancelled", by=USER)
+    session.compact("summary", mark=session.version)
+    session.detach("agent-1", "host", 42)
+    session.close(by=USER)
+    repo.save(session)
+    assert repo.get(session.id).state == session.state

@@ -51,6 +51,10 @@ CREATE TABLE IF NOT EXISTS snapshots (
 """
 
 _COLUMNS = "stream, seq, position, event_id, wire_name, data, metadata, recorded_at"
+_INSERT = (
+    "INSERT INTO events (stream, seq, event_id, wire_name, data, metadata, recorded_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 
 # One change signal per database file in this process, shared by every store instance on it,
 # so that two instances on one file (a server and a CLI command in tests) wake each other at once.
@@ -189,15 +193,20 @@ class SQLiteStore(EventStore):
             return AppendResult(position=found[0] if found else 0, version=current)
         now = time.time()
         seq = decision.first_seq
-        cursor = conn.executemany(
-            "INSERT INTO events (stream, seq, event_id, wire_name, data, metadata, recorded_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        if len(records) == 1:  # the common case: one statement, its rowid is the position
+            r = records[0]
+            cursor = conn.execute(
+                _INSERT, (stream, seq, r.event_id.bytes, r.wire_name, r.data, r.metadata, now)
+            )
+            assert cursor.lastrowid is not None
+            return AppendResult(position=cursor.lastrowid, version=seq)
+        conn.executemany(
+            _INSERT,
             [
                 (stream, seq + i, r.event_id.bytes, r.wire_name, r.data, r.metadata, now)
                 for i, r in enumerate(records)
             ],
         )
-        del cursor
         last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
         return AppendResult(position=last, version=seq + len(records) - 1)
 
