@@ -15,7 +15,7 @@ import click
 from terret.adapters.stores.uri import mask_credentials
 from terret.cli._app import App, default_app, load_app
 from terret.cli._context import DEFAULT_STORE, CliContext
-from terret.domain.errors import TerretError
+from terret.domain.errors import InvalidStoreURI, TerretError
 
 __all__ = ["App", "cli", "default_app", "load_app", "main"]
 
@@ -26,14 +26,21 @@ class TerretGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except InvalidStoreURI as exc:
+            raise click.BadParameter(_one_line(ctx, exc), ctx=ctx,
+                                     param_hint="'--store'") from None
         except TerretError as exc:
-            uri = ctx.obj.store_uri if isinstance(ctx.obj, CliContext) else ""
-            message = str(exc)
-            if uri:
-                message = message.replace(uri, mask_credentials(uri))
-            raise click.ClickException(f"{type(exc).__name__}: {message}") from None
+            raise click.ClickException(
+                f"{type(exc).__name__}: {_one_line(ctx, exc)}") from None
         except KeyError as exc:
             raise click.ClickException(str(exc.args[0] if exc.args else exc)) from None
+
+
+def _one_line(ctx: click.Context, exc: Exception) -> str:
+    """The error's message on one line (gRPC errors span several), credentials masked."""
+    message = " ".join(str(exc).split())
+    uri = ctx.obj.store_uri if isinstance(ctx.obj, CliContext) else ""
+    return message.replace(uri, mask_credentials(uri)) if uri else message
 
 
 @click.group(cls=TerretGroup)

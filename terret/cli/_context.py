@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import sqlite3
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +71,9 @@ class CliContext:
     def store(self, *, create: bool = False) -> EventStore:
         if self._store is None:
             uri = self.store_uri
-            is_file = not uri.startswith(("esdb://", "esdb+discover://", "memory:"))
+            # A bare path or sqlite://path; other schemes are judged (and refused) by open_store.
+            is_file = "://" not in uri.removeprefix("sqlite://") and not uri.startswith(
+                ("esdb:", "esdb+discover:", "memory:"))
             if is_file and not create:
                 path = uri.removeprefix("sqlite://")
                 if not os.path.exists(path):
@@ -89,7 +92,12 @@ class CliContext:
 
     def view_store(self) -> ViewStore:
         if self._views is None:
-            self._views = ViewStore(self.views_path or default_views_path(self.store_uri))
+            path = self.views_path or default_views_path(self.store_uri)
+            try:
+                self._views = ViewStore(path)
+            except sqlite3.Error as exc:
+                raise click.BadParameter(f"cannot open the views at {path}: {exc}",
+                                         param_hint="'--views'") from None
             self.closers.append(self._views.close)
         return self._views
 

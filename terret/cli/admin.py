@@ -9,7 +9,7 @@ import click
 from terret.cli._app import load_app
 from terret.cli._context import SESSION, CliContext, note, operator, table
 from terret.domain.catalogue import catalogue
-from terret.domain.errors import ConfigurationError, InvalidPayload
+from terret.domain.errors import ConfigurationError, InvalidPayload, NoOpenTurn
 from terret.domain.repository import SessionRepository
 from terret.runtime.runtime import Runtime
 from terret.runtime.writer import SessionWriter
@@ -42,6 +42,8 @@ def runtime_for(obj: CliContext, app_spec: str | None) -> Runtime:
 @click.pass_obj
 def inject(obj: CliContext, session_id: UUID, text: str, wake: bool) -> None:
     """Queue TEXT in the session's durable inbox; it rides the next step."""
+    if not text.strip():
+        raise click.BadParameter("the text cannot be empty", param_hint="TEXT")
     obj.require_session(session_id)
     inbox_id, _ = _writer(obj).execute(session_id, lambda s: s.queue(text, wake=wake))
     obj.emit({"session": str(session_id), "inbox_id": inbox_id, "wake": wake},
@@ -72,6 +74,8 @@ def resume(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
     # The owed calls run first: the allow-list and approvals read the views, which must know
     # the session before they can allow anything.
     runtime.catch_up_views()
+    if not runtime.resumable(session_id):  # before an agent attaches: a refusal writes nothing
+        raise NoOpenTurn(f"session {session_id} has no open turn to resume")
     pending = runtime.views.pending(session_id)
     if pending:
         calls = ", ".join(p.call_id for p in pending)

@@ -61,6 +61,8 @@ def approve(obj: CliContext, session_id: UUID, call_id: str, reason: str | None)
 @click.pass_obj
 def deny(obj: CliContext, session_id: UUID, call_id: str, reason: str) -> None:
     """Deny a parked tool call; the model sees the denial as the tool's result."""
+    if not reason.strip():
+        raise click.BadParameter("give the model a reason", param_hint="'--reason'")
     _resolve(obj, session_id, call_id, "denied", reason)
 
 

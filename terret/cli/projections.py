@@ -96,8 +96,9 @@ def doctor(obj: CliContext) -> None:
         head = store.head_position()
         checks.append(f"store {store.describe()} reachable, head position {head}")
     except TerretError as exc:
+        message = " ".join(str(exc).split())  # gRPC errors span several lines
         raise click.ClickException(
-            f"store unreachable: {exc} — check --store / TERRET_STORE") from None
+            f"{type(exc).__name__}: {message} — check --store / TERRET_STORE") from None
     views_path = obj.views_path or default_views_path(obj.store_uri)
     if views_path != ":memory:" and not os.path.exists(views_path):
         checks.append(f"views {views_path} do not exist yet; they will be built now")

@@ -8,7 +8,7 @@ from uuid import UUID
 import click
 
 from terret.cli._context import SESSION, CliContext, note, operator, table
-from terret.domain.errors import RuleViolation, SessionNotFound
+from terret.domain.errors import InvalidPayload, RuleViolation, SessionNotFound
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
 from terret.runtime.retention import purge_session
@@ -93,7 +93,11 @@ def show(obj: CliContext, session_id: UUID) -> None:
 def new(obj: CliContext, agent: str, main_model: str | None) -> None:
     """Create a session and print its id."""
     roles = {"main": main_model} if main_model else {}
-    session = Session.start(agent=agent, roles=roles)
+    try:
+        session = Session.start(agent=agent, roles=roles)
+    except InvalidPayload as exc:
+        raise click.BadParameter(str(exc), param_hint="'--model'" if exc.field == "roles"
+                                 else f"'--{exc.field}'") from None
     store = obj.store(create=True)
     SessionWriter(SessionRepository(store)).create(session)
     obj.emit({"id": str(session.id)}, str(session.id))
