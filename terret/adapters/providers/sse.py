@@ -6,13 +6,10 @@ and decoding every line to ``str`` first would cost a copy per chunk for nothing
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-
-class SSEEvent(NamedTuple):
-    #: The ``event:`` field; empty for the default ``message`` event (OpenAI, OpenRouter).
-    name: bytes
-    data: bytes
+#: ``(name, data)``: the ``event:`` field (empty for the default ``message`` event, which is
+#: all OpenAI and OpenRouter send) and the ``data`` payload. A plain tuple rather than a
+#: NamedTuple: it is built once per chunk, and a NamedTuple costs a Python-level call.
+SSEEvent = tuple[bytes, bytes]
 
 
 class SSEDecoder:
@@ -23,13 +20,18 @@ class SSEDecoder:
     Lines end in ``\\n`` or ``\\r\\n``.
     """
 
-    __slots__ = ("_tail", "_data", "_name", "comments")
+    __slots__ = ("_tail", "_data", "_name", "comments", "torn", "idle")
 
     def __init__(self) -> None:
         self._tail = b""
         self._data: list[bytes] = []
         self._name = b""
         self.comments = 0
+        #: Set by :meth:`close`: the stream stopped in the middle of a line.
+        self.torn = False
+        #: No partial line or event is buffered: the next chunk starts a fresh event. A
+        #: reader may then take a chunk holding exactly one whole event without the decoder.
+        self.idle = True
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         buffer = self._tail + chunk if self._tail else chunk
@@ -42,9 +44,7 @@ class SSEDecoder:
                 line = line[:-1]
             if not line:
                 if data:
-                    events.append(
-                        SSEEvent(self._name, data[0] if len(data) == 1 else b"\n".join(data))
-                    )
+                    events.append((self._name, data[0] if len(data) == 1 else b"\n".join(data)))
                     data.clear()
                 self._name = b""
             elif line.startswith(b"data:"):
@@ -54,15 +54,16 @@ class SSEDecoder:
                 self.comments += 1
             elif line.startswith(b"event:"):
                 self._name = line[6:].strip()
+        self.idle = not self._tail and not data and not self._name
         return events
 
-    def close(self) -> tuple[list[SSEEvent], bool]:
-        """End of stream: returns any event whose blank-line terminator never came, and
-        whether the stream was *torn* (it stopped in the middle of a line)."""
-        torn = bool(self._tail)
+    def close(self) -> list[SSEEvent]:
+        """End of stream: returns any event whose blank-line terminator never came (unless
+        the stream was torn mid-line, see :attr:`torn`)."""
+        self.torn = bool(self._tail)
         events: list[SSEEvent] = []
-        if self._data and not torn:
-            events.append(SSEEvent(self._name, b"\n".join(self._data)))
+        if self._data and not self.torn:
+            events.append((self._name, b"\n".join(self._data)))
         self._data = []
         self._tail = b""
-        return events, torn
+        return events

@@ -39,59 +39,63 @@ class ChunkAssembler:
         self.provider = provider
         self._on_text = on_text
         self._text: list[str] = []
+        self._append = self._text.append  # bound once: feed runs per chunk
         self._calls: dict[int, _CallParts] = {}
         self._ids: dict[str, int] = {}
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
-        self.progressed = False
+
+    @property
+    def progressed(self) -> bool:
+        return bool(self._text) or bool(self._calls)
 
     @property
     def text_length(self) -> int:
         return sum(len(part) for part in self._text)
 
     def feed(self, chunk: Any) -> None:
+        # Runs once per chunk: one method, membership tests and subscripts rather than
+        # ``.get`` calls, explicit type checks where a wrong type would otherwise slip by.
+        content = None
         try:
-            content = self._feed(chunk)
+            if type(chunk) is not dict:
+                raise TypeError("a chunk must be a JSON object")
+            if "error" in chunk and chunk["error"] is not None:
+                raise _upstream(self.provider, chunk["error"])
+            choices = chunk["choices"] if "choices" in chunk else None
+            if choices:
+                choice = choices[0]
+                if type(choice) is not dict:
+                    raise TypeError("a choice must be a JSON object")
+                # ``delta`` in a stream; ``message`` in a non-streamed completion.
+                delta = choice["delta"] if "delta" in choice else choice.get("message")
+                if delta:
+                    if type(delta) is not dict:
+                        raise TypeError("a delta must be a JSON object")
+                    if "content" in delta:
+                        content = delta["content"]
+                        if content:
+                            if type(content) is not str:
+                                raise TypeError("delta content must be a string")
+                            self._append(content)
+                    if "tool_calls" in delta and delta["tool_calls"]:
+                        self._feed_calls(delta["tool_calls"])
+                reason = choice["finish_reason"] if "finish_reason" in choice else None
+                if reason:
+                    if reason == "error":
+                        raise UpstreamError(
+                            self.provider, "the stream ended with finish_reason=error"
+                        )
+                    self.finish_reason = str(reason)
+            if "usage" in chunk and chunk["usage"]:
+                self.usage = parse_usage(chunk["usage"])
         except (AttributeError, TypeError, IndexError, KeyError, ValueError) as exc:
             raise MalformedStream(
                 self.provider, f"unexpected chunk shape ({exc})", data=_show(chunk)
             ) from exc
         # Outside the try: an error in the caller's sink is the caller's, not a bad chunk.
-        if content is not None and self._on_text is not None:
+        if content and self._on_text is not None:
             self._on_text(content)
-
-    def _feed(self, chunk: Any) -> str | None:
-        """Absorbs one chunk; returns its text delta, if any."""
-        if type(chunk) is not dict:
-            raise TypeError("a chunk must be a JSON object")
-        error = chunk.get("error")
-        if error is not None:
-            raise _upstream(self.provider, error)
-        content = None
-        choices = chunk.get("choices")
-        if choices:
-            choice = choices[0]
-            # ``delta`` in a stream; ``message`` in a non-streamed completion.
-            delta = choice.get("delta") or choice.get("message")
-            if delta:
-                content = delta.get("content")
-                if content:
-                    if type(content) is not str:
-                        raise TypeError("delta content must be a string")
-                    self._text.append(content)
-                    self.progressed = True
-                calls = delta.get("tool_calls")
-                if calls:
-                    self._feed_calls(calls)
-            reason = choice.get("finish_reason")
-            if reason:
-                if reason == "error":
-                    raise UpstreamError(self.provider, "the stream ended with finish_reason=error")
-                self.finish_reason = str(reason)
-        usage = chunk.get("usage")
-        if usage:
-            self.usage = parse_usage(usage)
-        return content or None
 
     def _feed_calls(self, calls: list[Any]) -> None:
         for part in calls:
@@ -119,7 +123,6 @@ class ChunkAssembler:
                     else:
                         # A non-streamed reply from a lenient server may send an object.
                         slot.arguments.append(json.dumps(arguments))
-            self.progressed = True
 
     def tool_calls(self) -> tuple[ToolCall, ...]:
         return tuple(self._complete_call(index) for index in sorted(self._calls))
