@@ -14,11 +14,18 @@ name does not start with ``Test``); an adapter's test module declares
 
 and may override ``create_store_with_slow_poll``, ``dispose_store``, ``corrupt_record`` (to
 exercise ``CorruptRecord`` on the raw rows), ``checkpoint_stretch`` and ``cross_process_timeout``.
-To skip one case, override the method with ``@pytest.mark.skip(reason=...)``.
+``self.tmp_path`` (pytest's per-test directory) is set before any hook runs; an autouse fixture
+of the subclass may set more (e.g. a server URI). To skip one case, override the method with
+``@pytest.mark.skip(reason=...)``; to add adapter-only cases, add ``test_*`` methods.
 
 The cases assume neither a fresh store nor consecutive positions (EventStoreDB positions have
 gaps and a real server is shared): every case writes to fresh ``session-<uuid4>`` streams and
-compares positions relative to what it observed itself.
+compares positions relative to what it observed itself. Other processes are started with the
+spawn method and reaped by the ``mp`` fixture.
+
+The ``eventsourcing`` library's own abstract recorder test cases are not run here: Terret's
+port is not an ``ApplicationRecorder`` (streams and seqs rather than originator ids and
+versions), so they would need an adapter of their own first.
 """
 
 from __future__ import annotations

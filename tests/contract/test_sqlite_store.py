@@ -172,3 +172,27 @@ class TestSQLiteStore(StoreContract):
         with pytest.raises(CorruptRecord) as info:
             store.read_all(after=damaged.position - 1, limit=10)
         assert info.value.position == damaged.position
+
+    def test_short_lived_threads_leave_no_open_connections(self, store: EventStore) -> None:
+        fd_dir = Path("/proc/self/fd")
+        if not fd_dir.is_dir():
+            pytest.skip("needs /proc to count open files")
+        stream = new_stream()
+        store.append(stream, records(1), StreamState.NO_STREAM)
+
+        def work(i: int) -> None:  # e.g. one worker thread per turn in a long-lived server
+            store.append(stream, [record(SIGNAL, i)], i + 1)
+            store.read_stream(stream, backwards=True, limit=1)
+
+        def run_threads(start: int, count: int) -> None:
+            for i in range(start, start + count):
+                thread = threading.Thread(target=work, args=(i,))
+                thread.start()
+                thread.join(TIMEOUT)
+
+        run_threads(0, 5)
+        before = len(list(fd_dir.iterdir()))
+        run_threads(5, 100)
+        after = len(list(fd_dir.iterdir()))
+        assert after - before < 10, f"{after - before} more open files after 100 threads"
+        assert store.stream_version(stream) == 106

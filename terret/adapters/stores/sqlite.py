@@ -11,6 +11,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Literal
@@ -107,7 +108,9 @@ class SQLiteStore(EventStore):
         self._local = threading.local()
         self._write_lock = threading.Lock()
         self._signal = _signal_for(self.path)
-        self._connections: list[sqlite3.Connection] = []
+        # Each thread has its own connection; a thread's is closed once the thread is gone
+        # (checked whenever another thread opens one), so short-lived threads leak nothing.
+        self._connections: list[tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = []
         self._connections_lock = threading.Lock()
         try:
             conn = self._conn()
@@ -131,8 +134,22 @@ class SQLiteStore(EventStore):
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             self._local.conn = conn
             with self._connections_lock:
-                self._connections.append(conn)
+                self._close_orphans_locked()
+                self._connections.append((weakref.ref(threading.current_thread()), conn))
         return conn
+
+    def _close_orphans_locked(self) -> None:
+        alive = []
+        for owner, conn in self._connections:
+            thread = owner()
+            if thread is not None and thread.is_alive():
+                alive.append((owner, conn))
+            else:
+                try:
+                    conn.close()
+                except sqlite3.Error:
+                    pass
+        self._connections = alive
 
     # --- writes --------------------------------------------------------------------------
 
@@ -311,7 +328,7 @@ class SQLiteStore(EventStore):
     def close(self) -> None:
         self._wake_all()
         with self._connections_lock:
-            for conn in self._connections:
+            for _, conn in self._connections:
                 try:
                     conn.close()
                 except sqlite3.Error:
