@@ -230,9 +230,16 @@ class SQLiteStore(EventStore):
     def delete_stream(self, stream: str) -> None:
         conn = self._conn()
         with self._write_lock:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("DELETE FROM events WHERE stream = ?", (stream,))
-            conn.execute("DELETE FROM snapshots WHERE stream = ?", (stream,))
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise StoreUnavailable(f"SQLite store is locked: {exc}") from None
+            try:
+                conn.execute("DELETE FROM events WHERE stream = ?", (stream,))
+                conn.execute("DELETE FROM snapshots WHERE stream = ?", (stream,))
+            except BaseException:
+                conn.execute("ROLLBACK")  # never leave the connection inside a transaction
+                raise
             conn.execute("COMMIT")
 
     def write_snapshot(self, stream: str, version: int, state: bytes) -> None:
