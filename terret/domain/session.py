@@ -332,6 +332,7 @@ class Session(Aggregate):
 
     def title(self, title: str, *, by: Actor | None = None, automatic: bool = False) -> str:
         """R20: one automatic title per session; explicit titles replace it. Capped at 80."""
+        self._require_open()
         if automatic and self.state.titled:
             raise errors.AlreadyTitled(f"session {self.id} is already titled")
         title = " ".join(title.split())[:TITLE_MAX].strip()

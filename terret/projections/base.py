@@ -29,6 +29,9 @@ CREATE TABLE IF NOT EXISTS projection_faults (
 """
 
 
+PURGED = "session/purged"
+
+
 class Projection(ABC):
     """A read model. Subclasses declare ``name``, ``handles`` (wire names), ``tables`` and
     ``schema`` (CREATE statements), and implement ``process``."""
@@ -41,6 +44,27 @@ class Projection(ABC):
     @abstractmethod
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
         """Apply one event to this projection's tables (inside the runner's transaction)."""
+
+    def wants(self, wire_name: str) -> bool:
+        """Whether the runner feeds this projection the event: what it handles, and the purge
+        of a session (R27), which every projection applies by forgetting the session."""
+        return wire_name in self.handles or wire_name == PURGED
+
+    def apply(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        if event.wire_name == PURGED:
+            session_id = getattr(event.payload, "session_id", None)
+            if session_id:
+                self.purge(db, f"session-{session_id}")
+        if event.wire_name in self.handles:
+            self.process(db, event)
+
+    def purge(self, db: sqlite3.Connection, stream: str) -> None:
+        """Forget a purged session: delete its rows from every table with a ``session``
+        column. Override when a projection keys sessions differently."""
+        for table in self.tables:
+            columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+            if "session" in columns:
+                db.execute(f"DELETE FROM {table} WHERE session = ?", (stream,))
 
     def create(self, db: sqlite3.Connection) -> None:
         db.executescript(self.schema)

@@ -228,12 +228,14 @@ class ProjectionRunner:
                 events = self._apply_fast(records, upto, projections)
             except _ProcessFailed:
                 events = self._apply_careful(records, upto, projections)
-            with self._progress:
-                if only is None:
-                    self._position = max(self._position, upto)
-                self._progress.notify_all()
+        # Listeners run before the position is published, so whoever ``wait_until``s a
+        # position also sees what the listeners derived from it (caches, signals).
         if notify and only is None:
             self._notify(events)
+        with self._progress:
+            if only is None:
+                self._position = max(self._position, upto)
+            self._progress.notify_all()
 
     def _begin(self, db: sqlite3.Connection, projections: Sequence[Projection]
                ) -> tuple[dict[str, int], set[str]]:
@@ -260,7 +262,7 @@ class ProjectionRunner:
                 for p in projections:
                     if p.name in halted or record.position <= tracked[p.name]:
                         continue
-                    if record.wire_name in p.handles:
+                    if p.wants(record.wire_name):
                         if (p.name, record.position) in skipped:
                             pass
                         elif isinstance(event, CorruptRecord):
@@ -270,7 +272,7 @@ class ProjectionRunner:
                             continue
                         else:
                             try:
-                                p.process(db, event)
+                                p.apply(db, event)
                             except Exception as exc:
                                 raise _ProcessFailed() from exc
                     tracked[p.name] = record.position
@@ -295,13 +297,13 @@ class ProjectionRunner:
                 for p in projections:
                     if p.name in halted or record.position <= tracked[p.name]:
                         continue
-                    if record.wire_name in p.handles and (p.name, record.position) not in skipped:
+                    if p.wants(record.wire_name) and (p.name, record.position) not in skipped:
                         error: str | None = str(event) if isinstance(event, CorruptRecord) else None
                         if error is None:
                             assert isinstance(event, RecordedEvent)
                             db.execute("SAVEPOINT event")
                             try:
-                                p.process(db, event)
+                                p.apply(db, event)
                                 db.execute("RELEASE event")
                             except Exception as exc:
                                 db.execute("ROLLBACK TO event")
@@ -322,7 +324,8 @@ class ProjectionRunner:
 
     @staticmethod
     def _skips(db: sqlite3.Connection) -> set[tuple[str, int]]:
-        return {(r[0], r[1]) for r in db.execute("SELECT projection, position FROM projection_skips")}
+        rows = db.execute("SELECT projection, position FROM projection_skips")
+        return {(r[0], r[1]) for r in rows}
 
     def _lowest_tracked(self) -> int:
         with self.views.reading() as db:

@@ -86,9 +86,9 @@ class AutoTitler:
         sid = event.session_id
         if sid is None:
             return
-        self.runtime.background(lambda: self._title(sid))
+        self.runtime.background(lambda: self.title_now(sid))
 
-    def _title(self, sid: UUID) -> None:
+    def title_now(self, sid: UUID) -> None:
         session = self.runtime.writer.load(sid)
         if session.state.titled:
             return
@@ -105,8 +105,8 @@ class AutoTitler:
         try:
             self.runtime.writer.execute(
                 sid, lambda s: s.title(title, by=Actor(actor="agent"), automatic=True))
-        except errors.AlreadyTitled:
-            pass
+        except (errors.AlreadyTitled, errors.SessionClosed):
+            pass  # titled meanwhile (another process), or closed: nothing to do
 
     def _first_user_message(self, sid: UUID) -> str:
         store = self.runtime.store

@@ -28,7 +28,7 @@ from terret.projections.base import ViewStore
 from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views, default_projections
 from terret.runtime.agent import Agent, AgentDefinition, TurnResult
-from terret.runtime.approvals import ApprovalSignals
+from terret.runtime.approvals import ApprovalSignals, TurnSuspended
 from terret.runtime.hooks import BudgetGuard, PreStepHook
 from terret.runtime.maintenance import AutoTitler, Compactor, Titler
 from terret.runtime.model import ModelResolver
@@ -92,6 +92,7 @@ class Runtime:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="terret-upkeep")
         self._serving = False
         self._started = False
+        self._wakers: set[threading.Thread] = set()
         self.stopping = threading.Event()
         self.host = socket.gethostname()
 
@@ -118,11 +119,20 @@ class Runtime:
         for sid in list(self._by_session):
             self.signals.signal(sid)
         deadline = time.monotonic() + grace
-        for agent in list(self._agents.values()):
-            thread = agent._thread
-            if thread is not None:
-                thread.join(max(0.0, deadline - time.monotonic()))
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        threads = [a._thread for a in list(self._agents.values()) if a._thread is not None]
+        with self._registry_lock:
+            threads += list(self._wakers)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._started:
+            # Deliver what this process wrote to the upkeep listeners (a turn/end to title or
+            # compact), then let the queued upkeep finish: it is short and must not be lost.
+            try:
+                self.runner.wait_until(self.store.head_position(),
+                                       max(0.1, deadline - time.monotonic()))
+            except (TimeoutError, errors.TerretError):
+                log.warning("stopping before the views caught up; upkeep resumes at next start")
+        self._pool.shutdown(wait=True)
         self.runner.stop()
         self.view_store.close()
 
@@ -132,7 +142,7 @@ class Runtime:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def background(self, task: Callable[[], None]) -> None:
+    def background(self, task: Callable[[], object]) -> None:
         try:
             self._pool.submit(task)
         except RuntimeError:
@@ -245,7 +255,10 @@ class Runtime:
         return list(self._agents.values())
 
     def _agent(self, session_id: UUID) -> Agent:
-        return self.agent_for_session(session_id) or self.spawn_agent(session_id)
+        # Under the registry lock: two racing callers must share one agent, not collide on a
+        # spawn (the loser would see AgentExists instead of TurnAlreadyRunning).
+        with self._registry_lock:
+            return self.agent_for_session(session_id) or self.spawn_agent(session_id)
 
     # --- turns ---------------------------------------------------------------------------
 
@@ -257,7 +270,7 @@ class Runtime:
 
     def resumable(self, session_id: UUID) -> bool:
         """R14: the log holds a ``turn/start`` with no ``turn/end`` after it."""
-        return self.writer.load(session_id).turn_open
+        return self.writer.refresh(session_id).turn_open
 
     def cancel(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
         """R13: record the cancel first; the turn's owner then denies standing approvals and
@@ -301,7 +314,24 @@ class Runtime:
             return
         if self.agent_for_session(sid) is None and not self._serving:
             return
-        self.background(lambda: self.wake(sid))
+        self._wake_later(sid)
+
+    def _wake_later(self, session_id: UUID) -> None:
+        """Wake on a thread of its own: a woken turn may park on an approval for days, so it
+        must not hold a worker of the upkeep pool."""
+
+        def run() -> None:
+            try:
+                self.wake(session_id)
+            except TurnSuspended:
+                pass
+            except Exception:
+                log.exception("waking session %s failed", session_id)
+
+        thread = threading.Thread(target=run, name=f"terret-wake-{session_id}", daemon=True)
+        with self._registry_lock:
+            self._wakers = {t for t in self._wakers if t.is_alive()} | {thread}
+        thread.start()
 
     def wake(self, session_id: UUID) -> TurnResult | None:
         """Start a turn with the pending inbox if the agent is idle (the loser of a race leaves
@@ -355,9 +385,27 @@ class Runtime:
         self.catch_up_views()
         resumed = []
         for sid in self.views.resumable_sessions():
-            agent = self.agent_for_session(sid) or self.spawn_agent(sid)
+            try:
+                agent = self.agent_for_session(sid) or self.spawn_agent(sid)
+            except errors.TerretError as exc:
+                # Another app's agent, a closed session, the agent cap: not ours to serve.
+                log.warning("not resuming session %s: %s", sid, exc)
+                continue
             agent.start_in_background(agent.resume_turn)
             resumed.append(sid)
         for sid in self.views.sessions_to_wake():
-            self.background(lambda s=sid: self.wake(s))
+            self._wake_later(sid)
+        self._title_untitled()
         return resumed
+
+    def _title_untitled(self) -> None:
+        """R20 catch-up: a process that ended a session's first turn and died before its titler
+        ran leaves it untitled; title it now (the aggregate refuses a second automatic title)."""
+        for summary in self.views.sessions():
+            if summary.title is None and not summary.closed:
+                status = self.views.status(summary.session)
+                if status is not None and status.last_turn_status is not None:
+                    self._title_later(UUID(summary.id))
+
+    def _title_later(self, session_id: UUID) -> None:
+        self.background(lambda: self.titler.title_now(session_id))
