@@ -171,7 +171,10 @@ class MorphSummarizer:
             body["compression_ratio"] = self.compression_ratio
         if self.preserve_recent is not None:
             body["preserve_recent"] = self.preserve_recent
-        headers = {"Authorization": "Bearer " + key.reveal(), "Content-Type": "application/json"}
+        # httpx.Headers: its repr masks Authorization if a traceback shows frame locals.
+        headers = httpx.Headers(
+            {"Authorization": "Bearer " + key.reveal(), "Content-Type": "application/json"}
+        )
         try:
             response = self._client.post(self.url, content=json.dumps(body), headers=headers)
         except httpx.HTTPError as exc:

@@ -19,8 +19,11 @@ from tests.support.sse_server import Reply, ScriptedServer, free_port, text_stre
 HELLO = ModelRequest(model="m", messages=(Message("user", "hi"),))
 
 
-def _everything_printable(error: BaseException) -> str:
-    return "".join(traceback.format_exception(error)) + repr(error) + repr(error.args)
+def _everything_printable(error: BaseException, *, frame_locals: bool = True) -> str:
+    """The error, its chain, and the locals of every frame (what --showlocals, rich tracebacks
+    and error trackers display)."""
+    shown = traceback.TracebackException.from_exception(error, capture_locals=frame_locals)
+    return "".join(shown.format()) + repr(error) + repr(error.args)
 
 
 def test_the_repr_has_no_key(provider: OpenAICompatibleProvider) -> None:
@@ -29,13 +32,17 @@ def test_the_repr_has_no_key(provider: OpenAICompatibleProvider) -> None:
     assert "auth=bearer" in repr(provider)
 
 
+def _echoing_error_reply() -> Reply:
+    message = f"Incorrect API key provided: {API_KEY}"
+    return Reply.json({"error": {"message": message, "code": "invalid_api_key"}}, status=401)
+
+
 def test_a_key_echoed_in_an_error_body_is_scrubbed(
     server: ScriptedServer, provider: OpenAICompatibleProvider
 ) -> None:
-    body = {
-        "error": {"message": f"Incorrect API key provided: {API_KEY}", "code": "invalid_api_key"}
-    }
-    server.script(CHAT, Reply.json(body, status=401))
+    # Built inline, not in a local: the check below reads the locals of every frame, this
+    # test's own included.
+    server.script(CHAT, _echoing_error_reply())
 
     with pytest.raises(ProviderError) as caught:
         provider.complete(HELLO)
@@ -53,7 +60,8 @@ def test_a_key_echoed_in_a_malformed_chunk_is_scrubbed(
     with pytest.raises(ProviderError) as caught:
         provider.complete(HELLO)
 
-    assert API_KEY not in _everything_printable(caught.value)
+    # Frame locals necessarily hold the raw bytes the server sent; the error itself is clean.
+    assert API_KEY not in _everything_printable(caught.value, frame_locals=False)
     assert caught.value.data is not None and API_KEY not in caught.value.data
 
 

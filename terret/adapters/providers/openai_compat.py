@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -157,12 +158,14 @@ class OpenAICompatibleProvider:
                     if cancel.wait(delay):
                         raise ModelCancelled(f"{self.name}: request cancelled") from None
                 elif delay > 0:
-                    threading.Event().wait(delay)
+                    time.sleep(delay)
 
     # --- one attempt --------------------------------------------------------------------------
 
-    def _request_headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    def _request_headers(self) -> httpx.Headers:
+        # httpx.Headers rather than a dict: its repr masks Authorization, so a traceback that
+        # shows frame locals (pytest --showlocals, rich, error trackers) does not show the key.
+        headers = httpx.Headers({"Content-Type": "application/json", "Accept": "text/event-stream"})
         headers.update(self._headers)
         if self._key is not None:
             headers["Authorization"] = "Bearer " + self._key.reveal()
@@ -171,7 +174,7 @@ class OpenAICompatibleProvider:
     def _attempt(
         self,
         body: bytes,
-        headers: dict[str, str],
+        headers: httpx.Headers,
         assembler: ChunkAssembler,
         cancel: threading.Event | None,
     ) -> ModelReply:
