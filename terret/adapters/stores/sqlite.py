@@ -26,6 +26,7 @@ from terret.domain.store import (
     ExpectedVersion,
     NewRecord,
     StoredRecord,
+    StreamState,
     Subscription,
 )
 
@@ -55,6 +56,12 @@ _COLUMNS = "stream, seq, position, event_id, wire_name, data, metadata, recorded
 _INSERT = (
     "INSERT INTO events (stream, seq, event_id, wire_name, data, metadata, recorded_at)"
     " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+# Insert only if the stream's version is the expected one: one statement is one transaction.
+_INSERT_AT_VERSION = (
+    "INSERT INTO events (stream, seq, event_id, wire_name, data, metadata, recorded_at)"
+    " SELECT ?, ?, ?, ?, ?, ?, ?"
+    " WHERE coalesce((SELECT max(seq) FROM events WHERE stream = ?), 0) = ?"
 )
 
 # One change signal per database file in this process, shared by every store instance on it,
@@ -159,18 +166,49 @@ class SQLiteStore(EventStore):
         check_size(records, self.max_record_bytes)
         conn = self._conn()
         with self._write_lock:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                raise StoreUnavailable(f"SQLite store is locked: {exc}") from None
-            try:
-                result = self._append_locked(conn, stream, records, expected_version)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+            result = self._append_one_at(conn, stream, records, expected_version)
+            if result is None:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as exc:
+                    raise StoreUnavailable(f"SQLite store is locked: {exc}") from None
+                try:
+                    result = self._append_locked(conn, stream, records, expected_version)
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
         self._wake_all()
         return result
+
+    def _append_one_at(
+        self,
+        conn: sqlite3.Connection,
+        stream: str,
+        records: Sequence[NewRecord],
+        expected: ExpectedVersion,
+    ) -> AppendResult | None:
+        """The common case — one event at an exact expected version that matches — as a
+        single statement (its own transaction). None: not that case; take the general path,
+        which also answers conflicts and idempotent retries."""
+        if len(records) != 1:
+            return None
+        if expected is StreamState.NO_STREAM:
+            expected = 0
+        if not isinstance(expected, int) or expected < 0:
+            return None
+        r = records[0]
+        try:
+            cursor = conn.execute(
+                _INSERT_AT_VERSION,
+                (stream, expected + 1, r.event_id.bytes, r.wire_name, r.data, r.metadata,
+                 time.time(), stream, expected),
+            )
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"SQLite store is locked: {exc}") from None
+        if cursor.rowcount != 1 or cursor.lastrowid is None:
+            return None
+        return AppendResult(position=cursor.lastrowid, version=expected + 1)
 
     def _append_locked(
         self,
