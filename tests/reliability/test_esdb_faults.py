@@ -29,6 +29,9 @@ BOUND = 1.5
 SLACK = 2.0
 """What a persistent fault may take beyond ``BOUND`` (one attempt's deadline, backoff jitter)."""
 
+APPENDS = ["Append", "BatchAppend"]
+"""One event goes by the Append RPC, several by BatchAppend."""
+
 
 @pytest.fixture
 def emulator(esdb_faults: EsdbEmulator) -> EsdbEmulator:
@@ -122,7 +125,7 @@ def test_other_transient_codes_are_retried(
     store: EventStoreDBStore, emulator: EsdbEmulator, code: grpc.StatusCode
 ) -> None:
     stream = new_stream()
-    emulator.fail_next(3, code, ["BatchAppend"])
+    emulator.fail_next(3, code, APPENDS)
     store.append(stream, records(1), StreamState.NO_STREAM)
     emulator.fail_next(3, code, ["Read"])
     assert store.stream_version(stream) == 1
@@ -147,7 +150,7 @@ def test_unavailable_deletes_snapshots_and_metadata_are_retried(
 # --- persistent faults -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("methods", [["BatchAppend"], None])
+@pytest.mark.parametrize("methods", [APPENDS, None])
 def test_a_persistent_fault_is_store_unavailable_within_the_bound(
     store: EventStoreDBStore, emulator: EsdbEmulator, methods: list[str] | None
 ) -> None:
@@ -166,7 +169,7 @@ def test_a_persistent_fault_is_store_unavailable_within_the_bound(
 def test_permanent_refusals_are_not_retried(
     store: EventStoreDBStore, emulator: EsdbEmulator
 ) -> None:
-    emulator.fail_next(100, grpc.StatusCode.PERMISSION_DENIED, ["BatchAppend"])
+    emulator.fail_next(100, grpc.StatusCode.PERMISSION_DENIED, APPENDS)
     began = time.monotonic()
     with pytest.raises(StoreUnavailable) as info:
         store.append(new_stream(), records(1), StreamState.NO_STREAM)
@@ -353,7 +356,7 @@ def test_not_leader_twice_in_a_row_is_still_followed(
     try:
         store.append(new_stream(), records(1), StreamState.NO_STREAM)
         emulator.not_leader(100_000, leader.host, leader.port)
-        leader.not_leader(1, leader.host, leader.port, ["BatchAppend"])
+        leader.not_leader(1, leader.host, leader.port, APPENDS)
         stream = new_stream()
         assert store.append(stream, records(1), StreamState.NO_STREAM).version == 1
     finally:
@@ -369,7 +372,7 @@ def test_not_leader_on_a_single_node_uri_follows_the_hint(
     reconnects to the leader the node named."""
     store = EventStoreDBStore(emulator.uri, retry_timeout=BOUND, call_timeout=1.0)
     try:
-        emulator.not_leader(100_000, leader.host, leader.port, ["BatchAppend"])
+        emulator.not_leader(100_000, leader.host, leader.port, APPENDS)
         stream = new_stream()
         assert store.append(stream, records(1), StreamState.NO_STREAM).version == 1
         raw = EventStoreDBClient(leader.uri)

@@ -243,10 +243,15 @@ class EventStoreDBStore(EventStore):
             for r in records
         ]
 
+        # One event goes by the Append RPC, a batch by BatchAppend (both atomic). Append is
+        # the cheaper call (a client stream and one reply, where BatchAppend opens a duplex
+        # stream) and single-event appends are most of what a session writes.
+        payload: NewEvent | list[NewEvent] = events[0] if len(events) == 1 else events
+
         def op(client: EventStoreDBClient, timeout: float) -> int:
             try:
                 return client.append_to_stream(
-                    stream, current_version=current, events=events, timeout=timeout
+                    stream, current_version=current, events=payload, timeout=timeout
                 )
             except WrongCurrentVersion as exc:
                 raise self._conflict(stream, expected_version, str(exc)) from None
