@@ -177,6 +177,27 @@ def test_a_stream_torn_mid_line_after_tokens_is_broken(
         provider.complete(HELLO)
 
 
+def test_a_cut_after_the_finish_reason_keeps_the_complete_reply(
+    server: ScriptedServer, provider: OpenAICompatibleProvider
+) -> None:
+    # Text and finish_reason arrived; the usage chunk and [DONE] were lost.
+    server.script(CHAT, Reply.sse(text_stream(["all ", "there"], usage={}, done=False), cut=True))
+
+    reply = provider.complete(HELLO)
+
+    assert (reply.text, reply.finish_reason, reply.usage) == ("all there", "stop", None)
+    assert len(server.requests) == 1
+
+
+def test_a_page_that_is_not_an_event_stream_says_so(
+    server: ScriptedServer, provider: OpenAICompatibleProvider
+) -> None:
+    server.repeat(CHAT, Reply.text("<html>captive portal</html>", status=200))
+
+    with pytest.raises(ProviderError, match="content-type 'text/plain', not an event stream"):
+        provider.complete(HELLO)
+
+
 def test_a_stall_after_tokens_times_out_as_a_broken_stream(
     server: ScriptedServer, make_provider: ProviderFactory
 ) -> None:

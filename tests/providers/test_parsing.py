@@ -63,7 +63,7 @@ def agrees(parsed: Any, expected: Any) -> bool:
     }
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     st.lists(
         st.tuples(

@@ -164,7 +164,8 @@ def morph(server: ScriptedServer) -> Iterator[MorphFactory]:
     def factory(**options: Any) -> MorphSummarizer:
         options.setdefault("environ", {"MORPH_API_KEY": MORPH_KEY})
         options.setdefault("base_url", server.url)
-        summarizer = MorphSummarizer(timeout=1.0, **options)
+        options.setdefault("timeout", 1.0)
+        summarizer = MorphSummarizer(**options)
         built.append(summarizer)
         return summarizer
 
@@ -268,11 +269,11 @@ def test_morph_declines_without_a_key(server: ScriptedServer, morph: MorphFactor
 def test_morph_declines_on_every_failure(
     server: ScriptedServer, morph: MorphFactory, reply: Reply, reason: str | None
 ) -> None:
+    timeout = 1.0
     if reason is None:  # a timeout: the reply comes after the client gave up
-        reply.delay = 1.5
-        reason = "Timeout"
+        reply.delay, timeout, reason = 0.6, 0.2, "Timeout"
     server.script(COMPACT, reply)
-    _declines(morph(), reason)
+    _declines(morph(timeout=timeout), reason)
 
 
 def test_morph_declines_when_unreachable(morph: MorphFactory) -> None:

@@ -187,6 +187,17 @@ class OpenAICompatibleProvider:
                 return self._read_stream(response, assembler, cancel)
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             detail = self._scrub(f"{type(exc).__name__}: {exc}")
+            if assembler.finish_reason is not None:
+                # The message was complete (finish_reason comes after the last delta); only
+                # the usage chunk or [DONE] was lost. Failing the step would throw away a
+                # whole, paid-for reply.
+                logger.warning(
+                    "%s: the connection dropped after the reply finished (%s); usage may be "
+                    "missing",
+                    self.name,
+                    detail,
+                )
+                return assembler.reply()
             if assembler.progressed:
                 raise StreamBroken(
                     self.name,
@@ -249,6 +260,9 @@ class OpenAICompatibleProvider:
                     break
         if not done and assembler.finish_reason is None:
             why = "in the middle of a line" if decoder.torn else "without [DONE] or a finish_reason"
+            kind = response.headers.get("content-type", "")
+            if not kind.startswith("text/event-stream"):
+                why += f" (content-type {kind or 'missing'!r}, not an event stream)"
             if assembler.progressed:
                 raise StreamBroken(
                     self.name,
