@@ -153,7 +153,7 @@ class MorphSummarizer:
             if not wire:
                 return None
             return self._compact(key, wire, messages)
-        except Exception as exc:  # noqa: BLE001 - the contract is "decline, never raise"
+        except Exception as exc:  # the contract is "decline, never raise"
             detail = f"{type(exc).__name__}: {exc}"
             return self._decline(key.scrub(detail) if key is not None else detail)
 

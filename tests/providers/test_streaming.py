@@ -234,10 +234,13 @@ def test_keepalive_comments_crlf_lines_and_multi_line_data_are_understood(
     first = json.dumps(chunk({"content": "one "}), indent=1)  # a JSON document over several lines
     multi_line = "".join(f"data: {line}\n" for line in first.splitlines()).encode() + b"\n"
     crlf = event(chunk({"content": "two"})).replace(b"\n", b"\r\n")
-    parts = [KEEPALIVE, multi_line, KEEPALIVE, crlf, event(chunk({}, finish_reason="stop")), DONE]
+    named = b"event: message\n" + event(chunk({"content": " three"}))
+    ignored = b"event: ping\n" + event({"ping": 1})
+    parts = [KEEPALIVE, multi_line, KEEPALIVE, crlf, named, ignored]
+    parts += [event(chunk({}, finish_reason="stop")), DONE]
     server.script(CHAT, Reply.sse(parts))
 
-    assert provider.complete(HELLO).text == "one two"
+    assert provider.complete(HELLO).text == "one two three"
 
 
 def test_events_split_at_awkward_byte_boundaries(

@@ -283,7 +283,7 @@ class OpenAICompatibleProvider:
             return True
         if name == b"error":
             raise UpstreamError(self.name, self._scrub(data.decode("utf-8", "replace")))
-        if name:
+        if name and name != b"message":  # "message" is the default event type, spelled out
             return False  # other named events are not part of the protocol
         try:
             value = parse(data.decode())
