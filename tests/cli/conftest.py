@@ -31,12 +31,11 @@ from terret.domain.codec import RecordedEvent, decode
 from terret.domain.events import Actor, ToolCallData, UsageData
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
-from terret.domain.store import EventStore, StoredRecord, session_stream
+from terret.domain.store import EventStore, session_stream
 from terret.runtime.writer import SessionWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_APP = "terret.cli.demo_app:demo_app"
-TEST_APP = "tests.cli.app:test_app"
 DEPLOY_ARGS = {"service": "checkout", "version": "v2"}
 MISSING = "00000000-0000-4000-8000-000000000000"
 """A well-formed session id that no test ever creates."""
@@ -206,11 +205,6 @@ def is_type(wire_name: str, **fields: object) -> Callable[[RecordedEvent], bool]
         return all(getattr(event.payload, k, None) == v for k, v in fields.items())
 
     return test
-
-
-def first(records: list[StoredRecord]) -> StoredRecord:
-    assert records
-    return records[0]
 
 
 @pytest.fixture(params=["sqlite", "esdb"])

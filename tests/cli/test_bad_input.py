@@ -184,7 +184,7 @@ UNREACHABLE = "esdb://127.0.0.1:1?Tls=false"
 WITH_SECRET = "esdb://admin:secret@127.0.0.1:1?Tls=true"
 # `projections skip` works on the views alone; it is refused for its own reason below.
 EVERY_COMMAND = [*SESSION_COMMANDS, *(c for c in STORE_COMMANDS if "skip" not in c),
-                 ("sessions", "new")]
+                 ("sessions", "new"), ("chat",), ("chat", "{sid}")]
 
 
 @pytest.fixture

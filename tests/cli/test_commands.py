@@ -210,7 +210,7 @@ def test_cancel_records_the_request_and_resume_closes_the_turn(target: Target) -
     events = target.events(sid)
     denial = next(e for e in events if e.wire_name == "approval/resolved")
     assert denial.payload.verdict == "denied"  # type: ignore[union-attr]  # R13
-    end = events[-1]
+    end = next(e for e in events if e.wire_name == "turn/end")
     assert isinstance(end.payload, TurnEnded) and end.payload.status == "cancelled"
     assert "tool/result" not in [e.wire_name for e in events]
 

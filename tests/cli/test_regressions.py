@@ -1,14 +1,10 @@
-"""Bugs found while testing the CLI, outside terret/cli (runtime, domain, projections).
-
-Each test states the behaviour a user needs and is marked ``xfail(strict=True)``: when the bug
-is fixed the test passes, strict xfail turns that into a failure, and the marker must go.
-"""
+"""Regressions: bugs the CLI tests found outside terret/cli (runtime, domain, projections),
+first committed here as strict xfails and fixed in 3f1bc71. Each test states the behaviour a
+user needs."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
 
 from terret.adapters.stores.sqlite import SQLiteStore
 from terret.cli.demo_app import demo_app
@@ -16,11 +12,9 @@ from terret.runtime.runtime import Runtime
 from tests.cli.conftest import DEMO_APP, Target
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG projections: no projection handles session/purged (R27), so a purged session stays in "
-    "the views — `sessions list` keeps showing it, and `projections verify`/`doctor` report "
-    "the live views differ from a rebuild (exit 1) after every purge"))
 def test_purged_session_leaves_the_views(target: Target) -> None:
+    """A purged session leaves the views: `sessions list` forgets it and the live views
+    still equal a rebuild (no projection handled session/purged)."""
     sid = target.closed()
     assert str(sid) in [s["id"] for s in target.json("sessions", "list")]
     target.json("sessions", "purge", str(sid))
@@ -28,11 +22,9 @@ def test_purged_session_leaves_the_views(target: Target) -> None:
     assert target.invoke("projections", "verify").exit_code == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG runtime: Runtime.serve_start raises ConfigurationError when ANY open turn belongs to "
-    "an agent the app does not define, so `terret serve` exits 1 at start and serves nothing "
-    "(two apps sharing a store cannot both serve); it should skip (and log) that session"))
 def test_serve_start_skips_sessions_of_unknown_agents(tmp_path: Path) -> None:
+    """`serve` starts and serves its own sessions when an open turn belongs to an agent it
+    does not define (serve_start raised ConfigurationError and served nothing)."""
     target = Target("sqlite", str(tmp_path / "t.db"), str(tmp_path / "v.db"), tmp_path)
     writer = target.writer()
     stranger = target.new_session(agent="someone-elses-agent")
@@ -49,11 +41,9 @@ def test_serve_start_skips_sessions_of_unknown_agents(tmp_path: Path) -> None:
     assert parked in resumed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG domain: Session.title() does not call _require_open(), so `terret title SID TEXT` "
-    "appends session/titled to a CLOSED session (SessionClosed: a closed session accepts no "
-    "new events; every other command refuses)"))
 def test_title_of_a_closed_session_is_refused(target: Target) -> None:
+    """A closed session refuses a title like every other new event (Session.title did not
+    require an open session)."""
     sid = target.closed()
     before = target.snapshot()
     result = target.invoke("title", str(sid), "renamed after closing")
@@ -61,14 +51,30 @@ def test_title_of_a_closed_session_is_refused(target: Target) -> None:
     assert target.snapshot() == before
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG runtime: the automatic title (R20) and compaction are driven by listeners that only "
-    "see turn/end events delivered live after Runtime.start(), and Runtime.close cancels "
-    "queued upkeep; a process that ends turn 1 and exits (`terret resume`, or a serve killed "
-    "right after turn/end) never titles the session, and no later process does either"))
 def test_resume_from_the_cli_titles_the_first_turn(sqlite_target: Target) -> None:
+    """A process that ends turn 1 and exits still titles the session (R20): upkeep was
+    driven by listeners a short-lived process never ran, and close cancelled it."""
     target = sqlite_target
     sid = target.parked()
     assert target.invoke("approve", str(sid), "call-deploy").exit_code == 0
     assert target.json("resume", str(sid), "--app", DEMO_APP)["status"] == "completed"
     assert "session/titled" in target.types(sid)
+
+
+def test_serve_wakes_more_than_two_parked_sessions(sqlite_target: Target) -> None:
+    """A serving process wakes a third session while two are parked on approvals (woken
+    turns ran on the 2-worker upkeep pool and held it while parked)."""
+    target = sqlite_target
+    sessions = [target.new_session() for _ in range(3)]
+    app = demo_app()
+    runtime = Runtime(SQLiteStore(target.uri), resolver=app.resolver, views=":memory:",
+                      config=app.config, agents=app.agents)
+    try:
+        runtime.serve_start()
+        for sid in sessions:
+            assert target.invoke("inject", str(sid), "deploy v2 please", "--wake").exit_code == 0
+        for sid in sessions:
+            target.wait_for(sid, lambda e: e.wire_name == "approval/requested",
+                            "a parked deploy", timeout=5)
+    finally:
+        runtime.close(grace=0)

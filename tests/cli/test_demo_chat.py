@@ -1,0 +1,121 @@
+"""``terret demo`` (the whole lifecycle, with a SIGKILL) and ``terret chat`` (interactive)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+from terret.domain.events import ToolResult, TurnEnded
+from tests.cli.conftest import DEMO_APP, MISSING, Target, invoke_cli, one_line_error
+
+
+def test_demo(tmp_path: Path) -> None:
+    path = tmp_path / "demo.db"
+    path.write_text("an older file is replaced")
+    result = invoke_cli("demo", "--path", str(path), "--timeout", "30")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for stage in ("parked on approval call-deploy", "is gone; the parked approval is still",
+                  "the parked call ran, the turn resumed and completed", "compacted:",
+                  "Done in"):
+        assert stage in out, stage
+
+    target = Target("sqlite", str(path), str(tmp_path / "check-views.db"), tmp_path)
+    try:
+        (session,) = target.json("sessions", "list")
+        sid = session["id"]
+        assert session["title"] == "Check the checkout service and deploy v2"
+        types = target.types(session["id"])
+        assert types.count("turn/start") == 2 and types.count("approval/requested") == 1
+        assert types.count("agent/attached") == 2  # the SIGKILLed process and its successor
+        assert "session/compacted" in types
+        ends = [e.payload for e in target.events(session["id"]) if e.wire_name == "turn/end"]
+        assert [e.status for e in ends if isinstance(e, TurnEnded)] == [
+            "completed", "completed"]
+        assert target.invoke("projections", "verify").exit_code == 0
+        resolved = target.invoke("--json", "log", sid, "--type", "approval/resolved")
+        (verdict,) = [json.loads(line) for line in resolved.stdout.splitlines()]
+        assert verdict["data"]["verdict"] == "approved"
+        assert verdict["data"]["reason"] == "change window open"
+    finally:
+        target.close()
+
+
+def test_demo_bad_path(tmp_path: Path) -> None:
+    result = invoke_cli("demo", "--path", str(tmp_path / "no" / "such" / "dir.db"))
+    assert result.exit_code == 1
+    assert "cannot open SQLite store" in one_line_error(result.stderr)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_chat_new_session_echo(target: Target) -> None:
+    result = target.invoke("chat", input="hello there\n/quit\n")
+    assert result.exit_code == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("session ")
+    sid = first.split()[1]
+    assert "(echo) hello there" in result.stdout
+    assert f"resume with: terret chat {sid}" in result.stdout
+    types = target.types(UUID(sid))
+    assert types.count("turn/start") == 1 and "turn/end" in types
+
+
+def test_chat_approves_and_denies(target: Target) -> None:
+    result = target.invoke("chat", "--app", DEMO_APP,
+                           input="Check the checkout service and deploy v2\ny\n"
+                                 "deploy again\nn\nnot twice\n/quit\n")
+    assert result.exit_code == 0, result.stderr
+    assert "approve deploy(" in result.stdout
+    assert "Done: checkout v2 rolled out to 3/3 instances." in result.stdout
+    sid = UUID(result.stdout.splitlines()[0].split()[1])
+    deploys = [e.payload for e in target.events(sid)
+               if isinstance(e.payload, ToolResult) and e.payload.name == "deploy"]
+    assert [d.is_error for d in deploys] == [False, True]
+    assert "denied by operator: not twice" in deploys[1].content
+
+
+def test_chat_resumes_an_open_turn(target: Target) -> None:
+    sid = target.parked()
+    result = target.invoke("chat", str(sid), "--app", DEMO_APP, input="y\n/quit\n")
+    assert result.exit_code == 0, result.stderr
+    assert "resuming the open turn" in result.stdout
+    assert "rolled out to 3/3 instances" in result.stdout
+    assert target.types(sid).count("turn/start") == 1
+
+
+def test_chat_bad_input(target: Target) -> None:
+    before = target.snapshot()
+    cases: list[tuple[list[str], int, str]] = [
+        (["chat", MISSING], 1, "SessionNotFound"),
+        (["chat", "not-a-uuid"], 2, "is not a session id"),
+        (["chat", "--app", "no.such:app"], 2, "--app"),
+        (["chat", "--agent", "nobody", "--app", DEMO_APP], 1, "no agent definition"),
+    ]
+    for args, code, needle in cases:
+        result = target.invoke(*args, input="hi\n/quit\n")
+        assert result.exit_code == code, (args, result.stderr)
+        assert needle in one_line_error(result.stderr)
+    assert target.snapshot() == before
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG terret/cli/chat.py (the lead's): `chat --model BAD` is refused with exit 1 "
+    "(InvalidPayload) where `sessions new --model BAD` and `model set` give a usage error "
+    "(exit 2)"))
+def test_chat_bad_model_is_a_usage_error(sqlite_target: Target) -> None:
+    result = sqlite_target.invoke("chat", "--model", "gpt-4o", input="/quit\n")
+    assert result.exit_code == 2
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG terret/cli/chat.py (the lead's): `chat SESSION` on a store file that does not exist "
+    "creates the store and its views (chat opens the store with create=True before it checks "
+    "the session), then reports SessionNotFound; it should say `no store at …` and create "
+    "nothing, as every other command does"))
+def test_chat_unknown_session_in_a_missing_store_creates_nothing(tmp_path: Path) -> None:
+    result = invoke_cli("--store", str(tmp_path / "none.db"), "chat", MISSING)
+    assert result.exit_code == 1
+    assert list(tmp_path.iterdir()) == []
