@@ -271,8 +271,9 @@ class Session(Aggregate):
 
     def request_approval(self, call_id: str, name: str, args: dict[str, Any]) -> None:
         owed = self.state.owed.get(call_id)
-        if not self.state.turn_open or owed is None:
-            raise errors.ToolCallNotOwed(f"call {call_id!r} is not owed by the open turn")
+        if not self.state.turn_open or owed is None or owed["name"] != name:
+            raise errors.ToolCallNotOwed(
+                f"call {call_id!r} ({name}) is not owed by the open turn")
         decided = self.state.verdicts.get(call_id)
         if call_id in self.state.pending or (
                 decided is not None and decided["key"] == _call_key(name, args)):
