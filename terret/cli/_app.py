@@ -4,6 +4,8 @@ runtime settings. ``--app module:function`` names a function returning an :class
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,8 +30,6 @@ def default_app() -> App:
     """Providers from the environment (OpenRouter, OpenAI, OpenAI-compatible endpoints), a
     ``default`` agent with no tools, roles from ``TERRET_MAIN_MODEL`` (default: the scripted
     echo model, so nothing is sent anywhere unless configured)."""
-    import os
-
     from terret.adapters.providers import ProviderRegistry
     from terret.adapters.summarizers import RoleSummarizer
     from terret.runtime.scripted import Reply, ScriptedProvider
@@ -56,6 +56,11 @@ def load_app(spec: str | None) -> App:
     if spec is None:
         return default_app()
     module_name, _, attr = spec.partition(":")
+    # The `terret` entry point's sys.path[0] is its bin directory, not the working directory:
+    # put the latter first, so an app module next to where the command runs is found.
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
         factory: Callable[[], App] = getattr(module, attr or "app")

@@ -135,11 +135,11 @@ class Target:
         self.writer().create(session)
         return session.id
 
-    def parked(self) -> UUID:
-        """A session whose open turn 1 is parked on approval ``call-deploy`` (no process
-        serves it)."""
+    def parked(self, sid: UUID | None = None) -> UUID:
+        """A session whose open turn (1, unless ``sid`` already had turns) is parked on
+        approval ``call-deploy`` (no process serves it)."""
         writer = self.writer()
-        sid = self.new_session()
+        sid = sid or self.new_session()
         writer.execute(sid, lambda s: s.start_turn(trigger="user", text="deploy v2"))
         writer.execute(sid, lambda s: s.start_step("demo:ops-model-1"))
         writer.execute(sid, lambda s: s.record_assistant(

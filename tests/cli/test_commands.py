@@ -4,7 +4,11 @@ what it prints (text and the documented ``--json`` shape) and what it records.""
 from __future__ import annotations
 
 import json
-from uuid import UUID
+import sys
+from pathlib import Path
+from uuid import UUID, uuid4
+
+import pytest
 
 from terret.domain.events import ApprovalResolved, PolicyUpdated, TurnEnded
 from tests.cli.conftest import DEMO_APP, DEPLOY_ARGS, Target
@@ -384,3 +388,24 @@ def test_help_explains_every_command() -> None:
                 walk(command, [*path, name])
 
     walk(cli, [])
+
+
+def test_app_module_in_the_working_directory(sqlite_target: Target, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--app mymodule` finds mymodule.py where the command runs (the `terret` script's own
+    sys.path[0] is its bin directory); without `:function` it calls `app`."""
+    sid = sqlite_target.finished()
+    appdir = tmp_path / "appdir"
+    appdir.mkdir()
+    module = f"ops_app_{uuid4().hex[:8]}"
+    (appdir / f"{module}.py").write_text(
+        "from terret.cli.demo_app import demo_app as app\n"
+        "not_an_app = 42\n"
+        "def broken():\n    raise RuntimeError('no credentials')\n")
+    monkeypatch.chdir(appdir)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(appdir))])
+    assert sqlite_target.json("compact", str(sid), "--app", module)["upto_seq"] == 12
+    for spec, needle in ((f"{module}:not_an_app", "not callable"),
+                         (f"{module}:broken", "RuntimeError: no credentials")):
+        result = sqlite_target.invoke("compact", str(sid), "--app", spec)
+        assert result.exit_code == 2 and needle in result.stderr, result.stderr
