@@ -31,19 +31,28 @@ def default_app() -> App:
     ``default`` agent with no tools, roles from ``TERRET_MAIN_MODEL`` (default: the scripted
     echo model, so nothing is sent anywhere unless configured)."""
     from terret.adapters.providers import ProviderRegistry
-    from terret.adapters.summarizers import RoleSummarizer
+    from terret.adapters.summarizers import MorphSummarizer, RoleSummarizer
+    from terret.adapters.titler import RoleTitler
     from terret.runtime.scripted import Reply, ScriptedProvider
 
     registry = ProviderRegistry.from_env()
     registry.register("scripted", ScriptedProvider(
         name="scripted", default=lambda request: Reply(text=_echo(request))))
     roles = {"main": os.environ.get("TERRET_MAIN_MODEL", "scripted:echo")}
-    if os.environ.get("TERRET_COMPACTOR_MODEL"):
-        roles["compactor"] = os.environ["TERRET_COMPACTOR_MODEL"]
-    config = RuntimeConfig(roles=roles)
-    summarizer = RoleSummarizer(registry.role_resolver(roles)) if "compactor" in roles else None
+    for role in ("compactor", "titler"):
+        spec = os.environ.get(f"TERRET_{role.upper()}_MODEL")
+        if spec:
+            roles[role] = spec
+    budget = os.environ.get("TERRET_COMPACTION_BUDGET")
+    config = RuntimeConfig(roles=roles, compaction_budget=int(budget) if budget else None)
+    summarizer: Summarizer | None = None
+    if os.environ.get("TERRET_SUMMARIZER") == "morph":
+        summarizer = MorphSummarizer()
+    elif "compactor" in roles:
+        summarizer = RoleSummarizer(registry.role_resolver(roles))
+    titler = RoleTitler(registry.role_resolver(roles)) if "titler" in roles else None
     return App(resolver=registry, agents=[AgentDefinition()], config=config,
-               summarizer=summarizer)
+               summarizer=summarizer, titler=titler)
 
 
 def _echo(request: object) -> str:

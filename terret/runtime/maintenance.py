@@ -8,13 +8,14 @@ reacted to (R6).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent, decode
 from terret.domain.events import Actor
+from terret.domain.messages import Message
 from terret.domain.store import session_stream
 from terret.runtime.summarizer import Summarizer
 
@@ -27,9 +28,9 @@ FALLBACK_TITLE_CHARS = 40
 
 
 class Titler(Protocol):
-    """Produces a title from the first messages, or None to fall back."""
+    """Produces a title from the conversation, or None to fall back (R20)."""
 
-    def title(self, messages: list[object]) -> str | None: ...
+    def title(self, messages: Sequence[Message]) -> str | None: ...
 
 
 class Compactor:
@@ -95,7 +96,7 @@ class AutoTitler:
         title = None
         if self.titler is not None:
             try:
-                title = self.titler.title(self.runtime.views.messages(sid))  # type: ignore[arg-type]
+                title = self.titler.title(self.runtime.views.messages(sid))
             except Exception as exc:
                 log.warning("titler failed for %s, using the first message: %s", sid, exc)
         if not title:

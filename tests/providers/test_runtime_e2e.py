@@ -1,0 +1,90 @@
+"""A whole turn through the runtime against the real local HTTP server: the OpenAI-compatible
+provider streams a tool call (arguments split over chunks), the tool runs, a second request
+streams the answer; the usage projection equals what the server reported, and the log holds
+``provider/model`` only — never the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel
+
+import terret
+from terret.adapters.providers import EndpointConfig, ProviderRegistry, ProvidersConfig
+from terret.adapters.stores.sqlite import SQLiteStore
+from terret.domain.store import session_stream
+from tests.providers.conftest import API_KEY, CHAT, FAST_RETRY, FAST_TIMEOUTS
+from tests.support.sse_server import (
+    Reply,
+    ScriptedServer,
+    openrouter_usage,
+    text_stream,
+    tool_call_stream,
+)
+
+
+class WeatherArgs(BaseModel):
+    city: str
+
+
+@terret.tool(args=WeatherArgs, description="Today's weather in a city.")
+def weather(args: WeatherArgs, ctx: terret.CallContext) -> str:
+    return f"{args.city}: sunny, 21°C"
+
+
+def test_a_turn_with_a_tool_call_over_http_records_the_servers_usage(
+    server: ScriptedServer, tmp_path: Path
+) -> None:
+    server.script(
+        CHAT,
+        Reply.sse(tool_call_stream([("call_w1", "weather", '{"city": "Paris"}')],
+                                   usage=openrouter_usage(120, 18, 0.00123))),
+        Reply.sse(text_stream(["It is sunny ", "in Paris."],
+                              usage=openrouter_usage(171, 9, 0.00077))),
+    )
+    config = ProvidersConfig(
+        endpoints={"openrouter": EndpointConfig(base_url=server.url + "/api/v1",
+                                                api_key_env="OPENROUTER_API_KEY")},
+        retry=FAST_RETRY, timeouts=FAST_TIMEOUTS,
+    )
+    registry = ProviderRegistry(config, environ={"OPENROUTER_API_KEY": API_KEY})
+    store = SQLiteStore(tmp_path / "e2e.db")
+    runtime = terret.Runtime(
+        store, resolver=registry,
+        config=terret.RuntimeConfig(roles={"main": "openrouter:acme/weather-1"}),
+        agents=[terret.AgentDefinition(tools=[weather], allow=["weather"])],
+    ).start()
+    try:
+        sid = runtime.create_session()
+        streamed: list[str] = []
+        agent = runtime.spawn_agent(sid)
+        agent.on_text = streamed.append
+        result = runtime.run_turn(sid, "What's the weather in Paris?")
+
+        assert result.status == "completed"
+        assert result.text == "It is sunny in Paris."
+        assert "".join(streamed) == "It is sunny in Paris."
+        assert runtime.usage(sid) == {"prompt_tokens": 291, "completion_tokens": 27,
+                                      "cost": 0.002, "steps": 2}
+        by_model = runtime.views.usage_by_model(sid)
+        assert list(by_model) == ["openrouter:acme/weather-1"]
+
+        # The second request carried the tool's result under the model's call id.
+        second = server.requests[-1].json()
+        tool_message = next(m for m in second["messages"] if m["role"] == "tool")
+        assert tool_message == {"role": "tool", "tool_call_id": "call_w1",
+                                "content": "Paris: sunny, 21°C"}
+        assert second["model"] == "acme/weather-1"
+        assert second["tools"][0]["function"]["parameters"]["properties"]["city"]
+
+        raw = b"".join(r.data + r.metadata
+                       for r in store.read_stream(session_stream(sid)))
+        assert API_KEY.encode() not in raw
+        starts = [json.loads(r.data) for r in store.read_stream(session_stream(sid))
+                  if r.wire_name == "step/start"]
+        assert [s["model"] for s in starts] == ["openrouter:acme/weather-1"] * 2
+    finally:
+        runtime.close()
+        registry.close()
+        store.close()
