@@ -80,6 +80,7 @@ class Agent:
             runtime.runner.add_listener(self._on_policy, {"policy/updated"}),
         ]
         self._thread: threading.Thread | None = None
+        self._last_position = 0
 
     # --- status --------------------------------------------------------------------------
 
@@ -134,11 +135,8 @@ class Agent:
         ``turn/end failed`` and re-raised."""
         self._claim()
         try:
-            turn, _ = self.runtime.writer.execute(
-                self.session_id,
-                lambda s: s.start_turn(trigger=trigger, text=text or None, inbox_id=inbox_id),
-                owner=True,
-            )
+            turn = self._write(
+                lambda s: s.start_turn(trigger=trigger, text=text or None, inbox_id=inbox_id))
             log.info("session %s turn %d started (%s)", self.session_id, turn, trigger)
             return self._drive(turn, resumed=False)
         finally:
@@ -149,7 +147,7 @@ class Agent:
         turn open (it stays resumable) and is re-raised."""
         self._claim()
         try:
-            session = self.runtime.writer.load(self.session_id)
+            session = self.runtime.writer.refresh(self.session_id)
             if not session.turn_open:
                 raise errors.NoOpenTurn(f"session {self.session_id} has no open turn to resume")
             log.info("session %s turn %d resumed", self.session_id, session.current_turn)
@@ -186,7 +184,6 @@ class Agent:
         return TurnResult(self.session_id, turn, status, text)
 
     def _drive(self, turn: int, *, resumed: bool) -> TurnResult:
-        self._last_position = 0
         try:
             if resumed:
                 closed = self._close_open_step(turn)
@@ -217,8 +214,16 @@ class Agent:
                 log.warning("resume of session %s failed; the turn stays open: %s",
                             self.session_id, exc)
                 raise
+            if not self._still_open(turn):
+                log.warning("session %s turn %d was closed by another writer; stopping without "
+                            "writing: %s", self.session_id, turn, exc)
+                raise
             self._end(turn, "failed", error=f"{type(exc).__name__}: {exc}")
             raise
+
+    def _still_open(self, turn: int) -> bool:
+        session = self.runtime.writer.refresh(self.session_id)
+        return session.turn_open and session.current_turn == turn
 
     def _close_cancelled(self, turn: int) -> TurnResult:
         session = self.runtime.writer.load(self.session_id)
@@ -227,10 +232,13 @@ class Agent:
 
     def _close_open_step(self, turn: int) -> TurnResult | None:
         """R15/R16: re-execute owed calls, close the step without usage; decide the edges."""
-        session = self.runtime.writer.load(self.session_id)
+        session = self.runtime.writer.refresh(self.session_id)
         state = session.state
         if state.cancel_requested:
             raise TurnCancelled("cancel recorded before resume")
+        # The owed calls go through the allow-list and the steps through pre-step hooks, which
+        # read the views: bring them up to the log a previous process left.
+        self.runtime.catch_up_views()
         if state.step_open and state.step_answered:
             self._run_calls(turn, session.owed_calls())
             self._write(lambda s: s.end_step(None))
@@ -251,7 +259,10 @@ class Agent:
             raise TurnCancelled("cancel requested")
         spec = runtime.model_spec(self.session_id, "main", session)
         claim = StepClaim(self.session_id, turn, session.current_step + 1, spec)
-        for hook in (*runtime.pre_step, *self.definition.pre_step):
+        hooks = (*runtime.pre_step, *self.definition.pre_step)
+        if hooks:  # hooks read views (the spend cap reads usage): let them see our own writes
+            runtime.wait_for(self._last_position)
+        for hook in hooks:
             refusal = hook(claim)
             if refusal is not None:
                 return self._end(turn, "rejected", reason=refusal.reason,
@@ -263,11 +274,18 @@ class Agent:
             return step
 
         step = self._write(open_step)
+        opened_at = runtime.writer.load(self.session_id).version
         runtime.wait_for(self._last_position)
+        self.allowlist.forget(self.session_id)  # R23: this step's calls see the log up to here
         messages = runtime.views.messages(self.session_id)
         reply = self._ask(spec, messages)
         calls = [ToolCallData(id=c.id, name=c.name, args=c.args) for c in reply.tool_calls]
         self._write(lambda s: s.record_assistant(reply.text, calls))
+        if calls and runtime.writer.load(self.session_id).version != opened_at + 1:
+            # Something landed during the model request (a policy update, say): the calls
+            # must see it, so read the policy again once the views include it.
+            runtime.wait_for(self._last_position)
+            self.allowlist.forget(self.session_id)
         self._run_calls(turn, calls)
         usage = None
         if reply.usage is not None:

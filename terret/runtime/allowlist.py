@@ -1,7 +1,9 @@
 """The per-agent allow-list (R23): deny by default; the active patterns are the session's last
 ``policy/updated``, else the install-time floor; a session that cannot be read fails closed.
-The active set is memoised per session and refreshed by the ``policy/updated`` listener; an
-unknown session is never cached, so its deny-all cannot harden into a stale answer."""
+The active set is memoised per session; the ``policy/updated`` listener invalidates it and the
+agent re-reads it once per step (and again when something landed during the model request), so
+an update takes effect on the very next call. An unknown session is never cached, so its
+deny-all cannot harden into a stale answer."""
 
 from __future__ import annotations
 
@@ -59,10 +61,13 @@ class AllowList:
             return None
         return Veto(f"{tool.name} is not allowed by the session's policy")
 
-    def on_policy_updated(self, event: RecordedEvent) -> None:
-        session_id = event.session_id
-        if session_id is None:
-            return
-        patterns = list(getattr(event.payload, "patterns", []))
+    def forget(self, session_id: UUID) -> None:
+        """Drop the memoised set: the next call reads the policy view again."""
         with self._lock:
-            self._cache[session_id] = patterns
+            self._cache.pop(session_id, None)
+
+    def on_policy_updated(self, event: RecordedEvent) -> None:
+        # Invalidate rather than overwrite: listeners may run behind a fresher read of the
+        # view, and an older event's patterns must never replace a newer policy.
+        if event.session_id is not None:
+            self.forget(event.session_id)

@@ -113,7 +113,9 @@ class Runtime:
 
     def close(self, *, grace: float = 10.0) -> None:
         """Stop: running turns stop at their next step boundary (parked ones at once) and stay
-        open and resumable; nothing is lost."""
+        open and resumable; nothing is lost. Closing twice is harmless."""
+        if self.stopping.is_set():
+            return
         self._serving = False
         self.stopping.set()
         for sid in list(self._by_session):

@@ -1,6 +1,8 @@
 """Fixtures for the runtime suite: every test runs on the SQLite store and on the EventStoreDB
-adapter against the wire emulator (``esdb_uri`` comes from ``tests/support/esdb_fixtures.py``,
-which the root conftest registers as a plugin; with ``TERRET_ESDB_URI`` set it is a real server).
+adapter. With ``TERRET_ESDB_URI`` set that is the real server (``esdb_uri`` from
+``tests/support/esdb_fixtures.py``, registered by the root conftest); otherwise each test gets a
+wire emulator of its own (it starts in ~25 ms), so that a runtime's subscription does not catch
+up on every earlier test's events and ``serve_start`` finds only this test's sessions.
 
 ``opened.uri`` is what another process opens (``tests.runtime.kit.other_process``).
 """
@@ -27,6 +29,8 @@ from terret import (
 from terret.adapters.stores import SQLiteStore
 from terret.domain.store import EventStore
 from tests.runtime.kit import Kit
+from tests.support.esdb_emulator import EsdbEmulator
+from tests.support.esdb_fixtures import real_server_uri
 
 STORE_KINDS = ["sqlite", "esdb"]
 
@@ -51,9 +55,13 @@ def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenedSto
     if request.param == "sqlite":
         path = str(tmp_path / "events.db")
         result = OpenedStore("sqlite", path, SQLiteStore(path))
-    else:
+    elif real_server_uri() is not None:
         uri = request.getfixturevalue("esdb_uri")
         result = OpenedStore("esdb", uri, _esdb_store(uri))
+    else:
+        emulator = EsdbEmulator().start(host="127.0.0.1", port=0)
+        request.addfinalizer(emulator.stop)
+        result = OpenedStore("esdb", emulator.uri, _esdb_store(emulator.uri))
     yield result
     result.store.close()
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from pydantic import BaseModel
 
@@ -87,6 +87,29 @@ def wait_for_event(store: EventStore, session_id: UUID, name: str, *, count: int
     return wait_until(lambda: len(only(read_log(store, session_id), name)) >= count
                       and read_log(store, session_id),
                       timeout=timeout, what=f"{count} x {name}")
+
+
+def drain_upkeep(rt: Runtime) -> None:
+    """Return once every between-turn task (compaction, titling, wakes) queued for the events
+    appended so far has finished. A marker session is created; when a listener added now sees
+    its ``session/started``, every listener has run for every earlier event (one runner thread
+    delivers in log order). Then one task per upkeep worker, all waiting for each other, can only
+    run once every task queued before them is done."""
+    seen = threading.Event()
+    marker = uuid4()
+    handle = rt.runner.add_listener(
+        lambda e: seen.set() if e.session_id == marker else None, {"session/started"})
+    rt.create_session(session_id=marker)
+    try:
+        if not seen.wait(DEADLINE):
+            raise AssertionError("the runner never delivered the marker session")
+    finally:
+        handle.remove()
+    workers = rt._pool._max_workers  # noqa: SLF001 - the pool's width is not public
+    barrier = threading.Barrier(workers + 1)
+    for _ in range(workers):
+        rt.background(lambda: barrier.wait(DEADLINE))
+    barrier.wait(DEADLINE)
 
 
 # --- turns in a background thread ---------------------------------------------------------

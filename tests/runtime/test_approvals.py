@@ -238,7 +238,7 @@ def test_r12_no_timeout_by_default(make_runtime: MakeRuntime, store) -> None:
     job = turn_in_background(rt, sid, "go")
     (call_id,) = wait_parked(rt, sid)
     with pytest.raises(AssertionError):  # nothing resolves it on its own
-        wait_until(lambda: only(read_log(store, sid), "approval/resolved"), timeout=1.5)
+        wait_until(lambda: only(read_log(store, sid), "approval/resolved"), timeout=1.1)
     assert rt.pending(sid) == [call_id] and not job.done
     rt.approve(sid, call_id, by=USER)
     assert job.join().status == "completed"

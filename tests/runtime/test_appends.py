@@ -1,0 +1,213 @@
+"""Appends and fan-out (R5–R7): one critical section per session in a process, conflict fold-in
+or lost ownership across processes, queued fan-out, event ids fixed before the first attempt."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import pytest
+
+from terret import Actor, Reply, RuntimeConfig, ScriptedProvider, Usage, call
+from terret.domain.codec import RecordedEvent
+from terret.domain.errors import LostOwnership
+from terret.domain.store import (
+    AppendResult,
+    EventStore,
+    ExpectedVersion,
+    NewRecord,
+    StoredRecord,
+    Subscription,
+)
+from tests.runtime.conftest import MakeRuntime, OpenedStore
+from tests.runtime.kit import (
+    Kit,
+    approve_all,
+    calls,
+    final,
+    first_index,
+    names,
+    only,
+    other_process,
+    read_log,
+    turn_in_background,
+    wait_until,
+)
+
+
+def test_r5_concurrent_writers_in_one_process_never_collide(make_runtime: MakeRuntime,
+                                                            store) -> None:
+    provider = ScriptedProvider([calls(("noop", {})) for _ in range(5)] + [final()])
+    rt = make_runtime(provider)
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    start = threading.Barrier(8)
+
+    def writer(n: int) -> None:
+        start.wait()
+        for i in range(5):
+            rt.inject(sid, f"note {n}.{i}")
+        rt.set_policy(sid, ["*"], by=Actor(actor="operator"))
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert job.join().status == "completed"
+    log = read_log(store, sid)
+    assert [e.seq for e in log] == list(range(1, len(log) + 1))
+    queued = sorted(e.data["text"] for e in only(log, "inbox/queued"))
+    assert queued == sorted(f"note {n}.{i}" for n in range(8) for i in range(5))
+    assert len({e.event_id for e in log}) == len(log)
+
+
+@pytest.mark.parametrize("action", [("inject", "from the CLI"), ("policy", "noop", "status")])
+def test_r5_a_commutative_append_from_another_process_is_folded_in(
+        make_runtime: MakeRuntime, opened: OpenedStore, gates, action: tuple[str, ...]) -> None:
+    gate = gates()
+    provider = ScriptedProvider([calls(("noop", {}), gate=gate), final()])
+    rt = make_runtime(provider)
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    wait_until(lambda: provider.requests, what="the model request")
+    other_process(opened.uri, action[0], str(sid), *action[1:])
+    gate.set()  # the turn's next append meets the other process's event
+    assert job.join().status == "completed"
+    log = read_log(opened.store, sid)
+    foreign = "inbox/queued" if action[0] == "inject" else "policy/updated"
+    assert (first_index(log, "step/start") < first_index(log, foreign)
+            < first_index(log, "assistant/message"))
+    assert len(only(log, "turn/end")) == 1
+    if action[0] == "inject":  # and it rides the next step
+        assert [m.text for m in provider.requests[1].messages if m.role == "user"] == [
+            "go", "from the CLI"]
+
+
+def test_r5_a_non_commutative_append_from_another_process_stops_the_turn_without_writing(
+        make_runtime: MakeRuntime, opened: OpenedStore, gates) -> None:
+    gate = gates()
+    provider = ScriptedProvider([final("mine", gate=gate)])
+    rt = make_runtime(provider)
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    wait_until(lambda: provider.requests, what="the model request")
+    other_process(opened.uri, "assistant", str(sid), "the other process answered")
+    before = read_log(opened.store, sid)
+    gate.set()
+    with pytest.raises(LostOwnership):
+        job.join()
+    after = read_log(opened.store, sid)
+    assert after == before  # nothing written: no assistant message, no turn/end
+    assert after[-1].name == "assistant/message"
+    assert after[-1].data["text"] == "the other process answered"
+    assert rt.resumable(sid)
+    assert rt.agent_for_session(sid).status == "idle"
+
+
+def test_r6_fan_out_is_queued_so_every_listener_sees_the_log_in_order(
+        make_runtime: MakeRuntime, store) -> None:
+    rt = make_runtime([calls(("noop", {})), final()])
+    sid = rt.create_session()
+    seen_by_first: list[tuple[int, str]] = []
+    seen_by_last: list[tuple[int, str]] = []
+
+    def appender(event: RecordedEvent) -> None:
+        seen_by_first.append((event.seq, event.wire_name))
+        if event.wire_name == "turn/end" and event.session_id == sid:
+            rt.inject(sid, "appended by a listener")  # lands while turn/end is fanning out
+
+    def observer(event: RecordedEvent) -> None:
+        if event.session_id == sid:
+            seen_by_last.append((event.seq, event.wire_name))
+
+    rt.runner.add_listener(appender)
+    rt.runner.add_listener(observer)  # registered after the appender
+    rt.run_turn(sid, "go")
+    wait_until(lambda: any(n == "inbox/queued" for _, n in seen_by_last),
+               what="the listener's own event to fan out")
+    wait_until(lambda: any(n == "session/titled" for _, n in seen_by_last),
+               what="the titler's event to fan out")
+    log = [(e.seq, e.name) for e in read_log(store, sid)]
+    # the observer saw turn/end before the event appended while turn/end was being delivered
+    assert seen_by_last == [x for x in log if x[0] >= seen_by_last[0][0]][:len(seen_by_last)]
+    assert [s for s, _ in seen_by_last] == sorted(s for s, _ in seen_by_last)
+    end = seen_by_last.index(next(x for x in seen_by_last if x[1] == "turn/end"))
+    queued = seen_by_last.index(next(x for x in seen_by_last if x[1] == "inbox/queued"))
+    assert end < queued
+
+
+class AtLeastOnceTransport(EventStore):
+    """Delivers every append twice with the same records and expected version, as a client that
+    retries after losing the first reply would (R7)."""
+
+    def __init__(self, inner: EventStore) -> None:
+        self.inner = inner
+        self.appends = 0
+
+    def append(self, stream: str, records: Sequence[NewRecord],
+               expected_version: ExpectedVersion) -> AppendResult:
+        first = self.inner.append(stream, records, expected_version)
+        again = self.inner.append(stream, records, expected_version)  # the retry
+        assert again == first
+        self.appends += 1
+        return again
+
+    def read_stream(self, stream: str, **kw: Any) -> list[StoredRecord]:
+        return self.inner.read_stream(stream, **kw)
+
+    def stream_version(self, stream: str) -> int:
+        return self.inner.stream_version(stream)
+
+    def read_all(self, **kw: Any) -> list[StoredRecord]:
+        return self.inner.read_all(**kw)
+
+    def head_position(self) -> int:
+        return self.inner.head_position()
+
+    def subscribe(self, *, after: int = 0,
+                  wire_names: Collection[str] | None = None) -> Subscription:
+        return self.inner.subscribe(after=after, wire_names=wire_names)
+
+    def delete_stream(self, stream: str) -> None:
+        self.inner.delete_stream(stream)
+
+    def write_snapshot(self, stream: str, version: int, state: bytes) -> None:
+        self.inner.write_snapshot(stream, version, state)
+
+    def read_snapshot(self, stream: str) -> tuple[int, bytes] | None:
+        return self.inner.read_snapshot(stream)
+
+
+def test_r7_a_retried_append_never_duplicates_an_event(make_runtime: MakeRuntime, kit: Kit,
+                                                       store) -> None:
+    transport = AtLeastOnceTransport(store)
+    rt = make_runtime([calls(("deploy", {"env": "prod"})), calls(("noop", {})),
+                       final(usage=Usage(10, 1))],
+                      on_store=transport, config=RuntimeConfig(compaction_budget=5))
+    sid = rt.create_session()
+    rt.inject(sid, "context")
+    result = approve_all(rt, sid, turn_in_background(rt, sid, "go"))
+    assert result.status == "completed"
+    log = wait_until(lambda: (lambda lg: "session/compacted" in names(lg) and lg)(
+        read_log(store, sid)), what="compaction")
+    assert transport.appends >= 15
+    assert len({e.event_id for e in log}) == len(log)
+    assert names(log).count("turn/start") == 1
+    assert names(log).count("approval/requested") == 1
+    assert names(log).count("tool/result") == 2
+    assert kit.ran == [("deploy", {"env": "prod"}), ("noop", {})]
+
+
+def test_r7_event_ids_are_unique_across_a_long_session(make_runtime: MakeRuntime,
+                                                       store) -> None:
+    rt = make_runtime(ScriptedProvider(default=Reply(tool_calls=[call("noop")])),
+                      config=RuntimeConfig(max_steps=4))
+    sid = rt.create_session()
+    for _ in range(3):
+        with pytest.raises(Exception):  # noqa: B017 - each turn hits the step cap
+            rt.run_turn(sid, "loop")
+    log = read_log(store, sid)
+    assert len({e.event_id for e in log}) == len(log)
+    assert [e.data["status"] for e in only(log, "turn/end")] == ["failed"] * 3
