@@ -33,10 +33,12 @@ def sessions() -> None:
 def list_sessions(obj: CliContext, status: str | None, limit: int | None) -> None:
     """List sessions, most recently active first."""
     found = obj.views().sessions(status=status, limit=limit)
+    if obj.json_output:  # build only the output asked for: this is the 10,000-row command
+        obj.emit([s.as_dict() for s in found])
+        return
     rows = [[s.id, s.status, str(s.events), f"{s.usage.cost:.4f}", _when(s.last_activity),
              (s.title or "")[:40]] for s in found]
-    obj.emit([s.as_dict() for s in found],
-             table(rows, ["ID", "STATUS", "EVENTS", "COST", "LAST ACTIVITY", "TITLE"])
+    obj.emit(None, table(rows, ["ID", "STATUS", "EVENTS", "COST", "LAST ACTIVITY", "TITLE"])
              if rows else "no sessions")
 
 
