@@ -292,3 +292,27 @@ def test_bad_input_in_real_processes(sqlite_target: Target, tmp_path: Path) -> N
         assert "secret" not in err
     assert target.snapshot() == before
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_credentials_never_printed_by_a_working_store(esdb_uri: str, tmp_path: Path) -> None:
+    """A reachable EventStoreDB whose URI carries a password: verbose output, `doctor`'s store
+    description and errors show it masked (real processes, so logging reaches stderr)."""
+    if "@" in esdb_uri:
+        pytest.skip("the server's URI already carries credentials")
+    uri = esdb_uri.replace("esdb://", "esdb://admin:secret@", 1)
+    runs = [["-v", "doctor"], ["-v", "--json", "sessions", "list"],
+            ["-v", "sessions", "show", MISSING]]
+    procs = [subprocess.Popen([sys.executable, "-m", "terret", "--store", uri, "--views",
+                               str(tmp_path / f"v{i}.db"), *args], cwd=tmp_path,
+                              env=subprocess_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for i, args in enumerate(runs)]
+    outputs: list[tuple[int, str, str]] = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        outputs.append((proc.returncode, out, err))
+    assert [code for code, _, _ in outputs] == [0, 0, 1], outputs
+    assert "esdb://***@" in outputs[0][1]  # doctor names the store, masked
+    assert "esdb://***@" in one_line_error(outputs[2][2])
+    for _, out, err in outputs:
+        assert "secret" not in out + err
