@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from terret.domain.errors import ConfigurationError
+from terret.domain.errors import ConfigurationError, TerretError
 from terret.runtime.agent import AgentDefinition
 from terret.runtime.maintenance import Titler
 from terret.runtime.model import ModelResolver
@@ -63,7 +63,11 @@ def _echo(request: object) -> str:
 
 def load_app(spec: str | None) -> App:
     if spec is None:
-        return default_app()
+        try:
+            return default_app()
+        except (ValueError, TerretError) as exc:  # e.g. TERRET_COMPACTION_BUDGET=lots
+            raise ConfigurationError(
+                f"cannot build the default app from the environment: {exc}") from None
     module_name, _, attr = spec.partition(":")
     # The `terret` entry point's sys.path[0] is its bin directory, not the working directory:
     # put the latter first, so an app module next to where the command runs is found.

@@ -316,3 +316,11 @@ def test_credentials_never_printed_by_a_working_store(esdb_uri: str, tmp_path: P
     assert "esdb://***@" in one_line_error(outputs[2][2])
     for _, out, err in outputs:
         assert "secret" not in out + err
+
+
+def test_default_app_from_a_bad_environment(sqlite_target: Target,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    sid = str(sqlite_target.finished())
+    monkeypatch.setenv("TERRET_COMPACTION_BUDGET", "lots")
+    line = assert_refused(sqlite_target, ["compact", sid], 2)
+    assert "cannot build the default app from the environment" in line
