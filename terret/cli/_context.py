@@ -53,6 +53,24 @@ class SessionIdType(click.ParamType):
 SESSION = SessionIdType()
 
 
+class ModelSpecType(click.ParamType):
+    """A ``provider:model`` spec, checked as ``model/set`` checks it (usage error if bad)."""
+
+    name = "SPEC"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        from terret.domain.events import validate_model_spec
+
+        try:
+            return validate_model_spec(str(value))
+        except ValueError as exc:
+            self.fail(f"{value!r}: {exc}", param, ctx)
+
+
+MODEL_SPEC = ModelSpecType()
+
+
 @dataclass
 class CliContext:
     store_uri: str

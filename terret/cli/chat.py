@@ -10,7 +10,7 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import SESSION, CliContext, operator
+from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
 from terret.cli.admin import APP_OPTION, runtime_for
 from terret.domain.codec import RecordedEvent
 from terret.domain.errors import TerretError
@@ -54,7 +54,7 @@ def _drive(runtime: Runtime, sid: UUID, work: threading.Thread) -> None:
 
 @click.command("chat")
 @click.argument("session_id", type=SESSION, required=False)
-@click.option("--model", "spec", default=None, metavar="SPEC",
+@click.option("--model", "spec", type=MODEL_SPEC, default=None,
               help="Main model spec, e.g. openrouter:openai/gpt-4o (recorded as model/set).")
 @click.option("--agent", default=None, help="Agent definition for a new session.")
 @APP_OPTION
@@ -63,14 +63,15 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
          app_spec: str | None) -> None:
     """Chat with an agent in the terminal; a new session unless SESSION is given.
     Type /quit (or Ctrl-D) to leave; the session stays in the store."""
-    obj.store(create=True)
+    obj.store(create=session_id is None)  # an existing session needs an existing store
+    if session_id is not None:
+        obj.require_session(session_id)
     runtime = runtime_for(obj, app_spec).start()
     if session_id is None:
         name = agent or next(iter(runtime.definitions), "default")
         session_id = runtime.create_session(agent=name, roles={"main": spec} if spec else None)
         click.secho(f"session {session_id}", dim=True)
     else:
-        obj.require_session(session_id)
         if spec:
             runtime.set_model(session_id, "main", spec, by=operator())
     sid = session_id

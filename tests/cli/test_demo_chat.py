@@ -101,20 +101,11 @@ def test_chat_bad_input(target: Target) -> None:
     assert target.snapshot() == before
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG terret/cli/chat.py (the lead's): `chat --model BAD` is refused with exit 1 "
-    "(InvalidPayload) where `sessions new --model BAD` and `model set` give a usage error "
-    "(exit 2)"))
 def test_chat_bad_model_is_a_usage_error(sqlite_target: Target) -> None:
     result = sqlite_target.invoke("chat", "--model", "gpt-4o", input="/quit\n")
     assert result.exit_code == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG terret/cli/chat.py (the lead's): `chat SESSION` on a store file that does not exist "
-    "creates the store and its views (chat opens the store with create=True before it checks "
-    "the session), then reports SessionNotFound; it should say `no store at …` and create "
-    "nothing, as every other command does"))
 def test_chat_unknown_session_in_a_missing_store_creates_nothing(tmp_path: Path) -> None:
     result = invoke_cli("--store", str(tmp_path / "none.db"), "chat", MISSING)
     assert result.exit_code == 1
