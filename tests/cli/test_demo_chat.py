@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from uuid import UUID
 
-import pytest
-
 from terret.domain.events import ToolResult, TurnEnded
 from tests.cli.conftest import DEMO_APP, MISSING, Target, invoke_cli, one_line_error
 
