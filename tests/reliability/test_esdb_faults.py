@@ -471,3 +471,57 @@ def test_discovery_that_keeps_failing_is_store_unavailable(emulator: EsdbEmulato
     finally:
         emulator.reset_faults()
         store.close()
+
+
+# --- servers before 23.10 --------------------------------------------------------------------
+
+
+def test_a_server_that_never_says_caught_up_still_gets_there(
+    store: EventStoreDBStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EventStoreDB 22.10 sends no "caught up" message; the idle probe finds that nothing is
+    left to deliver up to the head, and says so."""
+    client = store._client()
+    original = client.subscribe_to_all
+
+    def without_caught_up(**kwargs: Any) -> Any:
+        kwargs["include_caught_up"] = False
+        return original(**kwargs)
+
+    monkeypatch.setattr(client, "subscribe_to_all", without_caught_up)
+    start = store.head_position()
+    stream = new_stream()
+    store.append(stream, records(3), StreamState.NO_STREAM)
+    sub = store.subscribe(after=start, wire_names=[SIGNAL])
+    collector = Collector(sub)
+    try:
+        caught_up = collector.wait_caught_up()
+        items = collector.snapshot()
+        before = items[: items.index(caught_up)]
+        assert [i.seq for i in before if isinstance(i, StoredRecord) and i.stream == stream] == [
+            1,
+            2,
+            3,
+        ]
+        assert caught_up.position >= store.read_stream(stream)[-1].position
+        assert sub.buffered == 0  # caught up and idle: a batching consumer flushes now
+        store.append(stream, records(2), 3)
+        assert [r.seq for r in collector.wait_records([stream], 5)] == [1, 2, 3, 4, 5]
+    finally:
+        collector.stop()
+    _positions_strictly_increase(collector.snapshot())
+    assert len([i for i in collector.snapshot() if isinstance(i, CaughtUp)]) == 1
+
+
+def test_buffered_counts_history_still_streaming_in(store: EventStoreDBStore) -> None:
+    start = store.head_position()
+    stream = new_stream()
+    store.append(stream, records(5), StreamState.NO_STREAM)
+    with store.subscribe(after=start, wire_names=[SIGNAL]) as sub:
+        first = next(sub)
+        assert isinstance(first, StoredRecord) and first.stream == stream
+        assert getattr(sub, "buffered", 0) > 0  # more history on its way: keep batching
+        for item in sub:
+            if isinstance(item, CaughtUp):
+                break
+        assert getattr(sub, "buffered", 0) == 0

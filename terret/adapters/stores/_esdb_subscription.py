@@ -13,7 +13,7 @@ iteration with ``StoreUnavailable``.
 Checkpoints past filtered-out events: the server sends them only every few windows, and never
 at the end of catch-up. So the subscription notes the store's head before subscribing
 (everything up to it has been considered once the server says "caught up"). And while the
-consumer waits on a caught-up subscription, a watchdog thread asks the server, now and then,
+consumer waits on an idle subscription, a watchdog thread asks the server, now and then,
 whether anything this subscription would deliver lies between its position and the current
 head; if nothing does, a checkpoint at that head is safe (an event committed after the head was
 read has a greater position and is still delivered). To hand the checkpoint over, the watchdog
@@ -174,7 +174,7 @@ class EsdbSubscription(Subscription):
             if self._pending is not None:
                 # The watchdog checkpointed while this message was on its way; the checkpoint
                 # is below it (nothing deliverable lay below the checkpoint), so it goes first.
-                self._ready.append(Checkpoint(self._pending))
+                self._queue_checkpoint(self._pending)
                 self._pending = None
             if isinstance(event, EsdbCaughtUp):
                 # Everything up to the head read before subscribing has been considered: say
@@ -185,7 +185,6 @@ class EsdbSubscription(Subscription):
                 if not self._caught_up:
                     self._caught_up = True
                     self._ready.append(CaughtUp(self._position))
-                    self._start_watchdog()
                 return
             position = event.commit_position
             if position is None or position <= self._position:
@@ -235,6 +234,7 @@ class EsdbSubscription(Subscription):
             self._inner = inner
             self._last_activity = time.monotonic()
         self._opened_at = time.monotonic()
+        self._start_watchdog()
         if self.stopped:  # stop() ran while the call was being set up and could not cancel it
             _cancel(inner)
         return inner
@@ -249,10 +249,18 @@ class EsdbSubscription(Subscription):
         """Queue the watchdog's checkpoint, if it decided on one; True if it did."""
         with self._lock:
             pending, self._pending = self._pending, None
-        if pending is None:
-            return False
-        self._ready.append(Checkpoint(pending))
+            if pending is None:
+                return False
+            self._queue_checkpoint(pending)
         return True
+
+    def _queue_checkpoint(self, position: int) -> None:
+        """The watchdog's checkpoint. Servers before 23.10 never say "caught up"; a probe that
+        found nothing to deliver up to the head means exactly that, so it says it for them."""
+        self._ready.append(Checkpoint(position))
+        if not self._caught_up:
+            self._caught_up = True
+            self._ready.append(CaughtUp(position))
 
     # --- the watchdog ----------------------------------------------------------------------
 
@@ -282,21 +290,24 @@ class EsdbSubscription(Subscription):
             with self._lock:
                 if self._position != start or not self._waiting or self._inner is None:
                     continue  # something arrived meanwhile; it comes first
-                self._position = head
-                self._pending = head
+                if head <= start and self._caught_up:
+                    continue  # nothing new to say
+                self._position = max(head, start)
+                self._pending = self._position
                 self._last_activity = time.monotonic()
                 inner = self._inner
             _cancel(inner)
 
     def _probe(self, start: int) -> int | None:
         """The store's head, if nothing this subscription would deliver lies between ``start``
-        and it. One attempt, no retries: an idle subscription simply asks again later."""
+        and it (a head at or below ``start`` included: there is nothing left to deliver).
+        One attempt, no retries: an idle subscription simply asks again later."""
         store = self._store
         try:
             client = store._client()
             head = store.read_head(client, store.retry.call_timeout)
             if head <= start:
-                return None
+                return head  # nothing after the position: caught up, if not said yet
             with client.read_all(
                 commit_position=start if start > 0 else None,
                 limit=2,
