@@ -243,14 +243,18 @@ def test_a_projection_added_later_catches_up_from_the_start(
     sid = writer.start()
     writer.do(sid, lambda s: s.title("old title"))
     writer.turn(sid, "one", usage=UsageData(prompt_tokens=10, completion_tokens=1))
+    writer.do(sid, lambda s: s.start_turn(text="two"))
+    last = writer.step(sid, "b", usage=UsageData(prompt_tokens=20, completion_tokens=2))
     without_title = [p for p in default_projections() if p.name != "title"]
     ProjectionRunner(opened_store.store, view_store, without_title).catch_up()
     assert view_store.tracked("title") == 0
+    assert view_store.tracked("usage") == last.position  # a step/end, the last event
 
     runner = _started(opened_store, view_store)
     runner.wait_until(opened_store.store.head_position(), timeout=WAIT)
     assert views.title(sid) == "old title"
-    assert views.usage(sid) == UsageTotals(10, 1, 0.0, 1)  # the others did not re-apply
+    # The others did not re-apply anything, not even the event at their tracked position.
+    assert views.usage(sid) == UsageTotals(30, 3, 0.0, 2)
 
 
 def test_states_report_position_and_lag(writer: Writer, runner: ProjectionRunner,

@@ -1,0 +1,164 @@
+"""Extending Terret: a custom event type and a custom projection over it run beside the default
+projections, feed listeners with typed payloads, and replay from scratch like the built-in ones.
+The example in docs/projections.md is executed here too, so it cannot rot."""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+
+import terret
+from terret import RecordedEvent
+from terret.domain import encode
+from terret.domain.store import EventStore, NewRecord, session_stream
+from terret.projections import Projection, ProjectionRunner, Views, ViewStore, default_projections
+from tests.projections.logs import Writer
+
+WIRE = "acme.note/added"
+WAIT = 10.0
+DOC = Path(__file__).resolve().parents[2] / "docs" / "projections.md"
+
+
+@pytest.fixture
+def note_type() -> Iterator[type[terret.EventPayload]]:
+    @terret.event_type
+    class NoteAdded(terret.EventPayload):
+        """Version 2 carries a list of tags; version 1 carried a single optional tag."""
+
+        wire_name = WIRE
+        version = 2
+        text: str
+        tags: list[str] = []
+
+    @terret.upcaster(WIRE, 1)
+    def _v1(data: dict[str, Any]) -> dict[str, Any]:
+        tag = data.pop("tag", None)
+        data["tags"] = [tag] if tag else []
+        return data
+
+    yield NoteAdded
+    terret.catalogue.unregister(WIRE)
+    assert WIRE not in terret.catalogue
+
+
+class NotesProjection(Projection):
+    """Notes per session, numbered by the turn they were taken in (it also follows turn/start:
+    a custom projection may combine Terret's events with its own)."""
+
+    name = "acme.notes"
+    handles = frozenset({WIRE, "turn/start"})
+    tables = ("acme_notes", "acme_turns")
+    schema = """
+    CREATE TABLE IF NOT EXISTS acme_notes (
+        session TEXT NOT NULL, seq INTEGER NOT NULL, turn INTEGER NOT NULL, text TEXT NOT NULL,
+        tags TEXT NOT NULL, PRIMARY KEY (session, seq)) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS acme_turns (session TEXT PRIMARY KEY, turn INTEGER NOT NULL);
+    """
+
+    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        p: Any = event.payload
+        if event.wire_name == "turn/start":
+            db.execute("INSERT OR REPLACE INTO acme_turns VALUES (?, ?)", (event.stream, p.turn))
+            return
+        row = db.execute("SELECT turn FROM acme_turns WHERE session = ?",
+                         (event.stream,)).fetchone()
+        db.execute("INSERT INTO acme_notes VALUES (?, ?, ?, ?, ?)",
+                   (event.stream, event.seq, row[0] if row else 0, p.text, json.dumps(p.tags)))
+
+
+def read_notes(views: ViewStore, session: UUID) -> list[tuple[int, str, list[str]]]:
+    with views.reading() as db:
+        return [(turn, text, json.loads(tags)) for turn, text, tags in db.execute(
+            "SELECT turn, text, tags FROM acme_notes WHERE session = ? ORDER BY seq",
+            (session_stream(session),))]
+
+
+def _append(store: EventStore, session: UUID, payload: terret.EventPayload) -> int:
+    stream = session_stream(session)
+    return store.append(stream, [encode(payload)], store.stream_version(stream)).position
+
+
+def test_a_custom_event_and_projection_run_beside_the_defaults_and_replay(
+    note_type: type[terret.EventPayload], writer: Writer, store: EventStore,
+    view_store: ViewStore
+) -> None:
+    sid = writer.start()
+    _append(store, sid, note_type(text="before any turn"))
+    writer.turn(sid, "first")
+    # An old (version 1) record, as an older release of the extension wrote it.
+    stream = session_stream(sid)
+    store.append(stream, [NewRecord(uuid4(), WIRE, b'{"text": "old", "tag": "legacy"}',
+                                    b'{"schema_version": 1}')], store.stream_version(stream))
+
+    runner = ProjectionRunner(store, view_store, [*default_projections(), NotesProjection()])
+    got: queue.Queue[RecordedEvent] = queue.Queue()
+    runner.add_listener(got.put, [WIRE])
+    runner.start()
+    try:
+        writer.turn(sid, "second")
+        last = _append(store, sid, note_type(text="during turn two", tags=["a", "b"]))
+        event = got.get(timeout=WAIT)
+        assert isinstance(event.payload, note_type)  # typed, not opaque
+        assert event.position == last
+        runner.wait_until(last, timeout=WAIT)
+    finally:
+        runner.stop()
+
+    expected = [(0, "before any turn", []), (1, "old", ["legacy"]),
+                (2, "during turn two", ["a", "b"])]
+    assert read_notes(view_store, sid) == expected
+    # Terret's views carry on beside it, and the session index counts the extension's events.
+    views = Views(view_store)
+    assert [m.text for m in views.messages(sid)] == ["first", "ok", "second", "ok"]
+    summary = views.summary(sid)
+    assert summary is not None and summary.events == store.stream_version(stream)
+    assert all(s.fault is None for s in runner.states())
+
+    # Replay from scratch.
+    assert runner.verify("acme.notes") == []
+    view_store.db.execute("UPDATE acme_notes SET text = 'edited' WHERE turn = 0")
+    assert runner.verify("acme.notes") != []
+    assert runner.rebuild("acme.notes") == store.head_position()
+    assert read_notes(view_store, sid) == expected
+    assert runner.verify("acme.notes") == []
+    assert runner.verify("sessions") == []
+
+
+def test_without_the_extension_installed_its_events_are_opaque_and_ignored(
+    note_type: type[terret.EventPayload], writer: Writer, store: EventStore,
+    view_store: ViewStore
+) -> None:
+    sid = writer.start()
+    _append(store, sid, note_type(text="kept"))
+    terret.catalogue.unregister(WIRE)  # a process that lacks the extension
+    runner = ProjectionRunner(store, view_store, default_projections())
+    runner.catch_up()
+    assert all(s.fault is None and s.lag == 0 for s in runner.states())
+    summary = Views(view_store).summary(sid)
+    assert summary is not None and summary.events == 1  # only session/started is known here
+
+
+def _doc_example() -> str:
+    text = DOC.read_text()
+    blocks = re.findall(r"<!-- tested example -->\s*```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1, "docs/projections.md should mark exactly one tested example"
+    return blocks[0]
+
+
+def test_the_custom_projection_example_in_the_docs_runs() -> None:
+    namespace: dict[str, Any] = {"__name__": "docs_example"}
+    try:
+        exec(compile(_doc_example(), str(DOC), "exec"), namespace)  # noqa: S102
+    finally:
+        for cls in list(terret.catalogue):
+            if cls.__module__ == "docs_example":
+                terret.catalogue.unregister(cls.wire_name)
+    assert namespace["checked"] is True

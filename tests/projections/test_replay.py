@@ -1,0 +1,135 @@
+"""Replay: ``rebuild`` drops one view and its tracked position and replays from 0; ``verify``
+rebuilds into a scratch view and lists every difference from the live one."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import pytest
+
+from terret import Actor, Session
+from terret.domain.events import ToolCallData, UsageData
+from terret.domain.store import EventStore
+from terret.projections import ProjectionRunner, UsageTotals, Views, ViewStore, default_projections
+from tests.projections.conftest import OpenedStore
+from tests.projections.logs import MODEL, Writer
+
+WAIT = 10.0
+NAMES = [p.name for p in default_projections()]
+
+
+def _history(writer: Writer) -> list[UUID]:
+    """A few sessions touching every read model."""
+    a, b = writer.start(agent="coder"), writer.start(agent="ops")
+    writer.turn(a, "hello", usage=UsageData(prompt_tokens=10, completion_tokens=2, cost=0.1))
+    writer.do(a, lambda s: s.title("Greeting", automatic=True))
+    writer.do(a, lambda s: s.update_policy(["fs.*"]))
+    writer.do(a, lambda s: s.set_model("compactor", MODEL))
+    mark = writer.repo.get(a).version
+    writer.do(a, lambda s: s.compact("they said hello", mark=mark))
+
+    def park(s: Session) -> None:
+        s.start_turn(text="deploy")
+        s.start_step(MODEL)
+        s.record_assistant("", [ToolCallData(id="c", name="deploy", args={"env": "prod"}),
+                                ToolCallData(id="d", name="ls", args={})])
+        s.record_tool_result("d", "ls", "a b")
+        s.request_approval("c", "deploy", {"env": "prod"})
+
+    writer.do(b, park)
+    writer.do(b, lambda s: s.queue("when you can", wake=True))
+    writer.do(a, lambda s: s.close(by=Actor(actor="user")))
+    return [a, b]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_rebuild_equals_the_live_view(name: str, writer: Writer, runner: ProjectionRunner,
+                                        view_store: ViewStore) -> None:
+    runner.start()
+    _history(writer)
+    runner.wait_until(writer.store.head_position(), timeout=WAIT)
+    runner.stop()
+    projection = runner.projection(name)
+    live = projection.dump(view_store.db)
+    assert any(live.values()), "the history should give every view some rows"
+    assert runner.verify(name) == []
+    assert runner.rebuild(name) == writer.store.head_position()
+    assert projection.dump(view_store.db) == live
+    assert view_store.tracked(name) == writer.store.head_position()
+
+
+def test_verify_reports_a_tampered_row_and_rebuild_repairs_it(
+    writer: Writer, runner: ProjectionRunner, view_store: ViewStore, views: Views
+) -> None:
+    a, _ = _history(writer)
+    runner.catch_up()
+    view_store.db.execute("UPDATE titles SET title = 'tampered'")
+    view_store.db.execute("DELETE FROM usage_turns")
+    assert views.title(a) == "tampered"
+
+    title_diff = runner.verify("title")
+    assert title_diff == [
+        f"title.titles: live has ('session-{a}', 'tampered'), rebuild does not",
+        f"title.titles: rebuild has ('session-{a}', 'Greeting'), live does not",
+    ]
+    usage_diff = runner.verify("usage")
+    assert usage_diff and all(d.startswith("usage.usage_turns: rebuild has") for d in usage_diff)
+    assert runner.verify("messages") == []
+
+    progress: list[tuple[int, int]] = []
+    runner.rebuild("title", progress=lambda done, total: progress.append((done, total)))
+    head = writer.store.head_position()
+    assert progress and progress[-1] == (head, head)
+    assert views.title(a) == "Greeting"
+    assert runner.verify("title") == []
+    runner.rebuild("usage")
+    assert views.usage(a) == UsageTotals(10, 2, 0.1, 1)
+
+
+def test_verify_compares_at_the_live_views_own_position(
+    writer: Writer, runner: ProjectionRunner, store: EventStore
+) -> None:
+    _, b = _history(writer)
+    runner.catch_up()
+    writer.do(b, lambda s: s.title("after the catch-up"))  # not processed yet
+    assert runner.verify("title") == []
+    assert runner.verify("sessions") == []
+
+
+def test_a_rebuild_while_the_runner_runs_applies_nothing_twice(
+    opened_store: OpenedStore, writer: Writer, runner: ProjectionRunner, views: Views
+) -> None:
+    sid = writer.start()
+    usage = UsageData(prompt_tokens=10, completion_tokens=1)
+    runner.start()
+    for i in range(5):
+        writer.turn(sid, f"q{i}", usage=usage)
+    runner.wait_until(opened_store.store.head_position(), timeout=WAIT)
+    runner.rebuild("usage")
+    runner.rebuild("messages")
+    last = writer.turn(sid, "after", usage=usage)
+    runner.wait_until(last.position, timeout=WAIT)
+    assert views.usage(sid) == UsageTotals(60, 6, 0.0, 6)
+    assert len(views.messages(sid)) == 12
+    assert all(runner.verify(name) == [] for name in NAMES)
+
+
+def test_replay_of_an_unknown_projection_is_refused(runner: ProjectionRunner) -> None:
+    with pytest.raises(KeyError, match="no projection named 'nope'"):
+        runner.rebuild("nope")
+    with pytest.raises(KeyError, match="known: messages, usage"):
+        runner.verify("nope")
+
+
+def test_a_fresh_view_store_replaying_everything_equals_the_live_one(
+    writer: Writer, runner: ProjectionRunner, view_store: ViewStore, store: EventStore
+) -> None:
+    runner.start()
+    _history(writer)
+    runner.wait_until(store.head_position(), timeout=WAIT)
+    fresh_views = ViewStore(":memory:")
+    fresh = default_projections()
+    ProjectionRunner(store, fresh_views, fresh, batch_size=7).catch_up()
+    for live, rebuilt in zip(runner.projections, fresh, strict=True):
+        assert live.dump(view_store.db) == rebuilt.dump(fresh_views.db), live.name
+    fresh_views.close()
