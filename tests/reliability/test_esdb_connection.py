@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import socket
 import threading
 import time
 import traceback
@@ -20,6 +21,7 @@ from terret.domain.errors import InvalidStoreURI, StoreUnavailable
 from terret.domain.store import Checkpoint, StoredRecord, StreamState
 from tests.contract.store_contract import NOISE, SIGNAL, Collector, new_stream, record, records
 from tests.support.esdb_emulator import EsdbEmulator
+from tests.support.esdb_fixtures import real_server_uri
 
 USER = "terret-admin"
 PASSWORD = "s3cr3t-pass:word"  # ":" inside: the password is everything after the first ":"
@@ -38,10 +40,19 @@ def _chain_text(exc: BaseException) -> str:
 
 @pytest.fixture
 def dead_port() -> int:
-    emulator = EsdbEmulator().start()
-    port = emulator.port
-    emulator.stop()
-    return port
+    """A loopback port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def emulator(request: pytest.FixtureRequest) -> EsdbEmulator:
+    """The emulator, for cases that need its cluster and discovery URIs."""
+    if real_server_uri() is not None:
+        pytest.skip("needs the emulator's cluster URIs (TERRET_ESDB_URI is set)")
+    emulator: EsdbEmulator = request.getfixturevalue("esdb_emulator")
+    return emulator
 
 
 # --- URIs ------------------------------------------------------------------------------------
@@ -117,8 +128,8 @@ def test_invalid_uris_are_refused_at_once_without_credentials(uri: str, reason: 
     _assert_no_secret(_chain_text(info.value))
 
 
-def test_open_store_accepts_both_schemes(esdb_emulator: EsdbEmulator) -> None:
-    for uri in (esdb_emulator.uri, esdb_emulator.discover_uri, esdb_emulator.cluster_uri):
+def test_open_store_accepts_both_schemes(emulator: EsdbEmulator) -> None:
+    for uri in (emulator.uri, emulator.discover_uri, emulator.cluster_uri):
         store = open_store(uri)
         try:
             stream = new_stream()
@@ -141,11 +152,11 @@ def test_tls_uri_with_a_ca_file_is_accepted(tmp_path: object) -> None:
 
 
 def test_the_store_can_be_opened_in_another_process_by_a_picklable_opener(
-    esdb_emulator: EsdbEmulator,
+    esdb_uri: str,
 ) -> None:
     import functools
 
-    opener = pickle.loads(pickle.dumps(functools.partial(EventStoreDBStore, esdb_emulator.uri)))
+    opener = pickle.loads(pickle.dumps(functools.partial(EventStoreDBStore, esdb_uri)))
     store = opener()
     try:
         assert store.stream_version(new_stream()) == 0
