@@ -304,7 +304,10 @@ class Session(Aggregate):
 
     def end_turn(self, status: TurnStatus, *, reason: str | None = None,
                  by: Actor | None = None, error: str | None = None) -> None:
-        """R13: a cancelled turn first denies every standing approval, durably."""
+        """R13: a cancelled turn first denies every standing approval, durably. A turn never
+        closes owing a tool call: each call still owed (a cancelled or failed step) is answered
+        with an error result first, so the history the model sees next never holds a tool call
+        without its result (providers refuse such a history on every later request)."""
         self._require_turn()
         # Every payload is validated before any is recorded: a refusal leaves nothing.
         ended = TurnEnded(turn=self.state.turn, status=status, reason=reason, by=by, error=error)
@@ -313,9 +316,14 @@ class Session(Aggregate):
                              by=by or Actor(actor="system"))
             for call_id in (self.state.pending if status == "cancelled" else ())
         ]
-        for denial in denials:
-            self._record(denial)
-        self._record(ended)
+        why = f"the turn ended {status}" + (f": {reason}" if reason else "")
+        unanswered = [
+            ToolResult(call_id=c["id"], name=c["name"], content=f"{c['name']} was not run: {why}",
+                       is_error=True)
+            for c in self.state.owed.values()
+        ]
+        for payload in (*denials, *unanswered, ended):
+            self._record(payload)
 
     def compact(self, summary: str, *, mark: int) -> int:
         """R18: ``upto_seq`` is the seq just before the compaction event; if any model-visible

@@ -1,0 +1,93 @@
+"""The kill -9 lane: a process wedges mid-tool and dies by SIGKILL, so nothing of it runs on
+the way out; a fresh runtime completes the turn on the first wake (R14–R16, R24)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from terret import Actor
+from tests.lifecycle import child
+from tests.lifecycle.kit import check_invariants, new_session, python_module, wait_for_line
+from tests.runtime.conftest import OpenedStore
+from tests.runtime.kit import names, only, read_log, wait_for_event
+
+
+def test_kill9_mid_tool_then_a_fresh_runtime_completes_the_turn_on_the_first_wake(
+        opened: OpenedStore, tmp_path: Path) -> None:
+    store = opened.store
+    sid = new_session(store)
+    ran = tmp_path / "ran.txt"
+    doomed = python_module("tests.lifecycle.child", "wedge", opened.uri, str(sid), str(ran))
+    try:
+        wait_for_line(doomed, "wedged")
+    finally:
+        os.kill(doomed.pid, signal.SIGKILL)
+        assert doomed.wait(30) == -signal.SIGKILL
+        for pipe in (doomed.stdout, doomed.stderr):
+            assert pipe is not None
+            pipe.close()
+
+    left = read_log(store, sid)
+    assert names(left)[-1] == "assistant/message"  # died mid-tool: no result, no ensure
+    assert left[-1].data["tool_calls"][0]["id"] == "c-probe"
+    assert not only(left, "turn/end")
+
+    fresh = child.runtime(store, child.wedge_model, ran).start()  # the probe does not wedge
+    try:
+        assert fresh.resumable(sid)
+        fresh.spawn_agent(sid)
+        fresh.inject(sid, "still there?", wake=True)  # the first wake resumes the turn
+        log = wait_for_event(store, sid, "turn/end")
+        (end,) = only(log, "turn/end")
+        assert end.data["status"] == "completed"
+        assert len(only(log, "turn/start")) == 1
+        assert [e.data["step"] for e in only(log, "step/start")] == [1, 2, 3]
+        step_ends = {e.data["step"]: e.data for e in only(log, "step/end")}
+        assert "usage" not in step_ends[2]  # the dead process's usage died with it
+        injected = only(log, "context/injected")
+        assert [e.data["text"] for e in injected] == ["still there?"]
+        assert ran.read_text().splitlines() == [
+            "status c-status", "probe c-probe", "probe c-probe"]  # at-least-once
+        check_invariants(log)
+        fresh.catch_up_views()
+        assert all(fresh.runner.verify(p.name) == [] for p in fresh.runner.projections)
+        assert fresh.agent_for_session(sid).status == "idle"
+    finally:
+        fresh.close()
+
+
+def test_kill9_while_parked_then_a_verdict_from_another_process_then_the_first_wake(
+        opened: OpenedStore, tmp_path: Path) -> None:
+    """Killed while parked on an approval; an operator approves while nobody serves the session;
+    the next process resumes on its first wake without asking again."""
+    store = opened.store
+    sid = new_session(store)
+    ran = tmp_path / "ran.txt"
+    doomed = python_module("tests.lifecycle.child", "park", opened.uri, str(sid), str(ran))
+    try:
+        wait_for_line(doomed, "parked")
+    finally:
+        os.kill(doomed.pid, signal.SIGKILL)
+        assert doomed.wait(30) == -signal.SIGKILL
+        for pipe in (doomed.stdout, doomed.stderr):
+            assert pipe is not None
+            pipe.close()
+    operator = child.runtime(store, child.sweep_model, ran)  # a CLI: never started
+    assert operator.pending(sid) == ["c-deploy"]
+    operator.approve(sid, "c-deploy", by=Actor(actor="operator", id="cli"))
+    operator.close()
+    assert not ran.exists()  # nothing ran yet
+
+    fresh = child.runtime(store, child.sweep_model, ran).start()
+    try:
+        fresh.spawn_agent(sid)
+        fresh.inject(sid, "approved, go on", wake=True)
+        log = wait_for_event(store, sid, "turn/end")
+        assert only(log, "turn/end")[0].data["status"] == "completed"
+        assert len(only(log, "approval/requested")) == 1  # never asked again
+        assert ran.read_text().splitlines() == ["deploy c-deploy", "status c-status"]
+        check_invariants(log)
+    finally:
+        fresh.close()
