@@ -75,6 +75,7 @@ class SessionState:
     inbox: dict[str, dict[str, Any]] = field(default_factory=dict)
     attached: str | None = None
     roles: dict[str, str] = field(default_factory=dict)
+    policy_seq: int = 0
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -390,6 +391,10 @@ def _on_model_set(s: SessionState, p: Any, seq: int) -> None:
     s.roles[p.role] = p.spec
 
 
+def _on_policy(s: SessionState, p: Any, seq: int) -> None:
+    s.policy_seq = seq  # the allow-list re-reads its memo when this moves
+
+
 def _on_turn_start(s: SessionState, p: Any, seq: int) -> None:
     s.turn, s.turn_open, s.step, s.step_open, s.step_answered = p.turn, True, 0, False, False
     s.owed, s.pending, s.verdicts, s.cancel_requested = {}, {}, {}, False
@@ -498,4 +503,5 @@ _APPLY: dict[str, Callable[[SessionState, Any, int], None]] = {
     "agent/attached": _on_attached,
     "agent/detached": _on_detached,
     "model/set": _on_model_set,
+    "policy/updated": _on_policy,
 }

@@ -81,6 +81,8 @@ class Agent:
         ]
         self._thread: threading.Thread | None = None
         self._last_position = 0
+        self._policy_seq = -1
+        self._carry: Callable[[Session], None] | None = None
 
     # --- status --------------------------------------------------------------------------
 
@@ -173,9 +175,35 @@ class Agent:
     # --- the loop ------------------------------------------------------------------------
 
     def _write(self, command: Callable[[Session], Any]) -> Any:
-        value, result = self.runtime.writer.execute(self.session_id, command, owner=True)
+        """Append what ``command`` records, after whatever the loop is carrying (a step's last
+        tool result and its ``step/end`` ride with the next step's ``step/start``: one durable
+        append instead of two). If the append fails, the carried part stays carried."""
+        carry, self._carry = self._carry, None
+        run = command
+        if carry is not None:
+            def run(s: Session) -> Any:
+                carry(s)
+                return command(s)
+        try:
+            value, result = self.runtime.writer.execute(self.session_id, run, owner=True)
+        except BaseException:
+            self._carry = carry
+            raise
         self._last_position = result.position if result else self._last_position
         return value
+
+    def _flush(self) -> None:
+        if self._carry is not None:
+            self._write(lambda s: None)
+
+    def _flush_quietly(self) -> None:
+        """On the way out of a turn that stays open: what ran is logged, if it still can be."""
+        try:
+            self._flush()
+        except errors.TerretError as exc:
+            log.warning("session %s: a tool result could not be logged (%s); the call will run "
+                        "again on resume", self.session_id, exc)
+        self._carry = None
 
     def _end(self, turn: int, status: TurnStatus, *, reason: str | None = None,
              by: Actor | None = None, error: str | None = None, text: str = "") -> TurnResult:
@@ -184,6 +212,7 @@ class Agent:
         return TurnResult(self.session_id, turn, status, text)
 
     def _drive(self, turn: int, *, resumed: bool) -> TurnResult:
+        self._carry = None
         try:
             if resumed:
                 closed = self._close_open_step(turn)
@@ -200,9 +229,11 @@ class Agent:
         except (TurnCancelled, errors.ModelCancelled):
             return self._close_cancelled(turn)
         except TurnSuspended:
+            self._flush_quietly()
             log.info("session %s turn %d suspended; it stays resumable", self.session_id, turn)
             raise
         except errors.LostOwnership:
+            self._carry = None
             log.warning("session %s: lost ownership; turn %d stops without writing",
                         self.session_id, turn)
             raise
@@ -211,10 +242,12 @@ class Agent:
             raise
         except Exception as exc:
             if resumed:
+                self._flush_quietly()
                 log.warning("resume of session %s failed; the turn stays open: %s",
                             self.session_id, exc)
                 raise
             if not self._still_open(turn):
+                self._carry = None
                 log.warning("session %s turn %d was closed by another writer; stopping without "
                             "writing: %s", self.session_id, turn, exc)
                 raise
@@ -240,8 +273,11 @@ class Agent:
         # read the views: bring them up to the log a previous process left.
         self.runtime.catch_up_views()
         if state.step_open and state.step_answered:
-            self._run_calls(turn, session.owed_calls())
-            self._write(lambda s: s.end_step(None))
+            owed = session.owed_calls()
+            if owed:  # the last result and the step's end (without usage) in one append
+                self._run_calls(turn, owed, usage=None)
+            else:
+                self._write(lambda s: s.end_step(None))
             return None  # keep stepping; a final reply gets one extra model request (R16)
         if state.step == 0 and not state.turn_input and not state.inbox:
             return self._end(turn, "empty", reason="nothing to do")
@@ -261,6 +297,7 @@ class Agent:
         claim = StepClaim(self.session_id, turn, session.current_step + 1, spec)
         hooks = (*runtime.pre_step, *self.definition.pre_step)
         if hooks:  # hooks read views (the spend cap reads usage): let them see our own writes
+            self._flush()
             runtime.wait_for(self._last_position)
         for hook in hooks:
             refusal = hook(claim)
@@ -268,34 +305,47 @@ class Agent:
                 return self._end(turn, "rejected", reason=refusal.reason,
                                  by=Actor(actor=refusal.actor))  # type: ignore[arg-type]
 
+        settled: list[int] = []
+        taken: list[str] = []
+        carrying = self._carry is not None
+
         def open_step(s: Session) -> int:
+            settled.clear()
+            last = runtime.writer.last_write(self.session_id)
+            if last is not None and last[0] == s.version and not carrying:
+                settled.append(last[1])  # every earlier event of the session is ours, up to it
             step = s.start_step(spec, max_steps=self.max_steps)
-            s.take_inbox()
+            taken[:] = s.take_inbox()
             return step
 
         step = self._write(open_step)
-        opened_at = runtime.writer.load(self.session_id).version
-        runtime.wait_for(self._last_position)
-        self.allowlist.forget(self.session_id)  # R23: this step's calls see the log up to here
-        messages = runtime.views.messages(self.session_id)
-        reply = self._ask(spec, messages)
+        # Read-your-writes for the messages view. When this step/start carries no inbox text it
+        # adds nothing the model sees, so the view must only include what precedes it: when that
+        # is all this writer's, waiting for its previous append is enough (the runner has
+        # usually applied it while step/start was being written).
+        runtime.wait_for(settled[0] if settled and not taken else self._last_position)
+        reply = self._ask(spec, runtime.views.messages(self.session_id))
         calls = [ToolCallData(id=c.id, name=c.name, args=c.args) for c in reply.tool_calls]
-        self._write(lambda s: s.record_assistant(reply.text, calls))
-        if calls and runtime.writer.load(self.session_id).version != opened_at + 1:
-            # Something landed during the model request (a policy update, say): the calls
-            # must see it, so read the policy again once the views include it.
-            runtime.wait_for(self._last_position)
-            self.allowlist.forget(self.session_id)
-        self._run_calls(turn, calls)
         usage = None
         if reply.usage is not None:
             usage = UsageData(prompt_tokens=reply.usage.prompt_tokens,
                               completion_tokens=reply.usage.completion_tokens,
                               cost=reply.usage.cost)
-        self._write(lambda s: s.end_step(usage))
-        log.debug("session %s turn %d step %d closed", self.session_id, turn, step)
         if not calls:
-            return self._end(turn, "completed", text=reply.text)
+            # A final reply: nothing runs between its message, the step's end and the turn's
+            # end, so they are one append (a crash leaves the step open, and resume asks again).
+            def finish(s: Session) -> None:
+                s.record_assistant(reply.text, calls)
+                s.end_step(usage)
+                s.end_turn("completed")
+
+            self._write(finish)
+            log.info("session %s turn %d ended completed", self.session_id, turn)
+            return TurnResult(self.session_id, turn, "completed", reply.text)
+        # The calls are durable before any of them runs (R15: at-least-once, never lost).
+        self._write(lambda s: s.record_assistant(reply.text, calls))
+        self._run_calls(turn, calls, usage=usage)
+        log.debug("session %s turn %d step %d closed", self.session_id, turn, step)
         return None
 
     def _ask(self, spec: str, messages: list[Message]) -> ModelReply:
@@ -306,9 +356,31 @@ class Agent:
                                tools=self.pipeline.specs())
         return provider.complete(request, on_text=self.on_text, cancel=self.cancel_event)
 
-    def _run_calls(self, turn: int, calls: Sequence[ToolCallData]) -> None:
-        for call in calls:
+    def _run_calls(self, turn: int, calls: Sequence[ToolCallData], *,
+                   usage: UsageData | None) -> None:
+        """Run the step's calls in order, each result appended as it comes; the last result
+        and the step's ``step/end`` (with ``usage``) are carried into the next append."""
+        policy_seq = self.runtime.writer.load(self.session_id).state.policy_seq
+        if policy_seq != self._policy_seq:
+            # R23: a policy update is in the log before these calls (this process's, or one
+            # folded in from another): they see it, through views that include it.
+            self.runtime.wait_for(self._last_position)
+            self.allowlist.forget(self.session_id)
+            self._policy_seq = policy_seq
+        for i, call in enumerate(calls):
             ctx = CallContext(self.session_id, call.id, call.name, dict(call.args), turn)
             outcome = self.pipeline.run(ctx)
-            self._write(lambda s, c=call, o=outcome: s.record_tool_result(
-                c.id, c.name, o.content, is_error=o.is_error))
+            self._record_result(call, outcome.content, outcome.is_error,
+                                close_step=i == len(calls) - 1, usage=usage)
+
+    def _record_result(self, call: ToolCallData, content: str, is_error: bool, *,
+                       close_step: bool = False, usage: UsageData | None = None) -> None:
+        def record(s: Session) -> None:
+            s.record_tool_result(call.id, call.name, content, is_error=is_error)
+            if close_step:
+                s.end_step(usage)
+
+        if close_step:
+            self._carry = record  # written with whatever comes next, step/start or turn/end
+        else:
+            self._write(record)

@@ -1,9 +1,10 @@
 """The per-agent allow-list (R23): deny by default; the active patterns are the session's last
 ``policy/updated``, else the install-time floor; a session that cannot be read fails closed.
-The active set is memoised per session; the ``policy/updated`` listener invalidates it and the
-agent re-reads it once per step (and again when something landed during the model request), so
-an update takes effect on the very next call. An unknown session is never cached, so its
-deny-all cannot harden into a stale answer."""
+The active set is memoised per session. The ``policy/updated`` listener invalidates it, and so
+does the agent before a step's calls when its session aggregate has seen a newer
+``policy/updated`` than the memo (the listener runs behind the log), so an update takes effect
+on the very next call. An unknown session is never cached, so its deny-all cannot harden into a
+stale answer."""
 
 from __future__ import annotations
 

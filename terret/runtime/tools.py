@@ -120,9 +120,11 @@ class ToolPipeline:
         self.tools = {t.name: t for t in tools}
         self.context = context
         self.gate = gate
+        # Tools are immutable: their JSON schemas are built once, not on every model request.
+        self._specs = [t.spec() for t in self.tools.values()]
 
     def specs(self) -> list[ToolSpec]:
-        return [t.spec() for t in self.tools.values()]
+        return list(self._specs)
 
     def run(self, ctx: CallContext) -> ToolOutcome:
         tool = self.tools.get(ctx.name)

@@ -35,6 +35,7 @@ class SessionWriter:
         self._locks_lock = threading.Lock()
         self._cache: OrderedDict[UUID, Session] = OrderedDict()
         self._cache_size = cache_size
+        self._written: dict[UUID, tuple[int, int]] = {}
 
     def lock(self, session_id: UUID) -> threading.RLock:
         with self._locks_lock:
@@ -83,6 +84,12 @@ class SessionWriter:
         with self.lock(session_id):
             self._cache.pop(session_id, None)
 
+    def last_write(self, session_id: UUID) -> tuple[int, int] | None:
+        """``(version, position)`` of this writer's latest append to the session: when the
+        session is still at that version, every event of it is at or before that position."""
+        with self.lock(session_id):
+            return self._written.get(session_id)
+
     def create(self, session: Session) -> AppendResult:
         with self.lock(session.id):
             result = self.repository.save(session)
@@ -125,6 +132,8 @@ class SessionWriter:
                     self._cache.pop(session_id, None)
                     raise
                 self._remember(session)
+                if result is not None:
+                    self._written[session_id] = (session.version, result.position)
                 return value, result
         raise LostOwnership(f"session {session_id}: gave up after {MAX_ATTEMPTS} conflicts")
 

@@ -192,7 +192,7 @@ def test_r7_a_retried_append_never_duplicates_an_event(make_runtime: MakeRuntime
     assert result.status == "completed"
     log = wait_until(lambda: (lambda lg: "session/compacted" in names(lg) and lg)(
         read_log(store, sid)), what="compaction")
-    assert transport.appends >= 15
+    assert transport.appends >= 10  # every one of them delivered twice
     assert len({e.event_id for e in log}) == len(log)
     assert names(log).count("turn/start") == 1
     assert names(log).count("approval/requested") == 1
