@@ -42,29 +42,50 @@ class ApprovalsProjection(Projection):
     """
     tables = ("approvals", "approval_turns")
 
+    def __init__(self) -> None:
+        # Within a batch: each touched session's open turn (written once, at ``flush``), and
+        # the sessions whose approval rows are known to be gone (no second DELETE needed).
+        self._turns: dict[str, int | None] = {}
+        self._cleared: set[str] = set()
+
+    def begin(self) -> None:
+        self._turns, self._cleared = {}, set()
+
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
         p: Any = event.payload
         session = event.stream
         name = event.wire_name
-        if name in ("turn/start", "turn/end"):
-            db.execute("DELETE FROM approvals WHERE session = ?", (session,))
-            open_turn = p.turn if name == "turn/start" else None
-            db.execute("INSERT OR REPLACE INTO approval_turns VALUES (?, ?)", (session, open_turn))
+        if name == "turn/start" or name == "turn/end":
+            if session not in self._cleared:
+                db.execute("DELETE FROM approvals WHERE session = ?", (session,))
+                self._cleared.add(session)
+            self._turns[session] = p.turn if name == "turn/start" else None
         elif name == "approval/requested":
-            row = db.execute("SELECT turn FROM approval_turns WHERE session = ?",
-                             (session,)).fetchone()
-            if row is None or row[0] is None:
+            if session in self._turns:
+                turn = self._turns[session]
+            else:
+                row = db.execute("SELECT turn FROM approval_turns WHERE session = ?",
+                                 (session,)).fetchone()
+                turn = row[0] if row else None
+            if turn is None:
                 return  # outside an open turn: it belongs to no turn and is never pending
             db.execute(
                 "INSERT OR REPLACE INTO approvals VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, NULL)",
-                (session, p.call_id, p.name, _canonical(p.args), row[0], event.seq),
+                (session, p.call_id, p.name, _canonical(p.args), turn, event.seq),
             )
+            self._cleared.discard(session)
         else:
             db.execute(
                 "UPDATE approvals SET verdict = ?, reason = ?, by = ?"
                 " WHERE session = ? AND call_id = ? AND verdict IS NULL",
                 (p.verdict, p.reason, p.by.model_dump_json(), session, p.call_id),
             )
+
+    def flush(self, db: sqlite3.Connection) -> None:
+        if self._turns:
+            db.executemany("INSERT OR REPLACE INTO approval_turns VALUES (?, ?)",
+                           list(self._turns.items()))
+        self.begin()
 
 
 def _canonical(args: dict[str, Any]) -> str:

@@ -45,6 +45,14 @@ class Projection(ABC):
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
         """Apply one event to this projection's tables (inside the runner's transaction)."""
 
+    def begin(self) -> None:  # noqa: B027 - an optional hook
+        """Called when the runner opens a transaction (a batch), and again when it rolls one
+        back: a projection that keeps state in memory during a batch resets it here."""
+
+    def flush(self, db: sqlite3.Connection) -> None:  # noqa: B027 - an optional hook
+        """Called before the runner records the tracked position (and after each event on its
+        careful path): write what the batch kept in memory, in the same transaction."""
+
     def wants(self, wire_name: str) -> bool:
         """Whether the runner feeds this projection the event: what it handles, and the purge
         of a session (R27), which every projection applies by forgetting the session."""
@@ -54,6 +62,7 @@ class Projection(ABC):
         if event.wire_name == PURGED:
             session_id = getattr(event.payload, "session_id", None)
             if session_id:
+                self.flush(db)  # what the batch holds in memory goes first
                 self.purge(db, f"session-{session_id}")
         if event.wire_name in self.handles:
             self.process(db, event)

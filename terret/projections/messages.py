@@ -15,6 +15,8 @@ from terret.domain.codec import RecordedEvent
 from terret.domain.messages import Message, ToolCall
 from terret.projections.base import Projection
 
+_dumps = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(…, separators=…)
+
 
 class MessagesProjection(Projection):
     name = "messages"
@@ -34,11 +36,18 @@ class MessagesProjection(Projection):
     );
     """
 
+    def __init__(self) -> None:
+        self._rows: list[tuple[str, int, str, str]] = []  # inserts a batch has not written yet
+
+    def begin(self) -> None:
+        self._rows = []
+
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
         session = event.stream
         p: Any = event.payload
         name = event.wire_name
         if name == "session/compacted":
+            self.flush(db)  # in log order: the messages it replaces are written first
             db.execute(
                 "INSERT OR REPLACE INTO message_summaries VALUES (?, ?, ?, ?)",
                 (session, p.upto_seq, event.seq, p.summary),
@@ -54,10 +63,12 @@ class MessagesProjection(Projection):
                                   "error": p.is_error}
         else:
             role, body = "user", {"text": p.text}
-        db.execute(
-            "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?)",
-            (session, event.seq, role, json.dumps(body, separators=(",", ":"))),
-        )
+        self._rows.append((session, event.seq, role, _dumps(body)))
+
+    def flush(self, db: sqlite3.Connection) -> None:
+        if self._rows:
+            db.executemany("INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?)", self._rows)
+            self._rows = []
 
 
 def read_messages(db: sqlite3.Connection, stream: str) -> list[Message]:

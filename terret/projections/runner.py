@@ -1,24 +1,29 @@
 """The projection runner: one catch-up subscription per process feeding every projection in log
 order, then the listeners (so a listener always reads views that include its event).
 
-During catch-up the runner commits in batches; live, it commits as soon as the subscription has
-nothing more buffered. ``wait_until(position)`` gives read-your-writes.
+During catch-up the runner commits in batches (``batch_size`` events, fewer when the
+subscription delivers smaller pages); live, it commits as soon as the subscription has nothing
+more buffered. ``wait_until(position)`` gives read-your-writes. Projections may keep state in
+memory for the length of a batch (``Projection.begin``/``flush``): a batch of thousands of events
+writes each touched row once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from terret.domain.catalogue import EventCatalogue, catalogue
+from terret.domain.catalogue import EventCatalogue, EventPayload, catalogue
 from terret.domain.codec import RecordedEvent, decode
 from terret.domain.errors import CorruptRecord, ProjectionHalted, StoreError
 from terret.domain.store import CaughtUp, Checkpoint, EventStore, StoredRecord
-from terret.projections.base import Projection, ViewStore
+from terret.projections.base import PURGED, Projection, ViewStore
 
 log = logging.getLogger("terret.projections")
 
@@ -56,7 +61,7 @@ class ProjectionRunner:
         views: ViewStore,
         projections: Sequence[Projection],
         *,
-        batch_size: int = 500,
+        batch_size: int = 5000,
         registry: EventCatalogue = catalogue,
     ) -> None:
         names = [p.name for p in projections]
@@ -67,6 +72,7 @@ class ProjectionRunner:
         self.projections = list(projections)
         self.batch_size = batch_size
         self.registry = registry
+        self._decoder = _Decoder(registry)
         self._listeners: list[ListenerHandle] = []
         self._listeners_lock = threading.Lock()
         self._pause = threading.RLock()
@@ -244,42 +250,60 @@ class ProjectionRunner:
         return {p.name: tracked.get(p.name, 0) for p in projections}, halted
 
     def _decode(self, record: StoredRecord) -> RecordedEvent | CorruptRecord:
-        try:
-            return decode(record, self.registry)
-        except CorruptRecord as exc:
-            return exc
+        return self._decoder(record)
 
     def _apply_fast(self, records: Sequence[StoredRecord], upto: int,
                     projections: Sequence[Projection]) -> list[RecordedEvent]:
+        """One transaction for the batch. Each record goes only to the projections that want
+        its wire name; a projection's tracked position ends at ``upto``, or, when it halted in
+        this batch, at the record before the one it halted at."""
         events: list[RecordedEvent] = []
+        append = events.append
+        decode_record = self._decoder
         with self.views.transaction() as db:
             tracked, halted = self._begin(db, projections)
             skipped = self._skips(db)
-            for record in records:
-                event = self._decode(record)
-                if isinstance(event, RecordedEvent):
-                    events.append(event)
-                for p in projections:
-                    if p.name in halted or record.position <= tracked[p.name]:
-                        continue
-                    if p.wants(record.wire_name):
-                        if (p.name, record.position) in skipped:
-                            pass
-                        elif isinstance(event, CorruptRecord):
-                            self.views.record_fault(db, p.name, record.position, str(event))
-                            halted.add(p.name)
-                            log.error("projection %s halted: %s", p.name, event)
-                            continue
-                        else:
-                            try:
-                                p.apply(db, event)
-                            except Exception as exc:
-                                raise _ProcessFailed() from exc
-                    tracked[p.name] = record.position
+            stopped_at: dict[str, int] = {}  # halted in this batch: the tracked position
+            wanting: dict[str, list[tuple[str, Callable[..., None]]]] = {}
             for p in projections:
-                if p.name not in halted and upto > tracked[p.name]:
-                    tracked[p.name] = upto
-                self.views.set_tracked(db, p.name, tracked[p.name])
+                p.begin()
+            previous = 0
+            for record in records:
+                position = record.position
+                event = decode_record(record)
+                decoded = isinstance(event, RecordedEvent)
+                if decoded:
+                    append(event)  # type: ignore[arg-type]
+                targets = wanting.get(record.wire_name)
+                if targets is None:
+                    targets = wanting[record.wire_name] = _targets(projections, record.wire_name)
+                for name, apply in targets:
+                    if name in halted or position <= tracked[name]:
+                        continue
+                    if skipped and (name, position) in skipped:
+                        continue
+                    if not decoded:
+                        self.views.record_fault(db, name, position, str(event))
+                        halted.add(name)
+                        stopped_at[name] = max(tracked[name], previous)
+                        log.error("projection %s halted: %s", name, event)
+                        continue
+                    try:
+                        apply(db, event)
+                    except Exception as exc:
+                        raise _ProcessFailed() from exc
+                previous = position
+            for p in projections:
+                try:
+                    p.flush(db)
+                except Exception as exc:
+                    raise _ProcessFailed() from exc
+                name = p.name
+                if name in stopped_at:
+                    tracked[name] = stopped_at[name]
+                elif name not in halted and upto > tracked[name]:
+                    tracked[name] = upto
+                self.views.set_tracked(db, name, tracked[name])
         return events
 
     def _apply_careful(self, records: Sequence[StoredRecord], upto: int,
@@ -290,6 +314,8 @@ class ProjectionRunner:
         with self.views.transaction() as db:
             tracked, halted = self._begin(db, projections)
             skipped = self._skips(db)
+            for p in projections:
+                p.begin()
             for record in records:
                 event = self._decode(record)
                 if isinstance(event, RecordedEvent):
@@ -304,10 +330,12 @@ class ProjectionRunner:
                             db.execute("SAVEPOINT event")
                             try:
                                 p.apply(db, event)
+                                p.flush(db)
                                 db.execute("RELEASE event")
                             except Exception as exc:
                                 db.execute("ROLLBACK TO event")
                                 db.execute("RELEASE event")
+                                p.begin()
                                 error = f"{type(exc).__name__}: {exc}"
                         if error is not None:
                             self.views.record_fault(db, p.name, record.position, error)
@@ -397,7 +425,7 @@ class ProjectionRunner:
                      progress: Progress | None, upto: int | None = None, after: int = 0) -> int:
         head = self.store.head_position() if upto is None else upto
         while after < head:
-            records = [r for r in self.store.read_all(after=after, limit=self.batch_size * 4)
+            records = [r for r in self.store.read_all(after=after, limit=self.batch_size)
                        if r.position <= head]
             if not records:
                 break
@@ -445,3 +473,72 @@ def _differences(name: str, live: dict[str, list[tuple[object, ...]]],
 
 class _ProcessFailed(Exception):
     pass
+
+
+def _targets(projections: Sequence[Projection], wire_name: str
+             ) -> list[tuple[str, Callable[..., None]]]:
+    """The projections that want an event of this wire name, each with what to call: its
+    ``process`` straight away when ``Projection.apply`` would only forward to it."""
+    return [
+        (p.name, p.process if wire_name != PURGED and type(p).apply is Projection.apply
+         else p.apply)
+        for p in projections if p.wants(wire_name)
+    ]
+
+
+
+class _Decoder:
+    """``terret.domain.codec.decode`` with a cheaper common path and the same results.
+
+    The common record carries metadata seen many times before (``{"schema_version":N}``) and
+    data at its class's current version. Its metadata is parsed once and remembered, and its
+    data goes to pydantic's JSON parser. Payload classes derive from ``EventPayload``, whose
+    ``__init__`` validates the parsed dict exactly as ``model_validate`` does, so the only
+    difference is which parser turns JSON text into Python values — and wherever they could
+    differ (invalid UTF-8, a lone surrogate, a byte-order mark) pydantic's refuses. Anything
+    else — an unknown wire name, an old version to upcast, any failure — goes through
+    ``decode`` itself, so opaque events, upcasts and the errors of a ``CorruptRecord`` are
+    ``decode``'s own.
+    """
+
+    max_metadata = 1024
+
+    def __init__(self, registry: EventCatalogue) -> None:
+        self.registry = registry
+        self._metadata: dict[bytes, tuple[int, Any, Any] | None] = {}
+
+    def __call__(self, record: StoredRecord) -> RecordedEvent | CorruptRecord:
+        try:
+            meta = self._metadata[record.metadata]
+        except KeyError:
+            meta = self._parse(record.metadata)
+        if meta is not None:
+            version, correlation_id, causation_id = meta
+            cls = self.registry.payload_class(record.wire_name)
+            if cls is not None and cls.version == version and issubclass(cls, EventPayload):
+                try:
+                    payload = cls.model_validate_json(record.data)
+                except Exception:  # noqa: BLE001 - decode below gives the error
+                    pass
+                else:
+                    return RecordedEvent(
+                        record.stream, record.seq, record.position, record.event_id,
+                        record.wire_name, version, payload, record.recorded_at,
+                        correlation_id, causation_id)
+        try:
+            return decode(record, self.registry)
+        except CorruptRecord as exc:
+            return exc
+
+    def _parse(self, metadata: bytes) -> tuple[int, Any, Any] | None:
+        """What ``decode`` reads from the metadata, or None to leave the record to it."""
+        try:
+            meta = json.loads(metadata) if metadata else {}
+            parsed = (int(meta.get("schema_version", 1)), meta.get("correlation_id"),
+                      meta.get("causation_id")) if isinstance(meta, dict) else None
+        except (ValueError, TypeError):
+            parsed = None
+        if len(self._metadata) >= self.max_metadata:
+            self._metadata.clear()
+        self._metadata[metadata] = parsed
+        return parsed

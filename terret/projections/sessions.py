@@ -55,20 +55,41 @@ class SessionsProjection(Projection):
     );
     """
 
+    def __init__(self) -> None:
+        # The rows a batch touched ([agent, created, last_activity, events, closed], or None
+        # for a session without a row), loaded once and written once at its end (``flush``).
+        self._rows: dict[str, list[Any] | None] = {}
+
+    def begin(self) -> None:
+        self._rows = {}
+
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        if not event.stream.startswith("session-"):
+        stream = event.stream
+        if not stream.startswith("session-"):
             return
-        p: Any = event.payload
         if event.wire_name == "session/started":
-            db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, 0)",
-                       (event.stream, p.agent, event.recorded_at, event.recorded_at, event.seq))
+            p: Any = event.payload
+            self._rows[stream] = [p.agent, event.recorded_at, event.recorded_at, event.seq, 0]
             return
-        closed = 1 if event.wire_name == "session/closed" else 0
-        db.execute(
-            "UPDATE sessions SET last_activity = ?, events = max(events, ?),"
-            " closed = max(closed, ?) WHERE session = ?",
-            (event.recorded_at, event.seq, closed, event.stream),
-        )
+        if stream in self._rows:
+            row = self._rows[stream]
+        else:
+            found = db.execute("SELECT agent, created, last_activity, events, closed"
+                               " FROM sessions WHERE session = ?", (stream,)).fetchone()
+            row = self._rows[stream] = list(found) if found is not None else None
+        if row is None:
+            return  # no session/started: nothing to update
+        row[2] = event.recorded_at
+        if event.seq > row[3]:
+            row[3] = event.seq
+        if event.wire_name == "session/closed":
+            row[4] = 1
+
+    def flush(self, db: sqlite3.Connection) -> None:
+        rows = [(stream, *row) for stream, row in self._rows.items() if row is not None]
+        if rows:
+            db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?)", rows)
+        self._rows = {}
 
 
 def list_sessions(db: sqlite3.Connection, *, status: str | None = None,

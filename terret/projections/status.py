@@ -57,13 +57,27 @@ class StatusProjection(Projection):
     );
     """
 
+    def __init__(self) -> None:
+        # The rows a batch touched, loaded once and written once at its end (``flush``).
+        self._rows: dict[str, _Row] = {}
+
+    def begin(self) -> None:
+        self._rows = {}
+
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        row = db.execute(f"SELECT {_COLUMNS} FROM status WHERE session = ?",
-                         (event.stream,)).fetchone()
-        s = _Row.load(event.stream, row)
+        s = self._rows.get(event.stream)
+        if s is None:
+            row = db.execute(f"SELECT {_COLUMNS} FROM status WHERE session = ?",
+                             (event.stream,)).fetchone()
+            s = self._rows[event.stream] = _Row.load(event.stream, row)
         s.apply(event)
-        db.execute(f"INSERT OR REPLACE INTO status ({_COLUMNS}) VALUES"
-                   " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", s.dump())
+
+    def flush(self, db: sqlite3.Connection) -> None:
+        if self._rows:
+            db.executemany(f"INSERT OR REPLACE INTO status ({_COLUMNS}) VALUES"
+                           " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           [s.dump() for s in self._rows.values()])
+            self._rows = {}
 
 
 class _Row:

@@ -49,41 +49,85 @@ class UsageProjection(Projection):
     ) WITHOUT ROWID;
     """
 
+    def __init__(self) -> None:
+        # What a batch touched, loaded once and written once at its end (``flush``): each
+        # session's open step (turn, step, model), and the running totals per turn and per
+        # model ([prompt, completion, cost, steps(, last prompt)]), summed in log order, as
+        # one UPDATE per event would (the same float additions in the same order).
+        self._steps: dict[str, tuple[int, int, str]] = {}
+        self._turns: dict[tuple[str, int], list[Any]] = {}
+        self._models: dict[tuple[str, str], list[Any]] = {}
+
+    def begin(self) -> None:
+        self._steps, self._turns, self._models = {}, {}, {}
+
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
         p: Any = event.payload
         session = event.stream
         if event.wire_name == "step/start":
             # Only the open step's model is needed; older rows of the session are dropped.
-            db.execute("DELETE FROM usage_steps WHERE session = ?", (session,))
-            db.execute("INSERT INTO usage_steps VALUES (?, ?, ?, ?)",
-                       (session, p.turn, p.step, p.model))
+            self._steps[session] = (p.turn, p.step, p.model)
             return
         usage = p.usage
         prompt = usage.prompt_tokens if usage else 0
         completion = usage.completion_tokens if usage else 0
         cost = (usage.cost or 0.0) if usage else 0.0
-        row = db.execute(
-            "SELECT model FROM usage_steps WHERE session = ? AND turn = ? AND step = ?",
-            (session, p.turn, p.step),
-        ).fetchone()
-        model = row[0] if row else "unknown"
-        db.execute(
-            "INSERT INTO usage_turns VALUES (?, ?, ?, ?, ?, 1, ?)"
-            " ON CONFLICT (session, turn) DO UPDATE SET"
-            " prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
-            " completion_tokens = completion_tokens + excluded.completion_tokens,"
-            " cost = cost + excluded.cost, steps = steps + 1,"
-            " last_prompt_tokens = excluded.last_prompt_tokens",
-            (session, p.turn, prompt, completion, cost, usage.prompt_tokens if usage else None),
-        )
-        db.execute(
-            "INSERT INTO usage_models VALUES (?, ?, ?, ?, ?, 1)"
-            " ON CONFLICT (session, model) DO UPDATE SET"
-            " prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
-            " completion_tokens = completion_tokens + excluded.completion_tokens,"
-            " cost = cost + excluded.cost, steps = steps + 1",
-            (session, model, prompt, completion, cost),
-        )
+        step = self._steps.get(session)
+        if step is not None:
+            model = step[2] if step[0] == p.turn and step[1] == p.step else "unknown"
+        else:
+            row = db.execute(
+                "SELECT model FROM usage_steps WHERE session = ? AND turn = ? AND step = ?",
+                (session, p.turn, p.step),
+            ).fetchone()
+            model = row[0] if row else "unknown"
+        last = usage.prompt_tokens if usage else None
+        key = (session, p.turn)
+        turn = self._turns.get(key)
+        if turn is None:
+            found = db.execute(
+                "SELECT prompt_tokens, completion_tokens, cost, steps, last_prompt_tokens"
+                " FROM usage_turns WHERE session = ? AND turn = ?", key).fetchone()
+            if found is None:
+                self._turns[key] = [prompt, completion, cost, 1, last]
+            else:
+                turn = self._turns[key] = list(found)
+        if turn is not None:
+            turn[0] += prompt
+            turn[1] += completion
+            turn[2] += cost
+            turn[3] += 1
+            turn[4] = last
+        by_model = (session, model)
+        totals = self._models.get(by_model)
+        if totals is None:
+            found = db.execute(
+                "SELECT prompt_tokens, completion_tokens, cost, steps FROM usage_models"
+                " WHERE session = ? AND model = ?", by_model).fetchone()
+            if found is None:
+                self._models[by_model] = [prompt, completion, cost, 1]
+            else:
+                totals = self._models[by_model] = list(found)
+        if totals is not None:
+            totals[0] += prompt
+            totals[1] += completion
+            totals[2] += cost
+            totals[3] += 1
+
+    def flush(self, db: sqlite3.Connection) -> None:
+        for session, (turn, step, model) in self._steps.items():
+            db.execute("DELETE FROM usage_steps WHERE session = ?", (session,))
+            db.execute("INSERT INTO usage_steps VALUES (?, ?, ?, ?)",
+                       (session, turn, step, model))
+        turns = [(*key, *totals) for key, totals in self._turns.items()]
+        if turns:
+            db.executemany("INSERT OR REPLACE INTO usage_turns VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           turns)
+        models = [(*key, *totals) for key, totals in self._models.items()]
+        if models:
+            db.executemany("INSERT OR REPLACE INTO usage_models VALUES (?, ?, ?, ?, ?, ?)",
+                           models)
+        self.begin()
 
 
 def _totals(row: tuple[Any, ...] | None) -> UsageTotals:
