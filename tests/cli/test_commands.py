@@ -216,7 +216,11 @@ def test_cancel_records_the_request_and_resume_closes_the_turn(target: Target) -
     assert denial.payload.verdict == "denied"  # type: ignore[union-attr]  # R13
     end = next(e for e in events if e.wire_name == "turn/end")
     assert isinstance(end.payload, TurnEnded) and end.payload.status == "cancelled"
-    assert "tool/result" not in [e.wire_name for e in events]
+    # The denied deploy never ran: the turn answers it with an error result before closing,
+    # so the model's history never holds a call without its result.
+    results = [e.payload for e in events if e.wire_name == "tool/result"]
+    assert [(r.name, r.is_error) for r in results] == [("deploy", True)]  # type: ignore[union-attr]
+    assert "not run" in results[-1].content  # type: ignore[union-attr]
 
 
 # --- policy, model, title, compact, usage ----------------------------------------------------
