@@ -26,7 +26,6 @@ from tests.runtime.kit import (
     calls,
     drain_upkeep,
     final,
-    names,
     only,
     read_log,
     wait_for_event,
@@ -140,7 +139,7 @@ def test_r18_a_manual_compaction_racing_a_live_turn_declines(make_runtime: MakeR
 
     def release() -> None:  # the live turn answers while the summarizer runs
         gate.set()
-        wait_until(lambda: "assistant/message" in names(read_log(store, sid)[-3:]),
+        wait_until(lambda: len(only(read_log(store, sid), "assistant/message")) == 2,
                    what="the live turn's reply")
 
     holder["release"] = release
