@@ -83,6 +83,7 @@ class Agent:
         self._last_position = 0
         self._policy_seq = -1
         self._carry: Callable[[Session], None] | None = None
+        self._carried_messages: list[Message] = []  # what the carried events show the model
 
     # --- status --------------------------------------------------------------------------
 
@@ -189,8 +190,14 @@ class Agent:
         except BaseException:
             self._carry = carry
             raise
+        if carry is not None:
+            self._carried_messages = []
         self._last_position = result.position if result else self._last_position
         return value
+
+    def _drop_carry(self) -> None:
+        self._carry = None
+        self._carried_messages = []
 
     def _flush(self) -> None:
         if self._carry is not None:
@@ -203,7 +210,7 @@ class Agent:
         except errors.TerretError as exc:
             log.warning("session %s: a tool result could not be logged (%s); the call will run "
                         "again on resume", self.session_id, exc)
-        self._carry = None
+        self._drop_carry()
 
     def _end(self, turn: int, status: TurnStatus, *, reason: str | None = None,
              by: Actor | None = None, error: str | None = None, text: str = "") -> TurnResult:
@@ -212,7 +219,7 @@ class Agent:
         return TurnResult(self.session_id, turn, status, text)
 
     def _drive(self, turn: int, *, resumed: bool) -> TurnResult:
-        self._carry = None
+        self._drop_carry()
         try:
             if resumed:
                 closed = self._close_open_step(turn)
@@ -233,7 +240,7 @@ class Agent:
             log.info("session %s turn %d suspended; it stays resumable", self.session_id, turn)
             raise
         except errors.LostOwnership:
-            self._carry = None
+            self._drop_carry()
             log.warning("session %s: lost ownership; turn %d stops without writing",
                         self.session_id, turn)
             raise
@@ -247,7 +254,7 @@ class Agent:
                             self.session_id, exc)
                 raise
             if not self._still_open(turn):
-                self._carry = None
+                self._drop_carry()
                 log.warning("session %s turn %d was closed by another writer; stopping without "
                             "writing: %s", self.session_id, turn, exc)
                 raise
@@ -305,26 +312,37 @@ class Agent:
                 return self._end(turn, "rejected", reason=refusal.reason,
                                  by=Actor(actor=refusal.actor))  # type: ignore[arg-type]
 
-        settled: list[int] = []
+        # What the model sees is the messages view, read once the projections include every
+        # event before the request (read-your-writes). When every event of the session so far
+        # is this writer's (nothing came from elsewhere since its last append), the view is read
+        # now, up to that append — the runner has usually applied it while the tools ran — and
+        # what this step's append adds to it (the carried tool result, the inbox text taken)
+        # is added as the projection renders it. If anything else lands before the append, the
+        # view is read again after it.
+        preread: list[Message] | None = None
+        base = runtime.writer.last_write(self.session_id)
+        if base is not None and base[0] == session.version:
+            runtime.wait_for(base[1])
+            preread = runtime.views.messages(self.session_id)
+        carried = list(self._carried_messages)
+        unchanged: list[bool] = []
         taken: list[str] = []
-        carrying = self._carry is not None
 
         def open_step(s: Session) -> int:
-            settled.clear()
-            last = runtime.writer.last_write(self.session_id)
-            if last is not None and last[0] == s.version and not carrying:
-                settled.append(last[1])  # every earlier event of the session is ours, up to it
+            # the events recorded so far in this attempt are the carried ones, appended below
+            unchanged[:] = [base is not None and s.version - len(s.pending_events) == base[0]]
             step = s.start_step(spec, max_steps=self.max_steps)
             taken[:] = s.take_inbox()
             return step
 
         step = self._write(open_step)
-        # Read-your-writes for the messages view. When this step/start carries no inbox text it
-        # adds nothing the model sees, so the view must only include what precedes it: when that
-        # is all this writer's, waiting for its previous append is enough (the runner has
-        # usually applied it while step/start was being written).
-        runtime.wait_for(settled[0] if settled and not taken else self._last_position)
-        reply = self._ask(spec, runtime.views.messages(self.session_id))
+        if preread is not None and unchanged[0]:
+            messages = [*preread, *carried, *(Message(role="user", text=t) for t in taken)]
+        else:
+            runtime.wait_for(self._last_position)
+            messages = runtime.views.messages(self.session_id)
+        reply = self._ask(spec, messages)
+        del messages  # a parked call must not hold the request's history
         calls = [ToolCallData(id=c.id, name=c.name, args=c.args) for c in reply.tool_calls]
         usage = None
         if reply.usage is not None:
@@ -382,5 +400,7 @@ class Agent:
 
         if close_step:
             self._carry = record  # written with whatever comes next, step/start or turn/end
+            self._carried_messages = [Message(role="tool", text=content, tool_call_id=call.id,
+                                              tool_name=call.name, is_error=is_error)]
         else:
             self._write(record)

@@ -317,3 +317,34 @@ def test_r21_step_start_records_the_model_and_step_end_the_usage(make_runtime: M
         {"prompt_tokens": 150, "completion_tokens": 5, "cost": 0.25},
         {"prompt_tokens": 7, "completion_tokens": 1},
     ]
+
+
+def test_r17_every_request_shows_the_model_exactly_what_the_messages_projection_holds(
+        make_runtime: MakeRuntime, store, gates) -> None:
+    gate = gates()
+    provider = ScriptedProvider([
+        calls(("noop", {})),
+        Reply(tool_calls=[call("status", {"env": "x"}), call("boom")], gate=gate),
+        calls(("count", {"n": 1})),
+        final("first done"),
+        calls(("nosuch", {})),
+        final("second done"),
+    ])
+    rt = make_runtime(provider)
+    sid = rt.create_session()
+    rt.inject(sid, "queued before the turn")
+    job = turn_in_background(rt, sid, "go")
+    wait_until(lambda: len(provider.requests) == 2, what="the second step")
+    rt.inject(sid, "queued during the turn")
+    gate.set()
+    job.join()
+    rt.run_turn(sid, "again")
+    rt.catch_up_views()
+    projected = rt.views.messages(sid)
+    assert len(provider.requests) == 6
+    for request in provider.requests:  # "model-visible means logged", in order, nothing more
+        assert list(request.messages) == projected[:len(request.messages)]
+    sizes = [len(r.messages) for r in provider.requests]
+    assert sizes == sorted(set(sizes))
+    assert [m.text for m in provider.requests[2].messages if m.role == "user"] == [
+        "go", "queued before the turn", "queued during the turn"]
