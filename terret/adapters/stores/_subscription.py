@@ -9,21 +9,51 @@ are noticed by the store's poll) and reads again. Every read is bounded by a hea
 
 from __future__ import annotations
 
+import threading
+from abc import abstractmethod
 from collections import deque
 from collections.abc import Collection
-from typing import Protocol
 
-from terret.domain.store import CaughtUp, Checkpoint, StoredRecord, Subscription, SubscriptionItem
+from terret.domain.store import (
+    CaughtUp,
+    Checkpoint,
+    EventStore,
+    StoredRecord,
+    Subscription,
+    SubscriptionItem,
+)
 
 
-class PositionReadable(Protocol):
-    def head_position(self) -> int: ...
+class PositionalStore(EventStore):
+    """Shared by the stores that can be read by position (memory, sqlite): ``read_all`` and
+    ``subscribe`` over ``_read_range``, woken through ``_signal`` (a ``threading.Condition``)."""
 
+    poll_interval: float
+    _signal: threading.Condition
+
+    def read_all(
+        self, *, after: int = 0, limit: int = 1000, wire_names: Collection[str] | None = None
+    ) -> list[StoredRecord]:
+        return self._read_range(after, 2**62, limit, wire_names)
+
+    @abstractmethod
     def _read_range(
         self, after: int, upto: int, limit: int, wire_names: Collection[str] | None
-    ) -> list[StoredRecord]: ...
+    ) -> list[StoredRecord]:
+        """Records with ``after < position <= upto``, at most ``limit``, filtered."""
 
-    def _wait_for_change(self, seen_head: int, timeout: float, sub: Subscription) -> None: ...
+    @abstractmethod
+    def _wait_for_change(self, seen_head: int, timeout: float, sub: Subscription) -> None:
+        """Return once the head may have moved past ``seen_head``, or the sub stopped."""
+
+    def subscribe(
+        self, *, after: int = 0, wire_names: Collection[str] | None = None
+    ) -> Subscription:
+        return PositionalSubscription(self, after, wire_names, self.poll_interval)
+
+    def _wake_all(self) -> None:
+        with self._signal:
+            self._signal.notify_all()
 
 
 class PositionalSubscription(Subscription):
@@ -31,7 +61,7 @@ class PositionalSubscription(Subscription):
 
     def __init__(
         self,
-        store: PositionReadable,
+        store: PositionalStore,
         after: int,
         wire_names: Collection[str] | None,
         poll_interval: float,
@@ -57,9 +87,7 @@ class PositionalSubscription(Subscription):
 
     def stop(self) -> None:
         super().stop()
-        wake = getattr(self._store, "_wake_all", None)
-        if wake is not None:
-            wake()
+        self._store._wake_all()
 
     def __next__(self) -> SubscriptionItem:
         while not self._buffer:

@@ -9,10 +9,9 @@ from collections.abc import Collection, Sequence
 from uuid import UUID
 
 from terret.adapters.stores._rules import AlreadyWritten, check_size, decide
-from terret.adapters.stores._subscription import PositionalSubscription
+from terret.adapters.stores._subscription import PositionalStore
 from terret.domain.store import (
     AppendResult,
-    EventStore,
     ExpectedVersion,
     NewRecord,
     StoredRecord,
@@ -20,7 +19,7 @@ from terret.domain.store import (
 )
 
 
-class MemoryStore(EventStore):
+class MemoryStore(PositionalStore):
     def __init__(self, *, poll_interval: float = 1.0) -> None:
         self._log: list[StoredRecord] = []
         self._positions: list[int] = []
@@ -98,11 +97,6 @@ class MemoryStore(EventStore):
         with self._signal:
             return self._positions[-1] if self._positions else 0
 
-    def read_all(
-        self, *, after: int = 0, limit: int = 1000, wire_names: Collection[str] | None = None
-    ) -> list[StoredRecord]:
-        return self._read_range(after, 2**62, limit, wire_names)
-
     def _read_range(
         self, after: int, upto: int, limit: int, wire_names: Collection[str] | None
     ) -> list[StoredRecord]:
@@ -115,15 +109,6 @@ class MemoryStore(EventStore):
                 if wire_names is None or record.wire_name in wire_names:
                     out.append(record)
         return out
-
-    def subscribe(
-        self, *, after: int = 0, wire_names: Collection[str] | None = None
-    ) -> Subscription:
-        return PositionalSubscription(self, after, wire_names, self.poll_interval)
-
-    def _wake_all(self) -> None:
-        with self._signal:
-            self._signal.notify_all()
 
     def _wait_for_change(self, seen_head: int, timeout: float, sub: Subscription) -> None:
         with self._signal:

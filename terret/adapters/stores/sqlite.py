@@ -18,11 +18,10 @@ from typing import Literal
 from uuid import UUID
 
 from terret.adapters.stores._rules import AlreadyWritten, check_size, decide
-from terret.adapters.stores._subscription import PositionalSubscription
+from terret.adapters.stores._subscription import PositionalStore
 from terret.domain.errors import CorruptRecord, StoreUnavailable
 from terret.domain.store import (
     AppendResult,
-    EventStore,
     ExpectedVersion,
     NewRecord,
     StoredRecord,
@@ -97,7 +96,7 @@ def _row(row: tuple[object, ...]) -> StoredRecord:
         raise CorruptRecord(position, str(exc)) from None
 
 
-class SQLiteStore(EventStore):
+class SQLiteStore(PositionalStore):
     """``SQLiteStore("terret.db")``; ``":memory:"`` is not supported (use ``MemoryStore``)."""
 
     def __init__(
@@ -330,11 +329,6 @@ class SQLiteStore(EventStore):
         row = self._conn().execute("SELECT max(position) FROM events").fetchone()
         return row[0] or 0
 
-    def read_all(
-        self, *, after: int = 0, limit: int = 1000, wire_names: Collection[str] | None = None
-    ) -> list[StoredRecord]:
-        return self._read_range(after, 2**62, limit, wire_names)
-
     def _read_range(
         self, after: int, upto: int, limit: int, wire_names: Collection[str] | None
     ) -> list[StoredRecord]:
@@ -349,15 +343,6 @@ class SQLiteStore(EventStore):
         return [_row(r) for r in self._conn().execute(sql, params)]
 
     # --- subscriptions -------------------------------------------------------------------
-
-    def subscribe(
-        self, *, after: int = 0, wire_names: Collection[str] | None = None
-    ) -> Subscription:
-        return PositionalSubscription(self, after, wire_names, self.poll_interval)
-
-    def _wake_all(self) -> None:
-        with self._signal:
-            self._signal.notify_all()
 
     def _wait_for_change(self, seen_head: int, timeout: float, sub: Subscription) -> None:
         """Return once the head moved past ``seen_head``: at once for an append in this process
