@@ -342,7 +342,7 @@ class Agent:
             runtime.wait_for(self._last_position)
             messages = runtime.views.messages(self.session_id)
         reply = self._ask(spec, messages)
-        del messages  # a parked call must not hold the request's history
+        del messages, preread  # a parked call must not hold the request's history
         calls = [ToolCallData(id=c.id, name=c.name, args=c.args) for c in reply.tool_calls]
         usage = None
         if reply.usage is not None:

@@ -376,3 +376,43 @@ def test_r22_a_definition_is_chosen_per_session(make_runtime: MakeRuntime, kit: 
     rt.run_turn(sid, "go")
     assert rt.agent_for_session(sid).definition.name == "reader"
     assert only(read_log(store, sid), "session/started")[0].data["agent"] == "reader"
+
+
+def test_r26_a_parked_turn_does_not_hold_its_requests_history(make_runtime: MakeRuntime,
+                                                              store) -> None:
+    """128 parked agents must not cost memory in proportion to their histories: once the model
+    answered, the step keeps no reference to the messages it sent (bench/loop.py measures it)."""
+    import gc
+
+    from terret.runtime import ModelReply, ModelRequest
+
+    class Forgetful:  # a provider that keeps nothing (ScriptedProvider keeps its requests)
+        name = "scripted"
+
+        def complete(self, request: ModelRequest, **_: object) -> ModelReply:
+            done = any(m.role == "tool" for m in request.messages[-3:])
+            if done:
+                return ModelReply(text="done")
+            return ModelReply(tool_calls=(ToolCall("c-d", "deploy", {"env": "prod"}),))
+
+    from terret import StaticResolver, ToolCall
+    from terret.runtime import Runtime
+
+    rt = Runtime(store, resolver=StaticResolver({"scripted": Forgetful()}),
+                 agents=[AgentDefinition(tools=Kit().tools, allow=["*"])]).start()
+    try:
+        sid = rt.create_session()
+        history = LogBuilder(store, sid)  # an earlier turn: history the model is shown
+        history.do(lambda s: s.start_turn(text="marker " * 50))
+        history.do(lambda s: s.start_step("scripted:default"))
+        history.do(lambda s: (s.record_assistant("noted"), s.end_step(), s.end_turn("completed")))
+        job = turn_in_background(rt, sid, "go")
+        wait_parked(rt, sid)
+        gc.collect()
+        held = [o for o in gc.get_objects()
+                if type(o).__name__ == "Message" and getattr(o, "text", "").startswith("marker")]
+        assert held == []
+        rt.approve(sid, "c-d", by=OPERATOR)
+        assert job.join().status == "completed"
+    finally:
+        rt.close()
