@@ -57,9 +57,11 @@ class UsageProjection(Projection):
         self._steps: dict[str, tuple[int, int, str]] = {}
         self._turns: dict[tuple[str, int], list[Any]] = {}
         self._models: dict[tuple[str, str], list[Any]] = {}
+        self._last_turn: dict[str, int] = {}
 
     def begin(self) -> None:
         self._steps, self._turns, self._models = {}, {}, {}
+        self._last_turn = {}  # the highest turn the view held, per session, at first touch
 
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
         p: Any = event.payload
@@ -85,9 +87,16 @@ class UsageProjection(Projection):
         key = (session, p.turn)
         turn = self._turns.get(key)
         if turn is None:
-            found = db.execute(
-                "SELECT prompt_tokens, completion_tokens, cost, steps, last_prompt_tokens"
-                " FROM usage_turns WHERE session = ? AND turn = ?", key).fetchone()
+            found = None
+            last_turn = self._last_turn.get(session)
+            if last_turn is None:
+                row = db.execute("SELECT max(turn) FROM usage_turns WHERE session = ?",
+                                 (session,)).fetchone()
+                last_turn = self._last_turn[session] = row[0] or 0
+            if p.turn <= last_turn:  # a turn the view may hold already
+                found = db.execute(
+                    "SELECT prompt_tokens, completion_tokens, cost, steps, last_prompt_tokens"
+                    " FROM usage_turns WHERE session = ? AND turn = ?", key).fetchone()
             if found is None:
                 self._turns[key] = [prompt, completion, cost, 1, last]
             else:

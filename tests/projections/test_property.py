@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from terret import Actor, Message, Session, ToolCall
+from terret import Actor, Message, Session, ToolCall, catalogue
 from terret.adapters.stores import MemoryStore, SQLiteStore
 from terret.domain import decode
 from terret.domain.errors import TerretError
@@ -220,7 +220,10 @@ def _generate(data: st.DataObject, writer: Writer, harness: Harness
         writer.repo.save(session)
         if command == "purge":
             # R27: retention deletes a closed session's stream; the views forget it.
-            purge_session(writer.repo, session.id, by=Actor(actor="operator"))
+            # With max_age, stores without native expiry keep the events: the views must
+            # still forget the session once they reach the purge.
+            purge_session(writer.repo, session.id, by=Actor(actor="operator"),
+                          max_age=data.draw(st.none() | st.just(3600), label="max age"))
             purged.append(sessions.pop(index))
     return sessions, purged
 
@@ -327,6 +330,11 @@ def _check(store: EventStore, harness: Harness, writer: Writer, sessions: list[U
     for sid in sessions:
         session = writer.repo.get(sid)
         state = session.state
+        known = [r for r in store.read_stream(session_stream(sid)) if r.wire_name in catalogue]
+        summary = views.summary(sid)
+        assert summary is not None
+        assert (summary.events, summary.last_activity, summary.created, summary.closed) == (
+            known[-1].seq, known[-1].recorded_at, known[0].recorded_at, state.closed)
         messages = views.messages(sid)
         assert messages == _expected_messages(store, sid)
         open_owes = set(state.owed) if state.turn_open and state.step_open else set()

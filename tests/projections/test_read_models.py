@@ -8,7 +8,9 @@ import pytest
 
 from terret import Actor, Message, ToolCall
 from terret.domain.events import ToolCallData, UsageData
-from terret.projections import ProjectionRunner, UsageTotals, Views
+from terret.domain.store import EventStore, session_stream
+from terret.projections import ProjectionRunner, UsageTotals, Views, ViewStore
+from terret.runtime.retention import purge_session
 from tests.projections.logs import MODEL, OPERATOR, Writer
 
 OTHER_MODEL = "anthropic:claude-sonnet"
@@ -388,3 +390,30 @@ def test_every_turn_end_status_returns_the_session_to_idle(
     found = views.status(sid)
     assert found is not None
     assert (found.status, found.last_turn_status, found.resumable) == ("idle", status, False)
+
+
+@pytest.mark.parametrize("processed_before", [True, False])
+@pytest.mark.parametrize("max_age", [None, 3600])
+def test_a_purged_session_is_forgotten_by_every_view(
+    processed_before: bool, max_age: int | None, writer: Writer, store: EventStore,
+    runner: ProjectionRunner, views: Views, view_store: ViewStore
+) -> None:
+    """R27. With ``max_age`` a store without native expiry keeps the events, so a catch-up may
+    see the session's events and its purge in one batch."""
+    gone, kept = writer.start(), writer.start()
+    for sid in (gone, kept):
+        writer.turn(sid, "hello", usage=UsageData(prompt_tokens=5, completion_tokens=1))
+        writer.do(sid, lambda s: (s.title("t"), s.update_policy(["x"])))
+        writer.do(sid, lambda s: s.close(by=OPERATOR))
+    if processed_before:
+        runner.catch_up()
+    purge_session(writer.repo, gone, by=OPERATOR, max_age=max_age)
+    runner.catch_up()
+
+    stream = session_stream(gone)
+    for projection in runner.projections:
+        for table, rows in projection.dump(view_store.db).items():
+            assert not [r for r in rows if stream in r], (projection.name, table)
+    assert [s.id for s in views.sessions()] == [str(kept)]
+    assert views.messages(kept) != [] and views.title(kept) == "t"
+    assert all(runner.verify(p.name) == [] for p in runner.projections)
