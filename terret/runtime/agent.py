@@ -16,7 +16,7 @@ from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.events import Actor, ToolCallData, TurnStatus, UsageData
-from terret.domain.messages import Message
+from terret.domain.messages import Message, ToolCall
 from terret.domain.session import Session
 from terret.runtime.allowlist import AllowList
 from terret.runtime.approvals import ApprovalGate, TurnCancelled, TurnSuspended
@@ -81,9 +81,11 @@ class Agent:
         ]
         self._thread: threading.Thread | None = None
         self._last_position = 0
+        self._last_version = 0
         self._policy_seq = -1
         self._carry: Callable[[Session], None] | None = None
-        self._carried_messages: list[Message] = []  # what the carried events show the model
+        self._context: list[Message] | None = None  # the last request's messages (see _step)
+        self._context_version = 0
 
     # --- status --------------------------------------------------------------------------
 
@@ -95,6 +97,7 @@ class Agent:
         self._status = status
 
     def _parked(self) -> None:
+        self._context = None  # a parked turn may wait for days: it keeps no history around
         log.info("session %s parked on an approval", self.session_id)
         self._set_status("waiting_approval")
 
@@ -180,24 +183,41 @@ class Agent:
         tool result and its ``step/end`` ride with the next step's ``step/start``: one durable
         append instead of two). If the append fails, the carried part stays carried."""
         carry, self._carry = self._carry, None
-        run = command
-        if carry is not None:
-            def run(s: Session) -> Any:
+        attempt: list[Any] = []
+
+        def run(s: Session) -> Any:
+            attempt[:] = [s.version]  # the version this attempt appends after
+            if carry is not None:
                 carry(s)
-                return command(s)
+            value = command(s)
+            attempt.append([e.payload for e in s.pending_events])
+            return value
+
         try:
             value, result = self.runtime.writer.execute(self.session_id, run, owner=True)
         except BaseException:
             self._carry = carry
             raise
-        if carry is not None:
-            self._carried_messages = []
-        self._last_position = result.position if result else self._last_position
+        if result is not None:
+            self._last_position, self._last_version = result.position, result.version
+            self._follow_context(attempt[0], attempt[1], result.version)
         return value
+
+    def _follow_context(self, base: int, payloads: list[Any], version: int) -> None:
+        """Keep the model's context (the last request's messages) in step with this agent's own
+        appends: while nothing else lands in the session, the next request is that context plus
+        what these appends show the model, exactly as the messages projection renders it."""
+        if self._context is None:
+            return
+        rendered = _rendered(payloads) if base == self._context_version else None
+        if rendered is None:
+            self._context = None  # something else landed (or a compaction): read the view
+            return
+        self._context.extend(rendered)
+        self._context_version = version
 
     def _drop_carry(self) -> None:
         self._carry = None
-        self._carried_messages = []
 
     def _flush(self) -> None:
         if self._carry is not None:
@@ -220,6 +240,13 @@ class Agent:
 
     def _drive(self, turn: int, *, resumed: bool) -> TurnResult:
         self._drop_carry()
+        self._context = None
+        try:
+            return self._drive_steps(turn, resumed=resumed)
+        finally:
+            self._context = None
+
+    def _drive_steps(self, turn: int, *, resumed: bool) -> TurnResult:
         try:
             if resumed:
                 closed = self._close_open_step(turn)
@@ -312,37 +339,24 @@ class Agent:
                 return self._end(turn, "rejected", reason=refusal.reason,
                                  by=Actor(actor=refusal.actor))  # type: ignore[arg-type]
 
-        # What the model sees is the messages view, read once the projections include every
-        # event before the request (read-your-writes). When every event of the session so far
-        # is this writer's (nothing came from elsewhere since its last append), the view is read
-        # now, up to that append — the runner has usually applied it while the tools ran — and
-        # what this step's append adds to it (the carried tool result, the inbox text taken)
-        # is added as the projection renders it. If anything else lands before the append, the
-        # view is read again after it.
-        preread: list[Message] | None = None
-        base = runtime.writer.last_write(self.session_id)
-        if base is not None and base[0] == session.version:
-            runtime.wait_for(base[1])
-            preread = runtime.views.messages(self.session_id)
-        carried = list(self._carried_messages)
-        unchanged: list[bool] = []
-        taken: list[str] = []
-
         def open_step(s: Session) -> int:
-            # the events recorded so far in this attempt are the carried ones, appended below
-            unchanged[:] = [base is not None and s.version - len(s.pending_events) == base[0]]
             step = s.start_step(spec, max_steps=self.max_steps)
-            taken[:] = s.take_inbox()
+            s.take_inbox()
             return step
 
         step = self._write(open_step)
-        if preread is not None and unchanged[0]:
-            messages = [*preread, *carried, *(Message(role="user", text=t) for t in taken)]
+        if self._context is not None:
+            # Nothing but this agent's own appends since the last request: the messages view
+            # would show the last request's messages plus what those appends added.
+            messages = list(self._context)
         else:
+            # Read-your-writes: the view, once the projections include this step's start.
             runtime.wait_for(self._last_position)
             messages = runtime.views.messages(self.session_id)
+            self._context = list(messages)
+            self._context_version = self._last_version  # the version the view was read at
         reply = self._ask(spec, messages)
-        del messages, preread  # a parked call must not hold the request's history
+        del messages  # what a parked call keeps alive is bounded, not its history
         calls = [ToolCallData(id=c.id, name=c.name, args=c.args) for c in reply.tool_calls]
         usage = None
         if reply.usage is not None:
@@ -400,7 +414,26 @@ class Agent:
 
         if close_step:
             self._carry = record  # written with whatever comes next, step/start or turn/end
-            self._carried_messages = [Message(role="tool", text=content, tool_call_id=call.id,
-                                              tool_name=call.name, is_error=is_error)]
         else:
             self._write(record)
+
+
+def _rendered(payloads: list[Any]) -> list[Message] | None:
+    """What these events show the model, as the messages projection renders them; None when
+    one of them is something the loop does not render itself (a compaction, a model-visible
+    extension event): the caller then reads the view."""
+    out: list[Message] = []
+    for p in payloads:
+        name = p.wire_name
+        if name in ("user/message", "context/injected"):
+            out.append(Message(role="user", text=p.text))
+        elif name == "assistant/message":
+            calls = tuple(ToolCall(id=c.id, name=c.name, args=dict(c.args))
+                          for c in p.tool_calls)
+            out.append(Message(role="assistant", text=p.text, tool_calls=calls))
+        elif name == "tool/result":
+            out.append(Message(role="tool", text=p.content, tool_call_id=p.call_id,
+                               tool_name=p.name, is_error=p.is_error))
+        elif getattr(p, "model_visible", False):
+            return None
+    return out
