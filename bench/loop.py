@@ -8,9 +8,9 @@ Three figures:
   turn, minus the time spent inside the tool. That interval is one whole step of framework
   work: append the assistant message, run the tools pipeline (arguments, pre-execute waterfall,
   allow-list, gate), append the tool result and ``step/end``, check cancellation and pre-step
-  hooks, append ``step/start`` with the inbox, wait for the projections (read-your-writes),
-  read the messages view and build the request. Median over every step of every measured turn
-  (turns of ten steps) on sessions with about 100 events of history.
+  hooks, append ``step/start`` with the inbox, build what the model sees (the messages view, or
+  the previous request plus the agent's own appends) and the request. Median over every step of
+  every measured turn (turns of ten steps) on sessions with about 100 events of history.
 * ``step_100k_vs_100`` — the same median on a session with 100,000 events of history behind a
   compaction, divided by the median at 100 events. Turns alternate between the kinds of
   session so that machine noise hits them alike; the like-for-like ratio (against sessions of
