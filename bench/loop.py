@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -238,7 +239,7 @@ def measure_parked(directory: Path) -> None:
     before = rss_mb()
     for sid in sessions:
         agent = rt.spawn_agent(sid)
-        agent.start_in_background(lambda a=agent: a.run_turn("deploy it"))
+        agent.start_in_background(partial(agent.run_turn, "deploy it"))
     deadline = time.monotonic() + 300
     while sum(a.status == "waiting_approval" for a in rt.agents) < PARKED:
         if time.monotonic() > deadline:

@@ -190,7 +190,7 @@ class Agent:
             if carry is not None:
                 carry(s)
             value = command(s)
-            attempt.append([e.payload for e in s.pending_events])
+            attempt.append([getattr(e, "payload", None) for e in s.pending_events])
             return value
 
         try:
@@ -424,7 +424,7 @@ def _rendered(payloads: list[Any]) -> list[Message] | None:
     extension event): the caller then reads the view."""
     out: list[Message] = []
     for p in payloads:
-        name = p.wire_name
+        name = getattr(p, "wire_name", None)
         if name in ("user/message", "context/injected"):
             out.append(Message(role="user", text=p.text))
         elif name == "assistant/message":

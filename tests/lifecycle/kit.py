@@ -10,6 +10,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 from terret import Runtime, StaticResolver
@@ -63,7 +64,7 @@ def check_invariants(log: list[Ev]) -> None:
     assert [e.seq for e in log] == list(range(1, len(log) + 1))
 
 
-def read_report(path: Path) -> dict[str, object]:
+def read_report(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 

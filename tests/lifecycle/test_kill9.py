@@ -11,7 +11,7 @@ from terret import Actor
 from tests.lifecycle import child
 from tests.lifecycle.kit import check_invariants, new_session, python_module, wait_for_line
 from tests.runtime.conftest import OpenedStore
-from tests.runtime.kit import names, only, read_log, wait_for_event
+from tests.runtime.kit import agent_of, names, only, read_log, wait_for_event
 
 
 def test_kill9_mid_tool_then_a_fresh_runtime_completes_the_turn_on_the_first_wake(
@@ -53,7 +53,7 @@ def test_kill9_mid_tool_then_a_fresh_runtime_completes_the_turn_on_the_first_wak
         check_invariants(log)
         fresh.catch_up_views()
         assert all(fresh.runner.verify(p.name) == [] for p in fresh.runner.projections)
-        assert fresh.agent_for_session(sid).status == "idle"
+        assert agent_of(fresh, sid).status == "idle"
     finally:
         fresh.close()
 

@@ -31,6 +31,7 @@ from terret import (
     tool,
 )
 from terret.domain.store import EventStore, session_stream
+from terret.runtime import Agent
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 15.0
@@ -145,6 +146,19 @@ class Background:
 
 def turn_in_background(rt: Runtime, session_id: UUID, text: str | None) -> Background:
     return Background(lambda: rt.run_turn(session_id, text))
+
+
+def agent_of(rt: Runtime, session_id: UUID) -> Agent:
+    agent = rt.agent_for_session(session_id)
+    assert agent is not None, f"no agent for {session_id}"
+    return agent
+
+
+def status_of(rt: Runtime, session_id: UUID) -> str:
+    """The session's status as the status view records it (call ``catch_up_views`` first)."""
+    status = rt.views.status(session_id)
+    assert status is not None, f"no status for {session_id}"
+    return status.status
 
 
 def wait_parked(rt: Runtime, session_id: UUID, count: int = 1) -> list[str]:

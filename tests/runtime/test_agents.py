@@ -15,6 +15,7 @@ from terret import (
     Reply,
     RuntimeConfig,
     ScriptedProvider,
+    Session,
     call,
 )
 from terret.domain.errors import (
@@ -31,6 +32,7 @@ from tests.runtime.kit import (
     Background,
     Kit,
     LogBuilder,
+    agent_of,
     calls,
     drain_upkeep,
     final,
@@ -292,7 +294,7 @@ def test_r26_every_terminal_path_leaves_the_agent_idle_and_disposable(
         job.join()
     except Exception:  # noqa: BLE001 - failed paths re-raise
         pass
-    agent = rt.agent_for_session(sid)
+    agent = agent_of(rt, sid)
     assert agent.status == "idle" and not agent.busy
     assert not rt.resumable(sid) and rt.pending(sid) == []
     rt.dispose_agent(agent.id)
@@ -311,7 +313,7 @@ def test_r26_lost_ownership_releases_the_agent_too(make_runtime: MakeRuntime, st
     gate.set()
     with pytest.raises(LostOwnership):
         job.join()
-    agent = rt.agent_for_session(sid)
+    agent = agent_of(rt, sid)
     assert agent.status == "idle"
     rt.dispose_agent(agent.id)
 
@@ -374,7 +376,7 @@ def test_r22_a_definition_is_chosen_per_session(make_runtime: MakeRuntime, kit: 
     rt.define(AgentDefinition(name="reader", tools=[kit.status], allow=["status"]))
     sid = rt.create_session(agent="reader")
     rt.run_turn(sid, "go")
-    assert rt.agent_for_session(sid).definition.name == "reader"
+    assert agent_of(rt, sid).definition.name == "reader"
     assert only(read_log(store, sid), "session/started")[0].data["agent"] == "reader"
 
 
@@ -405,7 +407,13 @@ def test_r26_a_parked_turn_does_not_hold_its_requests_history(make_runtime: Make
         history = LogBuilder(store, sid)  # an earlier turn: history the model is shown
         history.do(lambda s: s.start_turn(text="marker " * 50))
         history.do(lambda s: s.start_step("scripted:default"))
-        history.do(lambda s: (s.record_assistant("noted"), s.end_step(), s.end_turn("completed")))
+
+        def answer(s: Session) -> None:
+            s.record_assistant("noted")
+            s.end_step()
+            s.end_turn("completed")
+
+        history.do(answer)
         job = turn_in_background(rt, sid, "go")
         wait_parked(rt, sid)
         gc.collect()

@@ -23,6 +23,7 @@ from terret.domain.store import (
 from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import (
     Kit,
+    agent_of,
     approve_all,
     calls,
     final,
@@ -103,7 +104,7 @@ def test_r5_a_non_commutative_append_from_another_process_stops_the_turn_without
     assert after[-1].name == "assistant/message"
     assert after[-1].data["text"] == "the other process answered"
     assert rt.resumable(sid)
-    assert rt.agent_for_session(sid).status == "idle"
+    assert agent_of(rt, sid).status == "idle"
 
 
 def test_r6_fan_out_is_queued_so_every_listener_sees_the_log_in_order(

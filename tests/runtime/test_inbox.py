@@ -10,6 +10,7 @@ from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import (
     Background,
     Kit,
+    agent_of,
     calls,
     drain_upkeep,
     final,
@@ -136,7 +137,7 @@ def test_r24_wakes_of_many_sessions_run_at_once(make_runtime: MakeRuntime, store
         rt.inject(sid, "deploy", wake=True)
     for sid in sessions:  # every woken turn parks on its own thread, none waits for another
         wait_parked(rt, sid)
-    assert all(rt.agent_for_session(s).status == "waiting_approval" for s in sessions)
+    assert all(agent_of(rt, s).status == "waiting_approval" for s in sessions)
     for sid in sessions:
         rt.cancel(sid, by=Actor(actor="operator"))
     for sid in sessions:

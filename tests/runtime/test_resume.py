@@ -20,6 +20,7 @@ from tests.runtime.kit import (
     Background,
     Kit,
     LogBuilder,
+    agent_of,
     final,
     first_index,
     only,
@@ -208,7 +209,7 @@ def test_r16_a_failed_resume_leaves_the_turn_open(make_runtime: MakeRuntime, kit
     log = read_log(store, sid)
     assert not only(log, "turn/end")  # never closed failed
     assert fresh.resumable(sid)
-    assert fresh.agent_for_session(sid).status == "idle"
+    assert agent_of(fresh, sid).status == "idle"
     later = make_runtime([final("back up")])  # the next stimulus, in the next process
     assert later.resume_turn(sid).status == "completed"
     log = read_log(store, sid)

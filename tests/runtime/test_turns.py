@@ -25,11 +25,13 @@ from tests.runtime.conftest import MakeRuntime
 from tests.runtime.kit import (
     Kit,
     LogBuilder,
+    agent_of,
     calls,
     final,
     names,
     only,
     read_log,
+    status_of,
     turn_in_background,
     wait_parked,
     wait_until,
@@ -48,19 +50,19 @@ def test_r1_status_idle_running_waiting_approval_running_idle(make_runtime: Make
     agent = rt.spawn_agent(sid)
     assert agent.status == "idle"
     rt.catch_up_views()
-    assert rt.views.status(sid).status == "idle"
+    assert status_of(rt, sid) == "idle"
 
     job = turn_in_background(rt, sid, "ship it")
     wait_until(lambda: len(provider.requests) == 1, what="the first model request")
     assert agent.status == "running"
     rt.catch_up_views()
-    assert rt.views.status(sid).status == "running"
+    assert status_of(rt, sid) == "running"
 
     model_gate.set()
     wait_parked(rt, sid)
     assert agent.status == "waiting_approval"
     rt.catch_up_views()
-    assert rt.views.status(sid).status == "waiting_approval"
+    assert status_of(rt, sid) == "waiting_approval"
 
     rt.approve(sid, rt.pending(sid)[0], by=Actor(actor="user"))
     wait_until(lambda: len(provider.requests) == 2, what="the second model request")
@@ -69,7 +71,7 @@ def test_r1_status_idle_running_waiting_approval_running_idle(make_runtime: Make
     assert job.join().status == "completed"
     assert agent.status == "idle"
     rt.catch_up_views()
-    assert rt.views.status(sid).status == "idle"
+    assert status_of(rt, sid) == "idle"
 
 
 def test_r1_a_parked_agent_refuses_a_new_turn_like_a_running_one(make_runtime: MakeRuntime,
@@ -112,7 +114,7 @@ def test_r1_status_is_recorded_so_another_runtime_reads_it_from_the_log(
     rt.approve(sid, rt.pending(sid)[0], by=Actor(actor="user"))
     job.join()
     observer.catch_up_views()
-    assert observer.views.status(sid).status == "idle"
+    assert status_of(observer, sid) == "idle"
 
 
 def test_r2_max_steps_the_26th_step_raises_and_the_turn_ends_failed(make_runtime: MakeRuntime,
@@ -130,7 +132,7 @@ def test_r2_max_steps_the_26th_step_raises_and_the_turn_ends_failed(make_runtime
     assert end.data["status"] == "failed" and "26" in end.data["error"]
     assert log[-1].name in ("turn/end", "session/titled")
     assert not rt.resumable(sid)
-    assert rt.agent_for_session(sid).status == "idle"
+    assert agent_of(rt, sid).status == "idle"
 
 
 @pytest.mark.parametrize("where", ["runtime", "agent"])
@@ -235,7 +237,7 @@ def test_r3_a_turn_closes_failed_when_an_exception_leaves_it(make_runtime: MakeR
     assert end.data["status"] == "failed"
     assert "upstream is down" in end.data["error"]
     assert not rt.resumable(sid)
-    assert rt.agent_for_session(sid).status == "idle"
+    assert agent_of(rt, sid).status == "idle"
     provider.script(final("back"))
     assert rt.run_turn(sid, "again").status == "completed"  # the failure was terminal, not sticky
 
@@ -275,7 +277,7 @@ def test_r4_run_turn_on_an_open_turn_in_the_log_raises_and_appends_nothing(
         fresh.run_turn(sid, "new question")
     assert read_log(store, sid) == before
     assert fresh.resumable(sid)
-    assert fresh.agent_for_session(sid).status == "idle"
+    assert agent_of(fresh, sid).status == "idle"
 
 
 def test_r4_run_turn_on_an_agent_mid_turn_raises_turn_already_running(
