@@ -88,6 +88,7 @@ class ProjectionRunner:
         for projection in self.projections:
             views.ensure(projection)
         self._position = self._lowest_tracked()
+        self._applied = self._position  # applied to the views (published after the listeners)
 
     # --- listeners -----------------------------------------------------------------------
 
@@ -234,6 +235,8 @@ class ProjectionRunner:
                 events = self._apply_fast(records, upto, projections)
             except _ProcessFailed:
                 events = self._apply_careful(records, upto, projections)
+            if only is None:
+                self._applied = max(self._applied, upto)
         # Listeners run before the position is published, so whoever ``wait_until``s a
         # position also sees what the listeners derived from it (caches, signals).
         if notify and only is None:
@@ -404,7 +407,7 @@ class ProjectionRunner:
             # The subscription has moved past the events after the skipped one and will not
             # deliver them again: replay them into the resumed projection, up to where the
             # others are, so that none is lost.
-            self._replay_into(self, [projection], None, upto=self._position,
+            self._replay_into(self, [projection], None, upto=self._applied,
                               after=self.views.tracked(name))
         return int(row[0])
 

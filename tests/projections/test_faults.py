@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import sqlite3
+import threading
 from uuid import UUID, uuid4
 
 import pytest
@@ -198,3 +199,37 @@ def test_a_projection_that_raises_halts_at_that_event_and_keeps_what_came_before
     assert faults == {"fragile": (boom.position, "ValueError: cannot handle boom")}
     assert view_store.db.execute("SELECT title FROM fragile_titles").fetchall() == [("first",)]
     assert Views(view_store).title(sid) == "third"
+
+
+def test_skip_while_listeners_run_resumes_from_what_was_applied(
+    writer: Writer, runner: ProjectionRunner, store: EventStore, views: Views
+) -> None:
+    """Listeners run after a batch is committed and before its position is published; a skip in
+    that window must still replay the batch into the resumed projection."""
+    broken = writer.start()
+    writer.do(broken, _open_step_with_call)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(event: RecordedEvent) -> None:
+        entered.set()
+        release.wait(WAIT)
+
+    runner.add_listener(slow, ["session/titled"])
+    runner.start()
+    runner.wait_until(_append_corrupt_request(store, broken), timeout=WAIT)
+    other = writer.start()
+
+    def ask_and_title(s: Session) -> None:
+        _open_step_with_call(s)
+        s.request_approval("c1", "deploy", {"env": "prod"})
+        s.title("one batch")
+
+    last = writer.do(other, ask_and_title).position  # one append: one batch
+    assert entered.wait(WAIT)
+    try:
+        runner.skip("approvals")
+    finally:
+        release.set()
+    runner.wait_until(last, timeout=WAIT)
+    assert [p.call_id for p in views.pending(other)] == ["c1"]
+    assert runner.verify("approvals") == []

@@ -351,3 +351,30 @@ def test_an_approval_appended_by_another_process_reaches_a_running_runners_liste
     assert isinstance(by, dict) and by == {"actor": "operator", "id": by["id"]}
     assert by["id"] != str(os.getpid())  # written by the other process
     assert runner._thread is thread  # the same runner, never restarted
+
+
+def test_two_runners_sharing_one_view_file_apply_each_event_once(
+    opened_store: OpenedStore, writer: Writer, tmp_path: Path
+) -> None:
+    """What two processes on one view file do: each batch re-reads the tracked positions in its
+    write transaction and skips what the other already applied."""
+    path = str(tmp_path / "shared-views.db")
+    first_views, second_views = ViewStore(path), ViewStore(path)
+    first = _started(opened_store, first_views, batch_size=4)
+    second = _started(opened_store, second_views, batch_size=3)
+    sid = writer.start()
+    usage = UsageData(prompt_tokens=10, completion_tokens=1)
+    for i in range(15):
+        writer.turn(sid, f"q{i}", usage=usage)
+    head = opened_store.store.head_position()
+    first.wait_until(head, timeout=WAIT)
+    second.wait_until(head, timeout=WAIT)
+    for view_store in (first_views, second_views):
+        views = Views(view_store)
+        assert views.usage(sid) == UsageTotals(150, 15, 0.0, 15)
+        assert len(views.messages(sid)) == 30
+    assert all(first.verify(name) == [] for name in (p.name for p in first.projections))
+    first.stop()
+    second.stop()
+    first_views.close()
+    second_views.close()
