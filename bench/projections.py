@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from terret.adapters.stores.sqlite import SQLiteStore
+from terret.domain.catalogue import EventPayload
 from terret.domain.codec import decode, encode
 from terret.domain.events import (
     Actor,
@@ -61,9 +62,8 @@ MODEL = "openrouter:vendor/model"
 OPERATOR = Actor(actor="operator", id="ops")
 
 
-def turn_payloads(turn: int, seq: int) -> Iterator[object]:
-    """One realistic turn (10 events; 12 with an approval every fifth turn); ``seq`` is the
-    seq the turn starts at (compactions need it)."""
+def turn_payloads(turn: int) -> Iterator[EventPayload]:
+    """One realistic turn (10 events; 12 with an approval every fifth turn)."""
     call = f"call-{turn}"
     yield TurnStarted(turn=turn)
     yield UserMessage(text=f"Turn {turn}: please look at the build logs and fix the failure.")
@@ -99,7 +99,7 @@ class SessionLog:
 
     def next_turn(self) -> list[NewRecord]:
         self.turn += 1
-        payloads: list[object] = list(turn_payloads(self.turn, self.version + 1))
+        payloads: list[EventPayload] = list(turn_payloads(self.turn))
         if self.turn == 1:
             payloads.append(SessionTitled(title="Fix the linker failure"))
         if self.compact_every and self.turn % self.compact_every == 0:
@@ -110,9 +110,9 @@ class SessionLog:
         return SessionCompacted(upto_seq=self.version + before,
                                 summary=f"Summary of turns 1-{self.turn}: the build was fixed.")
 
-    def _encode(self, payloads: list[object]) -> list[NewRecord]:
+    def _encode(self, payloads: list[EventPayload]) -> list[NewRecord]:
         self.version += len(payloads)
-        return [encode(p) for p in payloads]  # type: ignore[arg-type]
+        return [encode(p) for p in payloads]
 
 
 def append(store: SQLiteStore, log: SessionLog, records: list[NewRecord]) -> None:
@@ -213,9 +213,10 @@ def build_one(path: Path, events: int, compact_tail: int | None) -> uuid.UUID:
     append(store, log, log.start())
     pending: list[NewRecord] = []
     written = log.version
-    compacted = compact_tail is None
+    compact_at = None if compact_tail is None else events - compact_tail - 1
+    compacted = compact_at is None
     while log.version < events:
-        if not compacted and log.version >= events - compact_tail - 1:  # type: ignore[operator]
+        if not compacted and compact_at is not None and log.version >= compact_at:
             pending.append(encode(log.compaction()))
             log.version += 1
             log.compact_every = 0  # the last compaction: the next request reads what follows

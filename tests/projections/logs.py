@@ -16,7 +16,7 @@ OPERATOR = Actor(actor="operator", id="ops")
 
 
 class Writer:
-    """Loads a session, runs commands on it, saves — one append per ``do``."""
+    """Loads a session, runs the commands on it, saves — one append per ``do``."""
 
     def __init__(self, store: EventStore) -> None:
         self.store = store
@@ -28,9 +28,10 @@ class Writer:
         self.repo.save(session)
         return session.id
 
-    def do(self, session_id: UUID, command: Callable[[Session], Any]) -> AppendResult:
+    def do(self, session_id: UUID, *commands: Callable[[Session], Any]) -> AppendResult:
         session = self.repo.get(session_id)
-        command(session)
+        for command in commands:
+            command(session)
         result = self.repo.save(session)
         assert result is not None, "the command appended nothing"
         return result

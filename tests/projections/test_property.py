@@ -263,7 +263,7 @@ def _check_tool_calls_answered(messages: list[Message], open_step_owes: set[str]
             asked = {c.id for c in message.tool_calls}
         elif message.role == "tool":
             assert asked is not None and message.tool_call_id in asked, message
-            asked.discard(message.tool_call_id)  # type: ignore[arg-type]
+            asked.discard(message.tool_call_id)
     assert (asked or set()) <= open_step_owes
 
 
@@ -281,9 +281,11 @@ def _check_usage_title_policy_roles(views: Views, store: EventStore, sid: UUID) 
         elif e.wire_name == "step/end":
             u = p.usage
             add = [u.prompt_tokens, u.completion_tokens, u.cost or 0.0, 1] if u else [0, 0, 0.0, 1]
-            for key, table in ((p.turn, turns), (step_model[(p.turn, p.step)], models)):
-                table[key] = [a + b for a, b in zip(table.get(key, [0, 0, 0.0, 0]), add,
-                                                    strict=True)]  # type: ignore[index]
+            model = step_model[(p.turn, p.step)]
+            turns[p.turn] = [a + b for a, b in zip(turns.get(p.turn, [0, 0, 0.0, 0]), add,
+                                                   strict=True)]
+            models[model] = [a + b for a, b in zip(models.get(model, [0, 0, 0.0, 0]), add,
+                                                   strict=True)]
         elif e.wire_name == "session/titled":
             title = p.title
         elif e.wire_name == "policy/updated":

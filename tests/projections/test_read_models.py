@@ -6,8 +6,8 @@ from uuid import UUID
 
 import pytest
 
-from terret import Actor, Message, ToolCall
-from terret.domain.events import ToolCallData, UsageData
+from terret import Actor, Message, Session, ToolCall
+from terret.domain.events import ToolCallData, TurnStatus, UsageData
 from terret.domain.store import EventStore, session_stream
 from terret.projections import ProjectionRunner, UsageTotals, Views, ViewStore
 from terret.runtime.retention import purge_session
@@ -22,7 +22,7 @@ def test_messages_are_the_model_visible_events_in_seq_order(
     sid = writer.start()
     inbox = writer.do(sid, lambda s: s.queue("also this"))
     del inbox
-    writer.do(sid, lambda s: (s.start_turn(text="list the files"), s.take_inbox()))
+    writer.do(sid, lambda s: s.start_turn(text="list the files"), lambda s: s.take_inbox())
     writer.step(sid, "looking", calls=[("c1", "fs.list", {"path": "/"}),
                                        ("c2", "fs.stat", {"path": "/a"})],
                 results=["a b", "file"])
@@ -58,11 +58,11 @@ def test_a_tool_error_result_is_marked(writer: Writer, runner: ProjectionRunner,
                                        views: Views) -> None:
     sid = writer.start()
 
-    def run(s: object) -> None:
-        s.start_turn(text="go")  # type: ignore[attr-defined]
-        s.start_step(MODEL)  # type: ignore[attr-defined]
-        s.record_assistant("", [ToolCallData(id="c", name="sh", args={})])  # type: ignore[attr-defined]
-        s.record_tool_result("c", "sh", "boom", is_error=True)  # type: ignore[attr-defined]
+    def run(s: Session) -> None:
+        s.start_turn(text="go")
+        s.start_step(MODEL)
+        s.record_assistant("", [ToolCallData(id="c", name="sh", args={})])
+        s.record_tool_result("c", "sh", "boom", is_error=True)
 
     writer.do(sid, run)
     runner.catch_up()
@@ -209,12 +209,12 @@ def test_model_roles_start_from_the_session_and_follow_model_set(
 
 
 def _ask(writer: Writer, sid: UUID, calls: list[tuple[str, str, dict[str, object]]]) -> None:
-    def run(s: object) -> None:
-        s.start_step(MODEL)  # type: ignore[attr-defined]
-        s.record_assistant("", [ToolCallData(id=i, name=n, args=a)  # type: ignore[attr-defined]
+    def run(s: Session) -> None:
+        s.start_step(MODEL)
+        s.record_assistant("", [ToolCallData(id=i, name=n, args=a)
                                 for i, n, a in calls])
         for i, n, a in calls:
-            s.request_approval(i, n, a)  # type: ignore[attr-defined]
+            s.request_approval(i, n, a)
 
     writer.do(sid, run)
 
@@ -310,7 +310,7 @@ def test_status_follows_the_turn_lifecycle(writer: Writer, runner: ProjectionRun
     assert status() == ("waiting_approval", 1, True, 1, True, ["b"], 1, False)
     writer.do(sid, lambda s: s.resolve_approval("b", "approved", by=OPERATOR))
     assert status() == ("running", 1, True, 1, True, ["b"], 0, False)
-    writer.do(sid, lambda s: (s.record_tool_result("b", "u", "ok"), s.end_step()))
+    writer.do(sid, lambda s: s.record_tool_result("b", "u", "ok"), lambda s: s.end_step())
     assert status() == ("running", 1, True, 1, False, [], 0, False)
     writer.do(sid, lambda s: s.request_cancel(by=Actor(actor="user"), reason="stop"))
     assert status() == ("running", 1, True, 1, False, [], 0, True)
@@ -381,7 +381,7 @@ def test_sessions_index_joins_title_status_and_usage(
 
 @pytest.mark.parametrize("status", ["completed", "failed", "empty", "rejected"])
 def test_every_turn_end_status_returns_the_session_to_idle(
-    status: str, writer: Writer, runner: ProjectionRunner, views: Views
+    status: TurnStatus, writer: Writer, runner: ProjectionRunner, views: Views
 ) -> None:
     sid = writer.start()
     writer.do(sid, lambda s: s.start_turn(text="go"))
@@ -403,7 +403,7 @@ def test_a_purged_session_is_forgotten_by_every_view(
     gone, kept = writer.start(), writer.start()
     for sid in (gone, kept):
         writer.turn(sid, "hello", usage=UsageData(prompt_tokens=5, completion_tokens=1))
-        writer.do(sid, lambda s: (s.title("t"), s.update_policy(["x"])))
+        writer.do(sid, lambda s: s.title("t"), lambda s: s.update_policy(["x"]))
         writer.do(sid, lambda s: s.close(by=OPERATOR))
     if processed_before:
         runner.catch_up()

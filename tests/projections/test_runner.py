@@ -15,7 +15,7 @@ from uuid import uuid4
 
 import pytest
 
-from terret import OpaquePayload, RecordedEvent
+from terret import OpaquePayload, RecordedEvent, Session
 from terret.domain.events import ToolCallData, UsageData
 from terret.domain.store import EventStore, NewRecord, session_stream
 from terret.projections import (
@@ -31,8 +31,9 @@ from tests.projections.logs import MODEL, Writer
 WAIT = 10.0
 
 
-def _started(opened: OpenedStore, views: ViewStore, **kw: int) -> ProjectionRunner:
-    runner = ProjectionRunner(opened.store, views, default_projections(), **kw)
+def _started(opened: OpenedStore, views: ViewStore, *, batch_size: int = 5000
+             ) -> ProjectionRunner:
+    runner = ProjectionRunner(opened.store, views, default_projections(), batch_size=batch_size)
     opened.runners.append(runner)
     return runner.start()
 
@@ -321,16 +322,17 @@ def test_an_approval_appended_by_another_process_reaches_a_running_runners_liste
         pytest.skip("this store cannot be opened by another process")
     sid = writer.start()
 
-    def ask(s: object) -> None:
-        s.start_turn(text="deploy")  # type: ignore[attr-defined]
-        s.start_step(MODEL)  # type: ignore[attr-defined]
-        s.record_assistant("", [ToolCallData(id="c1", name="deploy",  # type: ignore[attr-defined]
+    def ask(s: Session) -> None:
+        s.start_turn(text="deploy")
+        s.start_step(MODEL)
+        s.record_assistant("", [ToolCallData(id="c1", name="deploy",
                                              args={"env": "prod"})])
-        s.request_approval("c1", "deploy", {"env": "prod"})  # type: ignore[attr-defined]
+        s.request_approval("c1", "deploy", {"env": "prod"})
 
     runner.start()
     runner.wait_until(writer.do(sid, ask).position, timeout=WAIT)
-    assert views.status(sid).status == "waiting_approval"  # type: ignore[union-attr]
+    parked = views.status(sid)
+    assert parked is not None and parked.status == "waiting_approval"
 
     got: queue.Queue[tuple[int, object, object, str]] = queue.Queue()
 
