@@ -260,9 +260,13 @@ def test_r13_cancelling_denies_every_standing_request_then_closes_the_turn() -> 
     session.request_cancel(by=USER, reason="stop")
     session.end_turn("cancelled", reason="stop", by=USER)
     events = session.collect_events()
+    # Cancel recorded, standing requests denied, every owed call answered with an error
+    # result (no call left without its result), then the turn closes.
     assert [e.payload.wire_name for e in events] == [
-        "turn/cancel_requested", "approval/resolved", "approval/resolved", "turn/end",
+        "turn/cancel_requested", "approval/resolved", "approval/resolved",
+        "tool/result", "tool/result", "tool/result", "turn/end",
     ]
+    assert all(e.payload.is_error for e in events[3:6])
     denials = [e.payload for e in events[1:3]]
     assert sorted(d.call_id for d in denials) == ["c0", "c1"]
     assert {(d.verdict, d.by) for d in denials} == {("denied", USER)}
