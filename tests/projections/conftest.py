@@ -30,7 +30,8 @@ class OpenedStore:
     runners: list[ProjectionRunner] = field(default_factory=list)
 
 
-def _open(kind: str, tmp_path: Path) -> OpenedStore:
+def _open(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> OpenedStore:
+    """Open a store of this kind (``request`` gives other fixtures, e.g. a server's URI)."""
     if kind == "memory":
         return OpenedStore(kind, MemoryStore(), None)
     if kind == "sqlite":
@@ -41,7 +42,7 @@ def _open(kind: str, tmp_path: Path) -> OpenedStore:
 
 @pytest.fixture(params=STORE_KINDS)
 def opened_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenedStore]:
-    opened = _open(request.param, tmp_path)
+    opened = _open(request.param, tmp_path, request)
     yield opened
     for runner in opened.runners:
         runner.stop()
