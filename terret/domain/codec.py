@@ -70,28 +70,84 @@ def encode(
 
 
 def decode(record: StoredRecord, registry: EventCatalogue = catalogue) -> RecordedEvent:
-    """Decode a record. Unknown wire names become opaque events; undecodable data raises
-    :class:`CorruptRecord` naming the position."""
-    try:
-        meta = json.loads(record.metadata) if record.metadata else {}
-        if not isinstance(meta, dict):
-            raise ValueError("metadata is not a JSON object")
-        data = json.loads(record.data)
-        if not isinstance(data, dict):
-            raise ValueError("data is not a JSON object")
-        version = int(meta.get("schema_version", 1))
-        payload = registry.decode(record.wire_name, version, data)
-    except (ValueError, TypeError, InvalidPayload) as exc:
-        raise CorruptRecord(record.position, f"{record.wire_name}: {exc}") from None
-    return RecordedEvent(
-        stream=record.stream,
-        seq=record.seq,
-        position=record.position,
-        event_id=record.event_id,
-        wire_name=record.wire_name,
-        version=version,
-        payload=payload,
-        recorded_at=record.recorded_at,
-        correlation_id=meta.get("correlation_id"),
-        causation_id=meta.get("causation_id"),
-    )
+    """Decode a record. Unknown wire names become opaque events; old versions are upcast;
+    undecodable data raises :class:`CorruptRecord` naming the position."""
+    decoder = _decoders.get(id(registry))
+    if decoder is None or decoder.registry is not registry:
+        decoder = _decoders[id(registry)] = RecordDecoder(registry)
+    return decoder(record)
+
+
+class RecordDecoder:
+    """Decodes records, with a cheap path for the common one: metadata seen before (parsed once
+    and remembered) and data at its class's current version (parsed and validated by pydantic
+    straight from JSON). Anything else — an unknown wire name, an old version to upcast, any
+    failure — takes the general path, so opaque events, upcasts and errors are the same."""
+
+    max_metadata = 1024
+
+    def __init__(self, registry: EventCatalogue = catalogue) -> None:
+        self.registry = registry
+        self._metadata: dict[bytes, tuple[int, Any, Any] | None] = {}
+
+    def __call__(self, record: StoredRecord) -> RecordedEvent:
+        try:
+            meta = self._metadata[record.metadata]
+        except KeyError:
+            meta = self._remember(record.metadata)
+        if meta is not None:
+            version: int = meta[0]
+            correlation_id: Any = meta[1]
+            causation_id: Any = meta[2]
+            cls = self.registry.payload_class(record.wire_name)
+            if cls is not None and cls.version == version:
+                try:
+                    payload = cls.model_validate_json(record.data)
+                except Exception:  # noqa: BLE001 - the general path reports it
+                    pass
+                else:
+                    return RecordedEvent(
+                        record.stream, record.seq, record.position, record.event_id,
+                        record.wire_name, version, payload, record.recorded_at,
+                        correlation_id, causation_id)
+        return self._general(record)
+
+    def _remember(self, metadata: bytes) -> tuple[int, Any, Any] | None:
+        try:
+            meta = json.loads(metadata) if metadata else {}
+            parsed = (int(meta.get("schema_version", 1)), meta.get("correlation_id"),
+                      meta.get("causation_id")) if isinstance(meta, dict) else None
+        except (ValueError, TypeError):
+            parsed = None
+        if len(self._metadata) >= self.max_metadata:
+            self._metadata.clear()
+        self._metadata[metadata] = parsed
+        return parsed
+
+    def _general(self, record: StoredRecord) -> RecordedEvent:
+        try:
+            meta = json.loads(record.metadata) if record.metadata else {}
+            if not isinstance(meta, dict):
+                raise ValueError("metadata is not a JSON object")
+            data = json.loads(record.data)
+            if not isinstance(data, dict):
+                raise ValueError("data is not a JSON object")
+            version = int(meta.get("schema_version", 1))
+            payload = self.registry.decode(record.wire_name, version, data)
+        except (ValueError, TypeError, InvalidPayload) as exc:
+            raise CorruptRecord(record.position, f"{record.wire_name}: {exc}") from None
+        return RecordedEvent(
+            stream=record.stream,
+            seq=record.seq,
+            position=record.position,
+            event_id=record.event_id,
+            wire_name=record.wire_name,
+            version=version,
+            payload=payload,
+            recorded_at=record.recorded_at,
+            correlation_id=meta.get("correlation_id"),
+            causation_id=meta.get("causation_id"),
+        )
+
+
+_decoders: dict[int, RecordDecoder] = {}

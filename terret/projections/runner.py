@@ -10,17 +10,15 @@ writes each touched row once.
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from terret.domain.catalogue import EventCatalogue, EventPayload, catalogue
-from terret.domain.codec import RecordedEvent, decode
+from terret.domain.catalogue import EventCatalogue, catalogue
+from terret.domain.codec import RecordDecoder, RecordedEvent
 from terret.domain.errors import CorruptRecord, ProjectionHalted, StoreError
 from terret.domain.store import CaughtUp, Checkpoint, EventStore, StoredRecord
 from terret.projections.base import PURGED, Projection, ViewStore
@@ -72,7 +70,7 @@ class ProjectionRunner:
         self.projections = list(projections)
         self.batch_size = batch_size
         self.registry = registry
-        self._decoder = _Decoder(registry)
+        self._decoder = RecordDecoder(registry)
         self._listeners: list[ListenerHandle] = []
         self._listeners_lock = threading.Lock()
         self._pause = threading.RLock()
@@ -253,7 +251,10 @@ class ProjectionRunner:
         return {p.name: tracked.get(p.name, 0) for p in projections}, halted
 
     def _decode(self, record: StoredRecord) -> RecordedEvent | CorruptRecord:
-        return self._decoder(record)
+        try:
+            return self._decoder(record)
+        except CorruptRecord as exc:
+            return exc
 
     def _apply_fast(self, records: Sequence[StoredRecord], upto: int,
                     projections: Sequence[Projection]) -> list[RecordedEvent]:
@@ -262,7 +263,7 @@ class ProjectionRunner:
         this batch, at the record before the one it halted at."""
         events: list[RecordedEvent] = []
         append = events.append
-        decode_record = self._decoder
+        decode_record = self._decode
         with self.views.transaction() as db:
             tracked, halted = self._begin(db, projections)
             skipped = self._skips(db)
@@ -490,58 +491,3 @@ def _targets(projections: Sequence[Projection], wire_name: str
 
 
 
-class _Decoder:
-    """``terret.domain.codec.decode`` with a cheaper common path and the same results.
-
-    The common record carries metadata seen many times before (``{"schema_version":N}``) and
-    data at its class's current version. Its metadata is parsed once and remembered, and its
-    data goes to pydantic's JSON parser. Payload classes derive from ``EventPayload``, whose
-    ``__init__`` validates the parsed dict exactly as ``model_validate`` does, so the only
-    difference is which parser turns JSON text into Python values — and wherever they could
-    differ (invalid UTF-8, a lone surrogate, a byte-order mark) pydantic's refuses. Anything
-    else — an unknown wire name, an old version to upcast, any failure — goes through
-    ``decode`` itself, so opaque events, upcasts and the errors of a ``CorruptRecord`` are
-    ``decode``'s own.
-    """
-
-    max_metadata = 1024
-
-    def __init__(self, registry: EventCatalogue) -> None:
-        self.registry = registry
-        self._metadata: dict[bytes, tuple[int, Any, Any] | None] = {}
-
-    def __call__(self, record: StoredRecord) -> RecordedEvent | CorruptRecord:
-        try:
-            meta = self._metadata[record.metadata]
-        except KeyError:
-            meta = self._parse(record.metadata)
-        if meta is not None:
-            version, correlation_id, causation_id = meta
-            cls = self.registry.payload_class(record.wire_name)
-            if cls is not None and cls.version == version and issubclass(cls, EventPayload):
-                try:
-                    payload = cls.model_validate_json(record.data)
-                except Exception:  # noqa: BLE001 - decode below gives the error
-                    pass
-                else:
-                    return RecordedEvent(
-                        record.stream, record.seq, record.position, record.event_id,
-                        record.wire_name, version, payload, record.recorded_at,
-                        correlation_id, causation_id)
-        try:
-            return decode(record, self.registry)
-        except CorruptRecord as exc:
-            return exc
-
-    def _parse(self, metadata: bytes) -> tuple[int, Any, Any] | None:
-        """What ``decode`` reads from the metadata, or None to leave the record to it."""
-        try:
-            meta = json.loads(metadata) if metadata else {}
-            parsed = (int(meta.get("schema_version", 1)), meta.get("correlation_id"),
-                      meta.get("causation_id")) if isinstance(meta, dict) else None
-        except (ValueError, TypeError):
-            parsed = None
-        if len(self._metadata) >= self.max_metadata:
-            self._metadata.clear()
-        self._metadata[metadata] = parsed
-        return parsed
