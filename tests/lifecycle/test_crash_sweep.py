@@ -81,6 +81,9 @@ def isolated(opened: OpenedStore, where: Path) -> Iterator[tuple[str, EventStore
             emulator.stop()
 
 
+FORKSERVER_UNKNOWN_STATUS = 255
+
+
 def run(context: Any, target: Any, *args: Any) -> int | None:
     process = context.Process(target=target, args=args, daemon=True)
     process.start()
@@ -114,7 +117,12 @@ def test_crash_sweep_every_append_point_before_and_after_the_write(
             sid = new_session(store)
             code = run(forked, child.crash_job, uri, str(sid), crash_at, when,
                        str(report), str(ran))
-            assert code == -signal.SIGKILL, f"{where}: the child exited with {code}"
+            # A forkserver child's status is read back over a pipe; when that read fails (seen
+            # under heavy load) multiprocessing reports 255 instead of the signal. The child
+            # never finishing — no report written — is what shows it died at the crash point.
+            assert code in (-signal.SIGKILL, FORKSERVER_UNKNOWN_STATUS), \
+                f"{where}: the child exited with {code}"
+            assert not report.exists(), f"{where}: the child ran to the end"
             assert run(forked, child.resume_job, uri, str(sid), str(report),
                        str(ran)) == 0, where
             log = read_log(store, sid)
