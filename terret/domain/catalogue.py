@@ -46,6 +46,11 @@ class EventPayload(BaseModel):
             loc, msg = _first_error(exc)
             raise InvalidPayload(type(self).wire_name or type(self).__name__, loc, msg) from None
 
+    # Only construction in code needs the typed error. Marked as pydantic's own ``__init__``,
+    # it is not called again by ``model_validate``/``model_validate_json`` (decoding), which
+    # would otherwise validate every stored payload twice.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_none=True).encode()
 

@@ -7,15 +7,29 @@ messages since the last compaction and reading it costs O(those messages), not O
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from typing import Any
 
+from terret.domain.catalogue import catalogue
 from terret.domain.codec import RecordedEvent
 from terret.domain.messages import Message, ToolCall
 from terret.projections.base import Projection
 
-_dumps = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(…, separators=…)
+
+def message_of(payload: Any) -> Message | None:
+    """What one model-visible event shows the model (None for anything else). The messages
+    view and the loop's own bookkeeping both render through this."""
+    name = getattr(payload, "wire_name", None)
+    if name in ("user/message", "context/injected"):
+        return Message(role="user", text=payload.text)
+    if name == "assistant/message":
+        calls = tuple(ToolCall(id=c.id, name=c.name, args=dict(c.args))
+                      for c in payload.tool_calls)
+        return Message(role="assistant", text=payload.text, tool_calls=calls)
+    if name == "tool/result":
+        return Message(role="tool", text=payload.content, tool_call_id=payload.call_id,
+                       tool_name=payload.name, is_error=payload.is_error)
+    return None
 
 
 class MessagesProjection(Projection):
@@ -27,7 +41,7 @@ class MessagesProjection(Projection):
     tables = ("messages", "message_summaries")
     schema = """
     CREATE TABLE IF NOT EXISTS messages (
-        session TEXT NOT NULL, seq INTEGER NOT NULL, role TEXT NOT NULL, body TEXT NOT NULL,
+        session TEXT NOT NULL, seq INTEGER NOT NULL, role TEXT NOT NULL, body BLOB NOT NULL,
         PRIMARY KEY (session, seq)
     ) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS message_summaries (
@@ -55,15 +69,9 @@ class MessagesProjection(Projection):
             db.execute("DELETE FROM messages WHERE session = ? AND seq <= ?",
                        (session, p.upto_seq))
             return
-        if name == "assistant/message":
-            role, body = "assistant", {"text": p.text, "calls": [
-                [c.id, c.name, c.args] for c in p.tool_calls]}
-        elif name == "tool/result":
-            role, body = "tool", {"text": p.content, "id": p.call_id, "name": p.name,
-                                  "error": p.is_error}
-        else:
-            role, body = "user", {"text": p.text}
-        self._rows.append((session, event.seq, role, _dumps(body)))
+        # The row keeps the event's own payload (pydantic's serializer, in Rust: no Python
+        # encoding per event on the rebuild path); reading renders it with ``message_of``.
+        self._rows.append((session, event.seq, name, p.__pydantic_serializer__.to_json(p)))
 
     def flush(self, db: sqlite3.Connection) -> None:
         if self._rows:
@@ -80,19 +88,12 @@ def read_messages(db: sqlite3.Connection, stream: str) -> list[Message]:
     if summary is not None:
         upto = summary[0]
         out.append(Message(role="user", text=summary[1]))
-    for seq, role, body in db.execute(
-        "SELECT seq, role, body FROM messages WHERE session = ? AND seq > ? ORDER BY seq",
+    for wire_name, body in db.execute(
+        "SELECT role, body FROM messages WHERE session = ? AND seq > ? ORDER BY seq",
         (stream, upto),
     ):
-        del seq
-        data = json.loads(body)
-        if role == "assistant":
-            calls = tuple(ToolCall(id=c[0], name=c[1], args=c[2]) for c in data["calls"])
-            out.append(Message(role="assistant", text=data["text"], tool_calls=calls))
-        elif role == "tool":
-            out.append(Message(role="tool", text=data["text"], tool_call_id=data["id"],
-                               tool_name=data["name"], is_error=data["error"]))
-        else:
-            out.append(Message(role="user", text=data["text"]))
+        cls = catalogue.payload_class(wire_name)
+        message = message_of(cls.model_validate_json(body)) if cls is not None else None
+        if message is not None:
+            out.append(message)
     return out
-

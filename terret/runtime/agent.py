@@ -16,8 +16,9 @@ from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.events import Actor, ToolCallData, TurnStatus, UsageData
-from terret.domain.messages import Message, ToolCall
+from terret.domain.messages import Message
 from terret.domain.session import Session
+from terret.projections.messages import message_of
 from terret.runtime.allowlist import AllowList
 from terret.runtime.approvals import ApprovalGate, TurnCancelled, TurnSuspended
 from terret.runtime.hooks import PreStepHook, StepClaim
@@ -424,16 +425,9 @@ def _rendered(payloads: list[Any]) -> list[Message] | None:
     extension event): the caller then reads the view."""
     out: list[Message] = []
     for p in payloads:
-        name = getattr(p, "wire_name", None)
-        if name in ("user/message", "context/injected"):
-            out.append(Message(role="user", text=p.text))
-        elif name == "assistant/message":
-            calls = tuple(ToolCall(id=c.id, name=c.name, args=dict(c.args))
-                          for c in p.tool_calls)
-            out.append(Message(role="assistant", text=p.text, tool_calls=calls))
-        elif name == "tool/result":
-            out.append(Message(role="tool", text=p.content, tool_call_id=p.call_id,
-                               tool_name=p.name, is_error=p.is_error))
+        message = message_of(p)
+        if message is not None:
+            out.append(message)
         elif getattr(p, "model_visible", False):
             return None
     return out

@@ -14,7 +14,7 @@ import time
 import weakref
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID
 
 from terret.adapters.stores._rules import AlreadyWritten, check_size, decide
@@ -51,7 +51,15 @@ CREATE TABLE IF NOT EXISTS snapshots (
 );
 """
 
-_COLUMNS = "stream, seq, position, event_id, wire_name, data, metadata, recorded_at"
+# The last column says whether SQLite's own types are those of a sound row, so that decoding
+# a sound row (nearly all of them) is a plain constructor call.
+_COLUMNS = (
+    "stream, seq, position, event_id, wire_name, data, metadata, recorded_at,"
+    " typeof(seq) = 'integer' AND typeof(event_id) = 'blob' AND length(event_id) = 16"
+    " AND typeof(data) = 'blob' AND typeof(metadata) = 'blob'"
+    " AND typeof(stream) = 'text' AND typeof(wire_name) = 'text'"
+    " AND typeof(recorded_at) IN ('real', 'integer')"
+)
 _INSERT = (
     "INSERT INTO events (stream, seq, event_id, wire_name, data, metadata, recorded_at)"
     " VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -74,26 +82,15 @@ def _signal_for(path: str) -> threading.Condition:
         return _signals.setdefault(path, threading.Condition())
 
 
-def _row(row: tuple[object, ...]) -> StoredRecord:
-    stream, seq, position, event_id, wire_name, data, metadata, recorded_at = row
-    assert isinstance(position, int)
-    try:
-        if not isinstance(event_id, bytes) or len(event_id) != 16:
-            raise ValueError("event id is not 16 bytes")
-        if not isinstance(data, bytes) or not isinstance(metadata, bytes):
-            raise ValueError("data or metadata is not a blob")
-        return StoredRecord(
-            stream=str(stream),
-            seq=int(seq),  # type: ignore[call-overload]
-            position=position,
-            event_id=UUID(bytes=event_id),
-            wire_name=str(wire_name),
-            data=data,
-            metadata=metadata,
-            recorded_at=float(recorded_at),  # type: ignore[arg-type]
-        )
-    except (ValueError, TypeError) as exc:
-        raise CorruptRecord(position, str(exc)) from None
+def _row(row: tuple[Any, ...]) -> StoredRecord:
+    stream, seq, position, event_id, wire_name, data, metadata, recorded_at, sound = row
+    if sound:
+        return StoredRecord(stream, seq, position, UUID(bytes=event_id), wire_name, data,
+                            metadata, float(recorded_at))
+    reason = "event id is not 16 bytes"
+    if isinstance(event_id, bytes) and len(event_id) == 16:
+        reason = "a column holds a value of the wrong type (data and metadata must be blobs)"
+    raise CorruptRecord(position, reason)
 
 
 class SQLiteStore(PositionalStore):
