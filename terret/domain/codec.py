@@ -4,8 +4,7 @@ correlation/causation ids."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID, uuid4
 
 from terret.domain.catalogue import EventCatalogue, EventPayload, OpaquePayload, catalogue
@@ -15,9 +14,9 @@ from terret.domain.store import NewRecord, StoredRecord, session_id_of
 AnyPayload = EventPayload | OpaquePayload
 
 
-@dataclass(frozen=True, slots=True)
-class RecordedEvent:
-    """A decoded event as readers see it."""
+class RecordedEvent(NamedTuple):
+    """A decoded event as readers see it. Immutable; a named tuple because every reader and
+    every rebuild makes one per event, and a tuple is the cheapest immutable record."""
 
     stream: str
     seq: int

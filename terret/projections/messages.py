@@ -43,7 +43,7 @@ class MessagesProjection(Projection):
     CREATE TABLE IF NOT EXISTS messages (
         session TEXT NOT NULL, seq INTEGER NOT NULL, role TEXT NOT NULL, body BLOB NOT NULL,
         PRIMARY KEY (session, seq)
-    ) WITHOUT ROWID;
+    );
     CREATE TABLE IF NOT EXISTS message_summaries (
         session TEXT PRIMARY KEY, upto_seq INTEGER NOT NULL, seq INTEGER NOT NULL,
         summary TEXT NOT NULL

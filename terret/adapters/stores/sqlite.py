@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal
-from uuid import UUID
+from uuid import UUID, SafeUUID
 
 from terret.adapters.stores._rules import AlreadyWritten, check_size, decide
 from terret.adapters.stores._subscription import PositionalStore
@@ -82,10 +82,19 @@ def _signal_for(path: str) -> threading.Condition:
         return _signals.setdefault(path, threading.Condition())
 
 
+def _uuid(raw: bytes, _new: Any = object.__new__, _set: Any = object.__setattr__) -> UUID:
+    """``UUID(bytes=raw)`` for 16 bytes SQLite already checked, without re-validating them:
+    half the cost, on the path every read and rebuild takes for every event."""
+    value = _new(UUID)
+    _set(value, "int", int.from_bytes(raw, "big"))
+    _set(value, "is_safe", SafeUUID.unknown)
+    return value
+
+
 def _row(row: tuple[Any, ...]) -> StoredRecord:
     stream, seq, position, event_id, wire_name, data, metadata, recorded_at, sound = row
     if sound:
-        return StoredRecord(stream, seq, position, UUID(bytes=event_id), wire_name, data,
+        return StoredRecord(stream, seq, position, _uuid(event_id), wire_name, data,
                             metadata, float(recorded_at))
     reason = "event id is not 16 bytes"
     if isinstance(event_id, bytes) and len(event_id) == 16:
