@@ -22,6 +22,9 @@ from terret.domain.codec import RecordedEvent
 
 _VIEW_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tracking (projection TEXT PRIMARY KEY, position INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS projection_versions (
+    projection TEXT PRIMARY KEY, version INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS projection_faults (
     projection TEXT PRIMARY KEY, position INTEGER NOT NULL, error TEXT NOT NULL,
     recorded_at REAL NOT NULL
@@ -40,6 +43,9 @@ class Projection(ABC):
     handles: ClassVar[frozenset[str]]
     tables: ClassVar[tuple[str, ...]]
     schema: ClassVar[str]
+    version: ClassVar[int] = 1
+    """Bump it when the tables' layout or meaning changes: a view file written by another
+    version of the projection is then dropped and rebuilt from the log on open."""
 
     @abstractmethod
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
@@ -107,9 +113,27 @@ class ViewStore:
         with self.lock:
             self.db.executescript(_VIEW_SCHEMA)
 
-    def ensure(self, projection: Projection) -> None:
+    def ensure(self, projection: Projection) -> bool:
+        """Create the projection's tables. A view written by another version of the projection
+        is dropped with its tracked position and fault (it then replays from position 0);
+        returns True when that happened."""
         with self.lock:
+            row = self.db.execute("SELECT version FROM projection_versions WHERE projection = ?",
+                                  (projection.name,)).fetchone()
+            recorded = row[0] if row is not None else None
+            if recorded is None and self.db.execute(
+                    "SELECT 1 FROM tracking WHERE projection = ?", (projection.name,)).fetchone():
+                recorded = 1  # written before views recorded their versions
+            stale = recorded is not None and recorded != projection.version
+            if stale:
+                projection.drop(self.db)
+                self.db.execute("DELETE FROM tracking WHERE projection = ?", (projection.name,))
+                self.db.execute("DELETE FROM projection_faults WHERE projection = ?",
+                                (projection.name,))
             projection.create(self.db)
+            self.db.execute("INSERT OR REPLACE INTO projection_versions VALUES (?, ?)",
+                            (projection.name, projection.version))
+            return stale
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

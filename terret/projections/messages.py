@@ -34,6 +34,7 @@ def message_of(payload: Any) -> Message | None:
 
 class MessagesProjection(Projection):
     name = "messages"
+    version = 2  # 2: rows hold the event's own payload JSON, keyed by wire name
     handles = frozenset(
         {"user/message", "context/injected", "assistant/message", "tool/result",
          "session/compacted"}

@@ -3,11 +3,14 @@ rebuilds into a scratch view and lists every difference from the live one."""
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
 from uuid import UUID
 
 import pytest
 
 from terret import Actor, Session
+from terret.domain.codec import RecordedEvent
 from terret.domain.events import ToolCallData, UsageData
 from terret.domain.store import EventStore
 from terret.projections import ProjectionRunner, UsageTotals, Views, ViewStore, default_projections
@@ -133,3 +136,36 @@ def test_a_fresh_view_store_replaying_everything_equals_the_live_one(
     for live, rebuilt in zip(runner.projections, fresh, strict=True):
         assert live.dump(view_store.db) == rebuilt.dump(fresh_views.db), live.name
     fresh_views.close()
+
+
+def test_a_view_written_by_another_version_of_its_projection_is_rebuilt_on_open(
+        tmp_path: Path) -> None:
+    """Views are a cache of the log: when a projection's layout changes (its ``version``), a
+    view file written by the old one is dropped and replayed from position 0, not misread."""
+    from terret.adapters.stores.memory import MemoryStore
+    from terret.domain import SessionRepository
+    from terret.projections.messages import MessagesProjection
+
+    store = MemoryStore()
+    session = Session.start()
+    session.start_turn(text="hello")
+    SessionRepository(store).save(session)
+    path = str(tmp_path / "views.db")
+
+    class OldMessages(MessagesProjection):
+        version = 1
+
+        def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+            db.execute("INSERT INTO messages VALUES (?, ?, ?, ?)",
+                       (event.stream, event.seq, "user/message", b"not the new layout"))
+
+    old = ViewStore(path)
+    ProjectionRunner(store, old, [OldMessages()]).catch_up()
+    old.close()
+
+    views = ViewStore(path)
+    runner = ProjectionRunner(store, views, [MessagesProjection()])
+    assert views.tracked("messages") == 0  # dropped: it replays from the start
+    runner.catch_up()
+    assert [m.text for m in Views(views).messages(session.id)] == ["hello"]
+    views.close()
