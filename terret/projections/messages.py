@@ -1,8 +1,10 @@
 """What the model sees next (R17): model-visible events in seq order, with everything at or
 before the latest compaction's ``upto_seq`` replaced by one user message holding the summary.
 
-Rows at or before a compaction's boundary are deleted when it lands, so the view holds only the
-messages since the last compaction and reading it costs O(those messages), not O(log).
+Reading costs O(messages since the last compaction), not O(log): the read is one range scan of
+the session's primary key, from the latest compaction's boundary on. Rows before the boundary
+stay (deleting them on every compaction made rebuilds markedly slower, and the read never
+touches them); a purge removes a session's rows.
 """
 
 from __future__ import annotations
@@ -62,13 +64,10 @@ class MessagesProjection(Projection):
         p: Any = event.payload
         name = event.wire_name
         if name == "session/compacted":
-            self.flush(db)  # in log order: the messages it replaces are written first
             db.execute(
                 "INSERT OR REPLACE INTO message_summaries VALUES (?, ?, ?, ?)",
                 (session, p.upto_seq, event.seq, p.summary),
             )
-            db.execute("DELETE FROM messages WHERE session = ? AND seq <= ?",
-                       (session, p.upto_seq))
             return
         # The row keeps the event's own payload (pydantic's serializer, in Rust: no Python
         # encoding per event on the rebuild path); reading renders it with ``message_of``.
