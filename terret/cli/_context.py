@@ -17,10 +17,12 @@ import click
 from terret.adapters.stores.uri import mask_credentials, open_store
 from terret.domain.errors import SessionNotFound, StoreUnavailable
 from terret.domain.events import Actor
+from terret.domain.repository import SessionRepository
 from terret.domain.store import EventStore, session_stream
 from terret.projections.base import ViewStore
 from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views, default_projections
+from terret.runtime.writer import SessionWriter
 
 DEFAULT_STORE = "terret.db"
 
@@ -107,6 +109,10 @@ class CliContext:
                 self._store = open_store(uri)
             self.closers.append(self._store.close)
         return self._store
+
+    def writer(self, *, create: bool = False) -> SessionWriter:
+        """Commands that append go through the ``Session`` aggregate, like the runtime does."""
+        return SessionWriter(SessionRepository(self.store(create=create)))
 
     def view_store(self) -> ViewStore:
         if self._views is None:

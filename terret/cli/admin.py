@@ -10,17 +10,12 @@ from terret.cli._app import load_app
 from terret.cli._context import SESSION, CliContext, note, operator, table
 from terret.domain.catalogue import catalogue
 from terret.domain.errors import ConfigurationError, InvalidPayload, NoOpenTurn
-from terret.domain.repository import SessionRepository
 from terret.runtime.runtime import Runtime
-from terret.runtime.writer import SessionWriter
 
 APP_OPTION = click.option(
     "--app", "app_spec", envvar="TERRET_APP", default=None, metavar="MODULE:FUNC",
     help="Function returning a terret.cli.App (agents, tools, providers). Env TERRET_APP.")
 
-
-def _writer(obj: CliContext) -> SessionWriter:
-    return SessionWriter(SessionRepository(obj.store()))
 
 
 def runtime_for(obj: CliContext, app_spec: str | None) -> Runtime:
@@ -45,7 +40,7 @@ def inject(obj: CliContext, session_id: UUID, text: str, wake: bool) -> None:
     if not text.strip():
         raise click.BadParameter("the text cannot be empty", param_hint="TEXT")
     obj.require_session(session_id)
-    inbox_id, _ = _writer(obj).execute(session_id, lambda s: s.queue(text, wake=wake))
+    inbox_id, _ = obj.writer().execute(session_id, lambda s: s.queue(text, wake=wake))
     obj.emit({"session": str(session_id), "inbox_id": inbox_id, "wake": wake},
              f"queued {inbox_id}" + (" (wake)" if wake else ""))
 
@@ -58,7 +53,7 @@ def cancel(obj: CliContext, session_id: UUID, reason: str | None) -> None:
     """Cancel the open turn: recorded first; its serving process then denies standing
     approvals and closes the turn (or the next resume does)."""
     obj.require_session(session_id)
-    _writer(obj).execute(session_id, lambda s: s.request_cancel(by=operator(), reason=reason))
+    obj.writer().execute(session_id, lambda s: s.request_cancel(by=operator(), reason=reason))
     obj.emit({"session": str(session_id), "cancel_requested": True},
              f"cancel recorded for {session_id}")
 
@@ -111,7 +106,7 @@ def policy_set(obj: CliContext, session_id: UUID, patterns: tuple[str, ...]) -> 
     """Replace the allow-list; takes effect on the very next tool call."""
     obj.require_session(session_id)
     try:
-        _writer(obj).execute(session_id, lambda s: s.update_policy(patterns, by=operator()))
+        obj.writer().execute(session_id, lambda s: s.update_policy(patterns, by=operator()))
     except InvalidPayload as exc:
         raise click.BadParameter(str(exc), param_hint="PATTERN") from None
     obj.emit({"session": str(session_id), "patterns": list(patterns)},
@@ -132,7 +127,7 @@ def model_set(obj: CliContext, session_id: UUID, role: str, spec: str) -> None:
     """Point ROLE at SPEC (provider:model); the next step uses it."""
     obj.require_session(session_id)
     try:
-        _writer(obj).execute(session_id, lambda s: s.set_model(role, spec, by=operator()))
+        obj.writer().execute(session_id, lambda s: s.set_model(role, spec, by=operator()))
     except InvalidPayload as exc:
         raise click.BadParameter(str(exc)) from None
     obj.emit({"session": str(session_id), "role": role, "spec": spec}, f"{role} = {spec}")
@@ -163,7 +158,7 @@ def title(obj: CliContext, session_id: UUID, new_title: str | None) -> None:
     if new_title is not None:
         if not new_title.strip():
             raise click.BadParameter("a title cannot be empty", param_hint="NEW_TITLE")
-        value, _ = _writer(obj).execute(session_id, lambda s: s.title(new_title, by=operator()))
+        value, _ = obj.writer().execute(session_id, lambda s: s.title(new_title, by=operator()))
         obj.emit({"session": str(session_id), "title": value}, str(value))
         return
     current = obj.views().title(session_id)

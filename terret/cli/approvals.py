@@ -8,8 +8,6 @@ from uuid import UUID
 import click
 
 from terret.cli._context import SESSION, CliContext, operator, table
-from terret.domain.repository import SessionRepository
-from terret.runtime.writer import SessionWriter
 
 
 @click.group("approvals")
@@ -36,7 +34,7 @@ def list_approvals(obj: CliContext, session_id: UUID | None) -> None:
 def _resolve(obj: CliContext, session_id: UUID, call_id: str, verdict: str,
              reason: str | None) -> None:
     obj.require_session(session_id)
-    writer = SessionWriter(SessionRepository(obj.store()))
+    writer = obj.writer()
     # Refused with ApprovalNotPending unless the call is pending in the open turn (R11).
     writer.execute(session_id, lambda s: s.resolve_approval(
         call_id, verdict, by=operator(), reason=reason))

@@ -12,7 +12,6 @@ from terret.domain.errors import InvalidPayload, RuleViolation, SessionNotFound
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
 from terret.runtime.retention import purge_session
-from terret.runtime.writer import SessionWriter
 
 STATUSES = ("idle", "running", "waiting_approval", "closed")
 
@@ -100,8 +99,7 @@ def new(obj: CliContext, agent: str, main_model: str | None) -> None:
     except InvalidPayload as exc:
         raise click.BadParameter(str(exc), param_hint="'--model'" if exc.field == "roles"
                                  else f"'--{exc.field}'") from None
-    store = obj.store(create=True)
-    SessionWriter(SessionRepository(store)).create(session)
+    obj.writer(create=True).create(session)
     obj.emit({"id": str(session.id)}, str(session.id))
 
 
@@ -112,7 +110,7 @@ def new(obj: CliContext, agent: str, main_model: str | None) -> None:
 def close(obj: CliContext, session_id: UUID, reason: str | None) -> None:
     """Close a session: it takes no further turns. Refused while a turn is open."""
     obj.require_session(session_id)
-    writer = SessionWriter(SessionRepository(obj.store()))
+    writer = obj.writer()
     writer.execute(session_id, lambda s: s.close(by=operator(), reason=reason))
     obj.emit({"id": str(session_id), "closed": True}, f"closed {session_id}")
 
