@@ -106,7 +106,6 @@ class Session(Aggregate):
     def __init__(self, payload: SessionStarted, event_id: UUID) -> None:
         # the same state a replay of session/started gives (_on_started)
         self.state = SessionState(agent=payload.agent, roles=dict(payload.roles))
-        self.state.titled = False
 
     # --- creation and loading -------------------------------------------------------------
 

@@ -70,7 +70,7 @@ class Agent:
                                    lambda sid: runtime.views.status(sid) is not None)
         self.context.pre_execute.append(self.allowlist)
         self.gate = ApprovalGate(
-            runtime.writer, runtime.views, runtime.signals, runtime.wait_for,
+            runtime.writer, runtime.signals,
             max_wait=runtime.config.approval_max_wait,
             on_park=self._parked,
             on_unpark=lambda: self._set_status("running"),

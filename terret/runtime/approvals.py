@@ -2,8 +2,9 @@
 and wakes when a verdict — from this process or any other — arrives through the subscription.
 
 A parked call waits on a condition; the ``approval/resolved``, ``turn/cancel_requested`` and
-``turn/end`` listener signals it, and the call then re-reads the verdict from the approvals view
-(bound to call id, tool and arguments — R11). There is no timeout by default (R12); with
+``turn/end`` listener signals it, and the call then re-reads the verdict from the log (the
+session's tail, so a verdict another process appended counts at once), bound to call id, tool
+and arguments (R11). There is no timeout by default (R12); with
 ``max_wait`` set, the reaper records a durable denial ``by: reaper`` when the wait runs out.
 """
 
@@ -19,7 +20,6 @@ from terret.domain.codec import RecordedEvent
 from terret.domain.errors import ApprovalNotPending, TerretError
 from terret.domain.events import Actor
 from terret.domain.session import Session
-from terret.projections.views import Views
 from terret.runtime.tools import CallContext, Tool, ToolOutcome
 from terret.runtime.writer import SessionWriter
 
@@ -69,9 +69,7 @@ class ApprovalGate:
     def __init__(
         self,
         writer: SessionWriter,
-        views: Views,
         signals: ApprovalSignals,
-        wait_for_views: Callable[[int], None],
         *,
         max_wait: float | None = None,
         on_park: Callable[[], None] = lambda: None,
@@ -81,9 +79,7 @@ class ApprovalGate:
     ) -> None:
         self.stopping = stopping or threading.Event()
         self.writer = writer
-        self.views = views
         self.signals = signals
-        self.wait_for_views = wait_for_views
         self.max_wait = max_wait
         self.on_park = on_park
         self.on_unpark = on_unpark
@@ -96,14 +92,13 @@ class ApprovalGate:
             raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled")
         verdict = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
         if verdict is None and ctx.call_id not in session.state.pending:
-            _, result = self.writer.execute(
+            self.writer.execute(
                 sid, lambda s: s.request_approval(ctx.call_id, ctx.name, ctx.args), owner=True
             )
-            requested_at = time.time()
-        else:
-            requested_at = time.time()
         if verdict is None:
-            verdict = self._park(ctx, requested_at)
+            # A request a dead process made is re-parked without asking again; its maximum
+            # wait counts from now, so a restart never reaps a call early.
+            verdict = self._park(ctx, time.time())
         if verdict["verdict"] == "approved":
             return None
         by = verdict.get("by") or {}

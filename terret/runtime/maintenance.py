@@ -8,7 +8,7 @@ reacted to (R6).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 from uuid import UUID
 
@@ -122,5 +122,3 @@ class AutoTitler:
                 return ""
             start = page[-1].seq + 1
 
-
-Task = Callable[[], None]

@@ -305,9 +305,7 @@ class Runtime:
     # --- inbox and wake (R24) ------------------------------------------------------------
 
     def inject(self, session_id: UUID, text: str, *, wake: bool = False) -> str:
-        inbox_id, result = self.writer.execute(session_id, lambda s: s.queue(text, wake=wake))
-        if wake and not self._started:
-            pass  # no runner here: a serving process picks the wake up from the log
+        inbox_id, _ = self.writer.execute(session_id, lambda s: s.queue(text, wake=wake))
         return str(inbox_id)
 
     def _on_inbox(self, event: RecordedEvent) -> None:

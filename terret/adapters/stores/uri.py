@@ -24,10 +24,7 @@ def open_store(uri: str) -> EventStore:
 
         return MemoryStore()
     if uri.startswith("sqlite://"):
-        path = uri[len("sqlite://") :]
-        if path.startswith("/") and not path.startswith("//"):
-            pass
-        path = path or "terret.db"
+        path = uri[len("sqlite://") :] or "terret.db"
     elif "://" in uri or uri.startswith("esdb:"):
         raise InvalidStoreURI(
             f"unsupported store URI {mask_credentials(uri)!r}: "
