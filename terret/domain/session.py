@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any
 from uuid import UUID, uuid4
@@ -76,9 +76,11 @@ class SessionState:
     attached: str | None = None
     roles: dict[str, str] = field(default_factory=dict)
     policy_seq: int = 0
+    last_turn_status: str | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        # Every field holds JSON values already: no deep copy (``asdict``) needed to dump them.
+        return json.dumps(vars(self), separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> SessionState:
@@ -374,11 +376,17 @@ class Session(Aggregate):
     # --- evolution -----------------------------------------------------------------------
 
     def _apply(self, payload: EventPayload | OpaquePayload, seq: int) -> None:
-        if payload.model_visible:
-            self.state.last_visible_seq = seq
-        handler = _APPLY.get(payload.wire_name)
-        if handler is not None:
-            handler(self.state, payload, seq)
+        evolve(self.state, payload, seq)
+
+
+def evolve(state: SessionState, payload: EventPayload | OpaquePayload, seq: int) -> None:
+    """Apply one event at ``seq`` to a session's state. The aggregate and the status view both
+    evolve their state through this, so they cannot disagree about a log."""
+    if payload.model_visible:
+        state.last_visible_seq = seq
+    handler = _APPLY.get(payload.wire_name)
+    if handler is not None:
+        handler(state, payload, seq)
 
 
 def _on_started(s: SessionState, p: Any, seq: int) -> None:
@@ -408,7 +416,7 @@ def _on_step_start(s: SessionState, p: Any, seq: int) -> None:
 def _on_assistant(s: SessionState, p: Any, seq: int) -> None:
     s.step_answered = True
     s.last_reply_final = not p.tool_calls
-    s.owed = {c.id: c.model_dump() for c in p.tool_calls}
+    s.owed = {c.id: {"id": c.id, "name": c.name, "args": c.args} for c in p.tool_calls}
 
 
 def _on_tool_result(s: SessionState, p: Any, seq: int) -> None:
@@ -420,6 +428,7 @@ def _on_step_end(s: SessionState, p: Any, seq: int) -> None:
 
 
 def _on_turn_end(s: SessionState, p: Any, seq: int) -> None:
+    s.last_turn_status = p.status
     s.turn_open, s.step_open, s.step_answered = False, False, False
     s.owed, s.pending, s.verdicts, s.cancel_requested = {}, {}, {}, False
     s.cancel_by = s.cancel_reason = None
@@ -504,3 +513,5 @@ _APPLY: dict[str, Callable[[SessionState, Any, int], None]] = {
     "model/set": _on_model_set,
     "policy/updated": _on_policy,
 }
+
+EVOLVING = frozenset(_APPLY)

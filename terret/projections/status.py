@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from terret.domain.codec import RecordedEvent
+from terret.domain.session import EVOLVING, SessionState, evolve
 from terret.projections.base import Projection
 
 
@@ -35,118 +36,63 @@ class SessionStatus:
         return self.turn_open
 
 
-_COLUMNS = ("session, turn, turn_open, step, step_open, owed, pending, cancel_requested,"
+_COLUMNS = ("session, state, turn, turn_open, step, step_open, owed, pending, cancel_requested,"
             " inbox, closed, last_turn_status")
 
 
 class StatusProjection(Projection):
+    """Each session's state is the ``Session`` aggregate's own (``SessionState``, evolved by
+    the same ``evolve``), kept as JSON beside the columns operators and queries read."""
+
     name = "status"
-    handles = frozenset({
-        "session/started", "turn/start", "step/start", "assistant/message", "tool/result",
-        "step/end", "turn/end", "approval/requested", "approval/resolved",
-        "turn/cancel_requested", "inbox/queued", "user/message", "context/injected",
-        "session/closed",
-    })
+    version = 2  # 2: the aggregate's state is the row's truth
+    handles = EVOLVING
     tables = ("status",)
     schema = """
     CREATE TABLE IF NOT EXISTS status (
-        session TEXT PRIMARY KEY, turn INTEGER NOT NULL, turn_open INTEGER NOT NULL,
-        step INTEGER NOT NULL, step_open INTEGER NOT NULL, owed TEXT NOT NULL,
-        pending TEXT NOT NULL, cancel_requested INTEGER NOT NULL, inbox TEXT NOT NULL,
-        closed INTEGER NOT NULL, last_turn_status TEXT
+        session TEXT PRIMARY KEY, state TEXT NOT NULL, turn INTEGER NOT NULL,
+        turn_open INTEGER NOT NULL, step INTEGER NOT NULL, step_open INTEGER NOT NULL,
+        owed TEXT NOT NULL, pending TEXT NOT NULL, cancel_requested INTEGER NOT NULL,
+        inbox TEXT NOT NULL, closed INTEGER NOT NULL, last_turn_status TEXT
     );
     """
 
     def __init__(self) -> None:
-        # The rows a batch touched, loaded once and written once at its end (``flush``).
-        self._rows: dict[str, _Row] = {}
+        # The states a batch touched, loaded once and written once at its end (``flush``).
+        self._states: dict[str, SessionState] = {}
 
     def begin(self) -> None:
-        self._rows = {}
+        self._states = {}
 
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        s = self._rows.get(event.stream)
-        if s is None:
-            row = db.execute(f"SELECT {_COLUMNS} FROM status WHERE session = ?",
+        state = self._states.get(event.stream)
+        if state is None:
+            row = db.execute("SELECT state FROM status WHERE session = ?",
                              (event.stream,)).fetchone()
-            s = self._rows[event.stream] = _Row.load(event.stream, row)
-        s.apply(event)
+            state = SessionState.from_json(row[0]) if row else SessionState()
+            self._states[event.stream] = state
+        evolve(state, event.payload, event.seq)
 
     def flush(self, db: sqlite3.Connection) -> None:
-        if self._rows:
+        if self._states:
             db.executemany(f"INSERT OR REPLACE INTO status ({_COLUMNS}) VALUES"
-                           " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           [s.dump() for s in self._rows.values()])
-            self._rows = {}
+                           " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           [_row(session, s) for session, s in self._states.items()])
+            self._states = {}
 
 
-class _Row:
-    def __init__(self, session: str) -> None:
-        self.session = session
-        self.turn = 0
-        self.turn_open = False
-        self.step = 0
-        self.step_open = False
-        self.owed: dict[str, dict[str, Any]] = {}
-        self.pending: list[str] = []
-        self.cancel = False
-        self.inbox: dict[str, bool] = {}
-        self.closed = False
-        self.last_status: str | None = None
-
-    @classmethod
-    def load(cls, session: str, row: tuple[Any, ...] | None) -> _Row:
-        s = cls(session)
-        if row is not None:
-            (_, s.turn, turn_open, s.step, step_open, owed, pending, cancel, inbox, closed,
-             s.last_status) = row
-            s.turn_open, s.step_open, s.cancel, s.closed = (
-                bool(turn_open), bool(step_open), bool(cancel), bool(closed))
-            s.owed, s.pending, s.inbox = json.loads(owed), json.loads(pending), json.loads(inbox)
-        return s
-
-    def dump(self) -> tuple[Any, ...]:
-        return (self.session, self.turn, int(self.turn_open), self.step, int(self.step_open),
-                json.dumps(self.owed), json.dumps(self.pending), int(self.cancel),
-                json.dumps(self.inbox), int(self.closed), self.last_status)
-
-    def apply(self, event: RecordedEvent) -> None:
-        p: Any = event.payload
-        name = event.wire_name
-        if name == "turn/start":
-            self.turn, self.turn_open, self.step, self.step_open = p.turn, True, 0, False
-            self.owed, self.pending, self.cancel = {}, [], False
-        elif name == "step/start":
-            self.step, self.step_open = p.step, True
-        elif name == "assistant/message":
-            self.owed = {c.id: {"id": c.id, "name": c.name, "args": c.args}
-                         for c in p.tool_calls}
-        elif name == "tool/result":
-            self.owed.pop(p.call_id, None)
-        elif name == "step/end":
-            self.step_open = False
-        elif name == "turn/end":
-            self.turn_open, self.step_open, self.owed, self.pending = False, False, {}, []
-            self.cancel, self.last_status = False, p.status
-        elif name == "approval/requested" and self.turn_open:
-            self.pending.append(p.call_id)
-        elif name == "approval/resolved" and p.call_id in self.pending:
-            self.pending.remove(p.call_id)
-        elif name == "turn/cancel_requested" and self.turn_open:
-            self.cancel = True
-        elif name == "inbox/queued":
-            self.inbox[p.inbox_id] = p.wake
-        elif name in ("user/message", "context/injected") and p.inbox_id:
-            self.inbox.pop(p.inbox_id, None)
-        elif name == "session/closed":
-            self.closed = True
+def _row(session: str, s: SessionState) -> tuple[Any, ...]:
+    return (session, s.to_json().decode(), s.turn, int(s.turn_open), s.step, int(s.step_open),
+            json.dumps(list(s.owed.values())), json.dumps(list(s.pending)),
+            int(s.cancel_requested), json.dumps({k: e["wake"] for k, e in s.inbox.items()}),
+            int(s.closed), s.last_turn_status)
 
 
 def read_status(db: sqlite3.Connection, stream: str) -> SessionStatus | None:
-    row = db.execute(f"SELECT {_COLUMNS} FROM status WHERE session = ?", (stream,)).fetchone()
+    row = db.execute("SELECT state FROM status WHERE session = ?", (stream,)).fetchone()
     if row is None:
         return None
-    s = _Row.load(stream, row)
+    s = SessionState.from_json(row[0])
     state = "idle"
     if s.turn_open:
         state = "waiting_approval" if s.pending else "running"
@@ -155,8 +101,9 @@ def read_status(db: sqlite3.Connection, stream: str) -> SessionStatus | None:
     return SessionStatus(
         session=stream, status=state, turn=s.turn, turn_open=s.turn_open, step=s.step,
         step_open=s.step_open, owed=list(s.owed.values()), pending_approvals=len(s.pending),
-        cancel_requested=s.cancel, inbox=len(s.inbox), wake=any(s.inbox.values()),
-        closed=s.closed, last_turn_status=s.last_status,
+        cancel_requested=s.cancel_requested, inbox=len(s.inbox),
+        wake=any(e["wake"] for e in s.inbox.values()), closed=s.closed,
+        last_turn_status=s.last_turn_status,
     )
 
 
