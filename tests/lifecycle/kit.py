@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -47,6 +48,18 @@ def wait_for_line(proc: subprocess.Popen[str], expected: str, timeout: float = 3
     raise AssertionError(f"the child never printed {expected!r}: {stderr}")
 
 
+def kill9_after(proc: subprocess.Popen[str], line: str) -> None:
+    """Wait for the child to print ``line``, then SIGKILL it (no cleanup runs in it)."""
+    try:
+        wait_for_line(proc, line)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+        for pipe in (proc.stdout, proc.stderr):
+            assert pipe is not None
+            pipe.close()
+
+
 def check_invariants(log: list[Ev]) -> None:
     """What every log must hold however its processes died: one turn/start per turn, at most
     one turn/end per turn, every tool call answered by exactly one tool/result, every event id
@@ -68,5 +81,5 @@ def read_report(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-__all__ = ["check_invariants", "new_session", "python_module", "read_log", "read_report",
-           "wait_for_line"]
+__all__ = ["check_invariants", "kill9_after", "new_session", "python_module", "read_log",
+           "read_report", "wait_for_line"]

@@ -3,13 +3,11 @@ the way out; a fresh runtime completes the turn on the first wake (R14–R16, R2
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 from terret import Actor
 from tests.lifecycle import child
-from tests.lifecycle.kit import check_invariants, new_session, python_module, wait_for_line
+from tests.lifecycle.kit import check_invariants, kill9_after, new_session, python_module
 from tests.runtime.conftest import OpenedStore
 from tests.runtime.kit import agent_of, names, only, read_log, wait_for_event
 
@@ -19,15 +17,8 @@ def test_kill9_mid_tool_then_a_fresh_runtime_completes_the_turn_on_the_first_wak
     store = opened.store
     sid = new_session(store)
     ran = tmp_path / "ran.txt"
-    doomed = python_module("tests.lifecycle.child", "wedge", opened.uri, str(sid), str(ran))
-    try:
-        wait_for_line(doomed, "wedged")
-    finally:
-        os.kill(doomed.pid, signal.SIGKILL)
-        assert doomed.wait(30) == -signal.SIGKILL
-        for pipe in (doomed.stdout, doomed.stderr):
-            assert pipe is not None
-            pipe.close()
+    kill9_after(python_module("tests.lifecycle.child", "wedge", opened.uri, str(sid), str(ran)),
+                "wedged")
 
     left = read_log(store, sid)
     assert names(left)[-1] == "assistant/message"  # died mid-tool: no result, no ensure
@@ -65,15 +56,8 @@ def test_kill9_while_parked_then_a_verdict_from_another_process_then_the_first_w
     store = opened.store
     sid = new_session(store)
     ran = tmp_path / "ran.txt"
-    doomed = python_module("tests.lifecycle.child", "park", opened.uri, str(sid), str(ran))
-    try:
-        wait_for_line(doomed, "parked")
-    finally:
-        os.kill(doomed.pid, signal.SIGKILL)
-        assert doomed.wait(30) == -signal.SIGKILL
-        for pipe in (doomed.stdout, doomed.stderr):
-            assert pipe is not None
-            pipe.close()
+    kill9_after(python_module("tests.lifecycle.child", "park", opened.uri, str(sid), str(ran)),
+                "parked")
     operator = child.runtime(store, child.sweep_model, ran)  # a CLI: never started
     assert operator.pending(sid) == ["c-deploy"]
     operator.approve(sid, "c-deploy", by=Actor(actor="operator", id="cli"))
