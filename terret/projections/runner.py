@@ -250,65 +250,49 @@ class ProjectionRunner:
         halted = {r[0] for r in db.execute("SELECT projection FROM projection_faults")}
         return {p.name: tracked.get(p.name, 0) for p in projections}, halted
 
+    def _apply_fast(self, records: Sequence[StoredRecord], upto: int,
+                    projections: Sequence[Projection]) -> list[RecordedEvent]:
+        """One transaction for the batch, each record going only to the projections that want
+        its wire name, with no per-event bookkeeping. It takes the common batch — every live
+        projection behind its first record, no skip inside it, every record decodable, no
+        projection raising — and hands anything else to ``_apply_careful``."""
+        events: list[RecordedEvent] = []
+        append = events.append
+        decode = self._decoder
+        with self.views.transaction() as db:
+            tracked, halted = self._begin(db, projections)
+            live = [p for p in projections if p.name not in halted]
+            if records:
+                first, last = records[0].position, records[-1].position
+                if any(tracked[p.name] >= first for p in live) or any(
+                        first <= position <= last for _, position in self._skips(db)):
+                    raise _ProcessFailed()
+            wanting: dict[str, list[Callable[..., None]]] = {}
+            try:
+                for p in live:
+                    p.begin()
+                for record in records:
+                    event = decode(record)
+                    append(event)
+                    targets = wanting.get(record.wire_name)
+                    if targets is None:
+                        targets = wanting[record.wire_name] = _targets(live, record.wire_name)
+                    for apply in targets:
+                        apply(db, event)
+                for p in live:
+                    p.flush(db)
+            except Exception as exc:  # a record or a projection failed: the careful path
+                raise _ProcessFailed() from exc
+            for p in projections:
+                position = tracked[p.name] if p.name in halted else max(tracked[p.name], upto)
+                self.views.set_tracked(db, p.name, position)
+        return events
+
     def _decode(self, record: StoredRecord) -> RecordedEvent | CorruptRecord:
         try:
             return self._decoder(record)
         except CorruptRecord as exc:
             return exc
-
-    def _apply_fast(self, records: Sequence[StoredRecord], upto: int,
-                    projections: Sequence[Projection]) -> list[RecordedEvent]:
-        """One transaction for the batch. Each record goes only to the projections that want
-        its wire name; a projection's tracked position ends at ``upto``, or, when it halted in
-        this batch, at the record before the one it halted at."""
-        events: list[RecordedEvent] = []
-        append = events.append
-        decode_record = self._decode
-        with self.views.transaction() as db:
-            tracked, halted = self._begin(db, projections)
-            skipped = self._skips(db)
-            stopped_at: dict[str, int] = {}  # halted in this batch: the tracked position
-            wanting: dict[str, list[tuple[str, Callable[..., None]]]] = {}
-            for p in projections:
-                p.begin()
-            previous = 0
-            for record in records:
-                position = record.position
-                event = decode_record(record)
-                decoded = isinstance(event, RecordedEvent)
-                if decoded:
-                    append(event)  # type: ignore[arg-type]
-                targets = wanting.get(record.wire_name)
-                if targets is None:
-                    targets = wanting[record.wire_name] = _targets(projections, record.wire_name)
-                for name, apply in targets:
-                    if name in halted or position <= tracked[name]:
-                        continue
-                    if skipped and (name, position) in skipped:
-                        continue
-                    if not decoded:
-                        self.views.record_fault(db, name, position, str(event))
-                        halted.add(name)
-                        stopped_at[name] = max(tracked[name], previous)
-                        log.error("projection %s halted: %s", name, event)
-                        continue
-                    try:
-                        apply(db, event)
-                    except Exception as exc:
-                        raise _ProcessFailed() from exc
-                previous = position
-            for p in projections:
-                try:
-                    p.flush(db)
-                except Exception as exc:
-                    raise _ProcessFailed() from exc
-                name = p.name
-                if name in stopped_at:
-                    tracked[name] = stopped_at[name]
-                elif name not in halted and upto > tracked[name]:
-                    tracked[name] = upto
-                self.views.set_tracked(db, name, tracked[name])
-        return events
 
     def _apply_careful(self, records: Sequence[StoredRecord], upto: int,
                        projections: Sequence[Projection]) -> list[RecordedEvent]:
@@ -479,13 +463,11 @@ class _ProcessFailed(Exception):
     pass
 
 
-def _targets(projections: Sequence[Projection], wire_name: str
-             ) -> list[tuple[str, Callable[..., None]]]:
-    """The projections that want an event of this wire name, each with what to call: its
+def _targets(projections: Sequence[Projection], wire_name: str) -> list[Callable[..., None]]:
+    """What to call for each projection that wants an event of this wire name: its
     ``process`` straight away when ``Projection.apply`` would only forward to it."""
     return [
-        (p.name, p.process if wire_name != PURGED and type(p).apply is Projection.apply
-         else p.apply)
+        p.process if wire_name != PURGED and type(p).apply is Projection.apply else p.apply
         for p in projections if p.wants(wire_name)
     ]
 
