@@ -25,6 +25,21 @@ from tests.contract.store_contract import (
     records,
 )
 
+DAMAGE = [
+    ("seq", "not a number"),
+    ("recorded_at", "yesterday"),
+    ("metadata", 42),
+    ("data", "text, not a blob"),
+    ("event_id", b"short"),
+]
+LOOSE_EVENTS_TABLE = """
+CREATE TABLE events (
+    position INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, seq INTEGER NOT NULL,
+    event_id BLOB NOT NULL, wire_name TEXT NOT NULL, data BLOB NOT NULL,
+    metadata BLOB NOT NULL, recorded_at REAL NOT NULL, UNIQUE (stream, seq)
+);
+"""
+
 
 class TestSQLiteStore(StoreContract):
     @property
@@ -41,11 +56,12 @@ class TestSQLiteStore(StoreContract):
         return functools.partial(SQLiteStore, str(self.db_path))
 
     def corrupt_record(self, store: EventStore, stored: StoredRecord) -> None:
+        # SQLite refuses a wrong type in the STRICT table; a writer can still bypass the
+        # CHECK on the id's length.
         with sqlite3.connect(self.db_path) as conn:
-            conn.execute(
-                "UPDATE events SET event_id = ?, data = ? WHERE position = ?",
-                (b"\x00garbage", "not a blob", stored.position),
-            )
+            conn.execute("PRAGMA ignore_check_constraints = ON")
+            conn.execute("UPDATE events SET event_id = ? WHERE position = ?",
+                         (b"\x00garbage", stored.position))
 
     # --- SQLite only ------------------------------------------------------------------------
 
@@ -153,25 +169,39 @@ class TestSQLiteStore(StoreContract):
         finally:
             second.close()
 
-    @pytest.mark.parametrize("column, value", [
-        ("seq", "not a number"),
-        ("recorded_at", "yesterday"),
-        ("metadata", 42),
-    ])
-    def test_each_damaged_column_is_a_corrupt_record(
+    @pytest.mark.parametrize("column, value", DAMAGE)
+    def test_a_damaging_write_is_refused_and_changes_nothing(
         self, store: EventStore, column: str, value: object
+    ) -> None:
+        stream = new_stream()
+        store.append(stream, records(2), StreamState.NO_STREAM)
+        before = store.read_stream(stream)
+        with sqlite3.connect(self.db_path) as conn, pytest.raises(sqlite3.IntegrityError):
+            conn.execute(f"UPDATE events SET {column} = ? WHERE position = ?",
+                         (value, before[0].position))
+        assert store.read_stream(stream) == before
+
+    @pytest.mark.parametrize("column, value", DAMAGE)
+    def test_each_damaged_column_of_a_file_without_strict_types_is_a_corrupt_record(
+        self, column: str, value: object
     ) -> None:
         from terret.domain.errors import CorruptRecord
 
-        stream = new_stream()
-        store.append(stream, records(2), StreamState.NO_STREAM)
-        damaged = store.read_stream(stream)[0]
-        with sqlite3.connect(self.db_path) as conn:
-            conn.execute(f"UPDATE events SET {column} = ? WHERE position = ?",
-                         (value, damaged.position))
-        with pytest.raises(CorruptRecord) as info:
-            store.read_all(after=damaged.position - 1, limit=10)
-        assert info.value.position == damaged.position
+        with sqlite3.connect(self.db_path) as conn:  # the layout before the table was STRICT
+            conn.executescript(LOOSE_EVENTS_TABLE)
+        store = SQLiteStore(self.db_path)
+        try:
+            stream = new_stream()
+            store.append(stream, records(2), StreamState.NO_STREAM)
+            damaged = store.read_stream(stream)[0]
+            with sqlite3.connect(self.db_path) as conn:
+                conn.execute(f"UPDATE events SET {column} = ? WHERE position = ?",
+                             (value, damaged.position))
+            with pytest.raises(CorruptRecord) as info:
+                store.read_all(after=damaged.position - 1, limit=10)
+            assert info.value.position == damaged.position
+        finally:
+            store.close()
 
     def test_short_lived_threads_leave_no_open_connections(self, store: EventStore) -> None:
         fd_dir = Path("/proc/self/fd")

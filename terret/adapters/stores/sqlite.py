@@ -31,18 +31,21 @@ from terret.domain.store import (
 
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 
-_SCHEMA = """
+# STRICT (SQLite 3.37+): SQLite itself refuses a value of the wrong type, so reads need not
+# check every column's type; files written before Terret used STRICT keep the full check.
+_STRICT = sqlite3.sqlite_version_info >= (3, 37)
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS events (
     position INTEGER PRIMARY KEY AUTOINCREMENT,
     stream TEXT NOT NULL,
     seq INTEGER NOT NULL,
-    event_id BLOB NOT NULL,
+    event_id BLOB NOT NULL CHECK (length(event_id) = 16),
     wire_name TEXT NOT NULL,
     data BLOB NOT NULL,
     metadata BLOB NOT NULL,
     recorded_at REAL NOT NULL,
     UNIQUE (stream, seq)
-);
+){" STRICT" if _STRICT else ""};
 CREATE INDEX IF NOT EXISTS events_by_id ON events (event_id);
 CREATE TABLE IF NOT EXISTS snapshots (
     stream TEXT PRIMARY KEY,
@@ -51,11 +54,13 @@ CREATE TABLE IF NOT EXISTS snapshots (
 );
 """
 
-# The last column says whether SQLite's own types are those of a sound row, so that decoding
-# a sound row (nearly all of them) is a plain constructor call.
-_COLUMNS = (
-    "stream, seq, position, event_id, wire_name, data, metadata, recorded_at,"
-    " typeof(seq) = 'integer' AND typeof(event_id) = 'blob' AND length(event_id) = 16"
+# The last column says whether the row is sound, so that decoding a sound row (nearly all of
+# them) is a plain constructor call. In a STRICT table only the id's length can be wrong (a
+# CHECK constraint, which ``PRAGMA ignore_check_constraints`` lets a writer bypass).
+_FIELDS = "stream, seq, position, event_id, wire_name, data, metadata, recorded_at"
+_STRICT_COLUMNS = f"{_FIELDS}, length(event_id) = 16"
+_CHECKED_COLUMNS = (
+    f"{_FIELDS}, typeof(seq) = 'integer' AND typeof(event_id) = 'blob' AND length(event_id) = 16"
     " AND typeof(data) = 'blob' AND typeof(metadata) = 'blob'"
     " AND typeof(stream) = 'text' AND typeof(wire_name) = 'text'"
     " AND typeof(recorded_at) IN ('real', 'integer')"
@@ -133,8 +138,10 @@ class SQLiteStore(PositionalStore):
         try:
             conn = self._conn()
             conn.executescript(_SCHEMA)
+            strict = _STRICT and conn.execute("PRAGMA table_list(events)").fetchone()[5]
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open SQLite store {self.path}: {exc}") from None
+        self._columns = _STRICT_COLUMNS if strict else _CHECKED_COLUMNS
 
     def describe(self) -> str:
         return f"sqlite:{self.path} (WAL, synchronous={self.synchronous})"
@@ -320,10 +327,11 @@ class SQLiteStore(PositionalStore):
         limit: int | None = None,
     ) -> list[StoredRecord]:
         if backwards:
-            sql = f"SELECT {_COLUMNS} FROM events WHERE stream = ? AND seq <= ? ORDER BY seq DESC"
+            sql = (f"SELECT {self._columns} FROM events WHERE stream = ? AND seq <= ?"
+                   " ORDER BY seq DESC")
             start = from_seq if from_seq is not None else 2**62
         else:
-            sql = f"SELECT {_COLUMNS} FROM events WHERE stream = ? AND seq >= ? ORDER BY seq"
+            sql = f"SELECT {self._columns} FROM events WHERE stream = ? AND seq >= ? ORDER BY seq"
             start = from_seq if from_seq is not None else 1
         params: tuple[object, ...] = (stream, start)
         if limit is not None:
@@ -344,7 +352,7 @@ class SQLiteStore(PositionalStore):
     def _read_range(
         self, after: int, upto: int, limit: int, wire_names: Collection[str] | None
     ) -> list[StoredRecord]:
-        sql = f"SELECT {_COLUMNS} FROM events WHERE position > ? AND position <= ?"
+        sql = f"SELECT {self._columns} FROM events WHERE position > ? AND position <= ?"
         params: list[object] = [after, upto]
         if wire_names is not None:
             names = list(wire_names)
