@@ -4,7 +4,9 @@ before the latest compaction's ``upto_seq`` replaced by one user message holding
 Reading costs O(messages since the last compaction), not O(log): the read is one range scan of
 the session's primary key, from the latest compaction's boundary on. Rows before the boundary
 stay (deleting them on every compaction made rebuilds markedly slower, and the read never
-touches them); a purge removes a session's rows.
+touches them); a purge removes a session's rows. Rows are keyed by a small integer per session
+(``message_streams``) rather than the stream's name: the key index is then a fraction of the
+size, which is most of the cost of writing a message row during a rebuild.
 """
 
 from __future__ import annotations
@@ -36,16 +38,19 @@ def message_of(payload: Any) -> Message | None:
 
 class MessagesProjection(Projection):
     name = "messages"
-    version = 2  # 2: rows hold the event's own payload JSON, keyed by wire name
+    version = 3  # 3: rows keyed by a per-session integer; 2: rows hold the payload's JSON
     handles = frozenset(
         {"user/message", "context/injected", "assistant/message", "tool/result",
          "session/compacted"}
     )
-    tables = ("messages", "message_summaries")
+    tables = ("messages", "message_streams", "message_summaries")
     schema = """
+    CREATE TABLE IF NOT EXISTS message_streams (
+        key INTEGER PRIMARY KEY, session TEXT NOT NULL UNIQUE
+    );
     CREATE TABLE IF NOT EXISTS messages (
-        session TEXT NOT NULL, seq INTEGER NOT NULL, role TEXT NOT NULL, body BLOB NOT NULL,
-        PRIMARY KEY (session, seq)
+        key INTEGER NOT NULL, seq INTEGER NOT NULL, role TEXT NOT NULL, body BLOB NOT NULL,
+        PRIMARY KEY (key, seq)
     );
     CREATE TABLE IF NOT EXISTS message_summaries (
         session TEXT PRIMARY KEY, upto_seq INTEGER NOT NULL, seq INTEGER NOT NULL,
@@ -54,10 +59,11 @@ class MessagesProjection(Projection):
     """
 
     def __init__(self) -> None:
-        self._rows: list[tuple[str, int, str, str]] = []  # inserts a batch has not written yet
+        self._rows: list[tuple[int, int, str, bytes]] = []  # inserts not written yet
+        self._keys: dict[str, int] = {}  # the batch's sessions' keys (a rollback forgets them)
 
     def begin(self) -> None:
-        self._rows = []
+        self._rows, self._keys = [], {}
 
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
         session = event.stream
@@ -69,14 +75,41 @@ class MessagesProjection(Projection):
                 (session, p.upto_seq, event.seq, p.summary),
             )
             return
+        key = self._keys.get(session)
+        if key is None:
+            key = self._keys[session] = _key(db, session)
         # The row keeps the event's own payload (pydantic's serializer, in Rust: no Python
         # encoding per event on the rebuild path); reading renders it with ``message_of``.
-        self._rows.append((session, event.seq, name, p.__pydantic_serializer__.to_json(p)))
+        self._rows.append((key, event.seq, name, p.__pydantic_serializer__.to_json(p)))
 
     def flush(self, db: sqlite3.Connection) -> None:
         if self._rows:
             db.executemany("INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?)", self._rows)
             self._rows = []
+
+    def purge(self, db: sqlite3.Connection, stream: str) -> None:
+        db.execute("DELETE FROM messages WHERE key ="
+                   " (SELECT key FROM message_streams WHERE session = ?)", (stream,))
+        super().purge(db, stream)  # the tables keyed by the stream's name
+        self._keys.pop(stream, None)
+
+    def dump(self, db: sqlite3.Connection) -> dict[str, list[tuple[object, ...]]]:
+        """The rows by session rather than by key: keys are an internal detail, which
+        ``verify`` need not hold equal."""
+        rows = db.execute("SELECT s.session, m.seq, m.role, m.body FROM messages m"
+                          " JOIN message_streams s USING (key)").fetchall()
+        summaries = db.execute("SELECT * FROM message_summaries").fetchall()
+        return {"messages": sorted(rows, key=repr),
+                "message_summaries": sorted(summaries, key=repr)}
+
+
+def _key(db: sqlite3.Connection, session: str) -> int:
+    row = db.execute("SELECT key FROM message_streams WHERE session = ?", (session,)).fetchone()
+    if row is not None:
+        return int(row[0])
+    cursor = db.execute("INSERT INTO message_streams (session) VALUES (?)", (session,))
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
 
 
 def read_messages(db: sqlite3.Connection, stream: str) -> list[Message]:
@@ -89,7 +122,8 @@ def read_messages(db: sqlite3.Connection, stream: str) -> list[Message]:
         upto = summary[0]
         out.append(Message(role="user", text=summary[1]))
     for wire_name, body in db.execute(
-        "SELECT role, body FROM messages WHERE session = ? AND seq > ? ORDER BY seq",
+        "SELECT role, body FROM messages WHERE key ="
+        " (SELECT key FROM message_streams WHERE session = ?) AND seq > ? ORDER BY seq",
         (stream, upto),
     ):
         cls = catalogue.payload_class(wire_name)

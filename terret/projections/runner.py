@@ -197,8 +197,7 @@ class ProjectionRunner:
         head = self.store.head_position()
         after = self._lowest_tracked()
         while after < head:
-            records = self.store.read_all(after=after, limit=self.batch_size)
-            records = [r for r in records if r.position <= head]
+            records = _upto(self.store.read_all(after=after, limit=self.batch_size), head)
             if not records:
                 break
             self._apply(records, records[-1].position)
@@ -413,8 +412,7 @@ class ProjectionRunner:
                      progress: Progress | None, upto: int | None = None, after: int = 0) -> int:
         head = self.store.head_position() if upto is None else upto
         while after < head:
-            records = [r for r in self.store.read_all(after=after, limit=self.batch_size)
-                       if r.position <= head]
+            records = _upto(self.store.read_all(after=after, limit=self.batch_size), head)
             if not records:
                 break
             target._apply(records, records[-1].position, only=projections, notify=False)
@@ -457,6 +455,13 @@ def _differences(name: str, live: dict[str, list[tuple[object, ...]]],
         for row in sorted(b - a, key=repr)[:20]:
             out.append(f"{name}.{table}: rebuild has {row!r}, live does not")
     return out
+
+
+def _upto(records: list[StoredRecord], head: int) -> list[StoredRecord]:
+    """The records at or before ``head`` (a page read after it was taken may run past it)."""
+    if not records or records[-1].position <= head:
+        return records
+    return [r for r in records if r.position <= head]
 
 
 class _ProcessFailed(Exception):

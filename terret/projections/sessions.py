@@ -56,40 +56,47 @@ class SessionsProjection(Projection):
     """
 
     def __init__(self) -> None:
-        # The rows a batch touched ([agent, created, last_activity, events, closed], or None
-        # for a session without a row), loaded once and written once at its end (``flush``).
-        self._rows: dict[str, list[Any] | None] = {}
+        # Within a batch only each session's last event matters (its time is the last
+        # activity, its seq the event count), besides the start and a close: processing an
+        # event is remembering it, and ``flush`` reads and writes each touched row once.
+        self._last: dict[str, RecordedEvent] = {}
+        self._started: dict[str, RecordedEvent] = {}
+        self._closed: set[str] = set()
 
     def begin(self) -> None:
-        self._rows = {}
+        self._last, self._started, self._closed = {}, {}, set()
 
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        stream = event.stream
-        if not stream.startswith("session-"):
-            return
-        if event.wire_name == "session/started":
-            p: Any = event.payload
-            self._rows[stream] = [p.agent, event.recorded_at, event.recorded_at, event.seq, 0]
-            return
-        if stream in self._rows:
-            row = self._rows[stream]
-        else:
-            found = db.execute("SELECT agent, created, last_activity, events, closed"
-                               " FROM sessions WHERE session = ?", (stream,)).fetchone()
-            row = self._rows[stream] = list(found) if found is not None else None
-        if row is None:
-            return  # no session/started: nothing to update
-        row[2] = event.recorded_at
-        if event.seq > row[3]:
-            row[3] = event.seq
-        if event.wire_name == "session/closed":
-            row[4] = 1
+        self._last[event.stream] = event
+        name = event.wire_name
+        if name == "session/started":
+            self._started[event.stream] = event
+        elif name == "session/closed":
+            self._closed.add(event.stream)
 
     def flush(self, db: sqlite3.Connection) -> None:
-        rows = [(stream, *row) for stream, row in self._rows.items() if row is not None]
+        rows = []
+        for stream, last in self._last.items():
+            if not stream.startswith("session-"):
+                continue
+            started = self._started.get(stream)
+            if started is not None:
+                p: Any = started.payload
+                row = [p.agent, started.recorded_at, 0.0, 0, 0]
+            else:
+                found = db.execute("SELECT agent, created, last_activity, events, closed"
+                                   " FROM sessions WHERE session = ?", (stream,)).fetchone()
+                if found is None:
+                    continue  # no session/started: nothing to update
+                row = list(found)
+            row[2] = last.recorded_at
+            row[3] = max(row[3], last.seq)
+            if stream in self._closed:
+                row[4] = 1
+            rows.append((stream, *row))
         if rows:
             db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?)", rows)
-        self._rows = {}
+        self.begin()
 
 
 def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
