@@ -10,11 +10,13 @@ writes each touched row once.
 
 from __future__ import annotations
 
+import gc
 import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from terret.domain.catalogue import EventCatalogue, catalogue
@@ -195,17 +197,23 @@ class ProjectionRunner:
         """Process everything up to the store's head in this thread (CLI commands use this
         instead of a background runner). Returns the position reached."""
         head = self.store.head_position()
-        after = self._lowest_tracked()
-        while after < head:
-            records = _upto(self.store.read_all(after=after, limit=self.batch_size), head)
-            if not records:
-                break
+        for records in self._pages(self._lowest_tracked(), head):
             self._apply(records, records[-1].position)
-            after = records[-1].position
             if progress:
-                progress(after, head)
+                progress(records[-1].position, head)
         self._apply([], head)
         return head
+
+    def _pages(self, after: int, head: int) -> Iterator[list[StoredRecord]]:
+        """The log after ``after`` up to ``head`` in pages of ``batch_size``, each read and
+        (by the caller, before asking for the next) applied with the collector paused."""
+        while after < head:
+            with _collector_paused():
+                records = _upto(self.store.read_all(after=after, limit=self.batch_size), head)
+                if not records:
+                    return
+                yield records
+            after = records[-1].position
 
     def wait_until(self, position: int, timeout: float = 10.0) -> None:
         """Block until every projection has processed ``position`` (read-your-writes)."""
@@ -227,7 +235,7 @@ class ProjectionRunner:
     def _apply(self, records: Sequence[StoredRecord], upto: int,
                only: Sequence[Projection] | None = None, notify: bool = True) -> None:
         projections = self.projections if only is None else only
-        with self._pause:
+        with self._pause, _collector_paused():
             try:
                 events = self._apply_fast(records, upto, projections)
             except _ProcessFailed:
@@ -411,14 +419,10 @@ class ProjectionRunner:
     def _replay_into(self, target: ProjectionRunner, projections: Sequence[Projection],
                      progress: Progress | None, upto: int | None = None, after: int = 0) -> int:
         head = self.store.head_position() if upto is None else upto
-        while after < head:
-            records = _upto(self.store.read_all(after=after, limit=self.batch_size), head)
-            if not records:
-                break
+        for records in self._pages(after, head):
             target._apply(records, records[-1].position, only=projections, notify=False)
-            after = records[-1].position
             if progress:
-                progress(after, head)
+                progress(records[-1].position, head)
         target._apply([], head, only=projections, notify=False)
         return head
 
@@ -455,6 +459,23 @@ def _differences(name: str, live: dict[str, list[tuple[object, ...]]],
         for row in sorted(b - a, key=repr)[:20]:
             out.append(f"{name}.{table}: rebuild has {row!r}, live does not")
     return out
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for one batch. A batch allocates several objects
+    per event and keeps the events until its listeners have run, so the collector would scan
+    the young generations over and over (measured: an eighth of a rebuild's time) and find
+    nothing, as events hold no cycles. The pause lasts one batch (``batch_size`` events at
+    most); the collector runs as usual afterwards, and stays off if the application had turned
+    it off. Mercurial's ``util.nogc`` does the same for its bulk loads."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _upto(records: list[StoredRecord], head: int) -> list[StoredRecord]:

@@ -380,3 +380,23 @@ def test_two_runners_sharing_one_view_file_apply_each_event_once(
     second.stop()
     first_views.close()
     second_views.close()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_per_batch_and_left_as_the_application_had_it(
+    writer: Writer, store: EventStore, view_store: ViewStore, enabled: bool
+) -> None:
+    import gc
+
+    head = _write_turns(writer, 20)
+    runner = ProjectionRunner(store, view_store, default_projections(), batch_size=25)
+    seen: list[bool] = []
+    runner.add_listener(lambda event: seen.append(gc.isenabled()))
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        assert runner.catch_up() == head
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+    assert len(seen) == head and not any(seen)  # the listeners ran inside a batch
