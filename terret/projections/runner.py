@@ -261,8 +261,9 @@ class ProjectionRunner:
                     projections: Sequence[Projection]) -> list[RecordedEvent]:
         """One transaction for the batch, each record going only to the projections that want
         its wire name, with no per-event bookkeeping. It takes the common batch — every live
-        projection behind its first record, no skip inside it, every record decodable, no
-        projection raising — and hands anything else to ``_apply_careful``."""
+        projection either behind its first record or past its last, no skip inside it, every
+        record decodable, no projection raising — and hands anything else to
+        ``_apply_careful``."""
         events: list[RecordedEvent] = []
         append = events.append
         decode = self._decoder
@@ -271,9 +272,12 @@ class ProjectionRunner:
             live = [p for p in projections if p.name not in halted]
             if records:
                 first, last = records[0].position, records[-1].position
-                if any(tracked[p.name] >= first for p in live) or any(
+                if any(first <= tracked[p.name] < last for p in live) or any(
                         first <= position <= last for _, position in self._skips(db)):
                     raise _ProcessFailed()
+                # A projection already past the batch (the others replay behind a newly added
+                # or upgraded one) sits it out.
+                live = [p for p in live if tracked[p.name] < first]
             wanting: dict[str, list[Callable[..., None]]] = {}
             try:
                 for p in live:

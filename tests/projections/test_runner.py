@@ -400,3 +400,24 @@ def test_the_collector_is_paused_per_batch_and_left_as_the_application_had_it(
     finally:
         gc.enable() if was else gc.disable()
     assert len(seen) == head and not any(seen)  # the listeners ran inside a batch
+
+
+def test_a_projection_added_later_replays_in_batches_while_the_others_sit_it_out(
+    writer: Writer, store: EventStore, view_store: ViewStore
+) -> None:
+    sid = writer.start()
+    for i in range(100):
+        writer.turn(sid, f"q{i}", f"a{i}", usage=UsageData(prompt_tokens=2, completion_tokens=1))
+    head = store.head_position()
+    others = [p for p in default_projections() if p.name != "usage"]
+    ProjectionRunner(store, view_store, others).catch_up()
+    runner = ProjectionRunner(store, view_store, default_projections(), batch_size=50)
+    statements: list[str] = []
+    view_store.db.set_trace_callback(statements.append)
+    assert runner.catch_up() == head
+    view_store.db.set_trace_callback(None)
+    assert not [s for s in statements if s.startswith("SAVEPOINT")]  # not the careful path
+    writes = [s for s in statements if s.startswith("INSERT") and "tracking" not in s]
+    assert writes and all("usage_" in s for s in writes)  # only the newcomer wrote rows
+    assert {s.position for s in runner.states()} == {head}
+    assert Views(view_store).usage(sid) == UsageTotals(200, 100, 0.0, 100)
