@@ -272,22 +272,30 @@ class ProjectionRunner:
             live = [p for p in projections if p.name not in halted]
             if records:
                 first, last = records[0].position, records[-1].position
-                if any(first <= tracked[p.name] < last for p in live) or any(
-                        first <= position <= last for _, position in self._skips(db)):
+                if any(first <= tracked[p.name] < last for p in live):
                     raise _ProcessFailed()
                 # A projection already past the batch (the others replay behind a newly added
                 # or upgraded one) sits it out.
                 live = [p for p in live if tracked[p.name] < first]
+                names = {p.name for p in live}
+                if any(name in names and first <= position <= last
+                       for name, position in self._skips(db)):
+                    raise _ProcessFailed()
             wanting: dict[str, list[Callable[..., None]]] = {}
             try:
                 for p in live:
                     p.begin()
                 for record in records:
-                    event = decode(record)
-                    append(event)
                     targets = wanting.get(record.wire_name)
                     if targets is None:
                         targets = wanting[record.wire_name] = _targets(live, record.wire_name)
+                    try:
+                        event = decode(record)
+                    except CorruptRecord:
+                        if targets:
+                            raise
+                        continue  # wanted by none here; listeners get decoded events only
+                    append(event)
                     for apply in targets:
                         apply(db, event)
                 for p in live:
@@ -465,21 +473,38 @@ def _differences(name: str, live: dict[str, list[tuple[object, ...]]],
     return out
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for one batch. A batch allocates several objects
-    per event and keeps the events until its listeners have run, so the collector would scan
-    the young generations over and over (measured: an eighth of a rebuild's time) and find
-    nothing, as events hold no cycles. The pause lasts one batch (``batch_size`` events at
-    most); the collector runs as usual afterwards, and stays off if the application had turned
-    it off. Mercurial's ``util.nogc`` does the same for its bulk loads."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+class _CollectorPause:
+    """Pauses Python's cyclic garbage collector while any thread holds a pause, and restores
+    it when the last one ends. A batch allocates several objects per event and keeps the events
+    until its listeners have run, so the collector scanned the young generations over and over
+    (a sixth of a rebuild's time) and found nothing, as events hold no cycles. Each pause lasts
+    one batch (``batch_size`` events at most); afterwards the collector is as the application
+    left it — off stays off. The collector's switch is one per process, hence the count: two
+    runners' overlapping pauses must not leave it off. Mercurial's ``util.nogc`` does the same
+    for its bulk loads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._resume = False
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._holders == 0:
+                self._resume = gc.isenabled()
+                gc.disable()
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0 and self._resume:
+                    gc.enable()
+
+
+_collector_paused = _CollectorPause()
 
 
 def _upto(records: list[StoredRecord], head: int) -> list[StoredRecord]:

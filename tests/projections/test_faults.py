@@ -233,3 +233,23 @@ def test_skip_while_listeners_run_resumes_from_what_was_applied(
     runner.wait_until(last, timeout=WAIT)
     assert [p.call_id for p in views.pending(other)] == ["c1"]
     assert runner.verify("approvals") == []
+
+
+def test_a_corrupt_record_no_projection_wants_halts_none_and_keeps_the_fast_path(
+    writer: Writer, store: EventStore, view_store: ViewStore
+) -> None:
+    from terret.projections.title import TitleProjection
+
+    sid = writer.start()
+    writer.do(sid, _open_step_with_call)
+    _append_corrupt_request(store, sid)
+    other = writer.start()
+    head = writer.do(other, lambda s: s.title("after the bad record")).position
+    runner = ProjectionRunner(store, view_store, [TitleProjection()])
+    statements: list[str] = []
+    view_store.db.set_trace_callback(statements.append)
+    assert runner.catch_up() == head
+    view_store.db.set_trace_callback(None)
+    assert not [s for s in statements if s.startswith("SAVEPOINT")]
+    assert _faults(runner) == {}
+    assert Views(view_store).title(other) == "after the bad record"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from uuid import uuid4
 
@@ -421,3 +422,37 @@ def test_a_projection_added_later_replays_in_batches_while_the_others_sit_it_out
     assert writes and all("usage_" in s for s in writes)  # only the newcomer wrote rows
     assert {s.position for s in runner.states()} == {head}
     assert Views(view_store).usage(sid) == UsageTotals(200, 100, 0.0, 100)
+
+
+def test_overlapping_pauses_of_the_collector_leave_it_as_it_was() -> None:
+    import gc
+
+    from terret.projections.runner import _collector_paused
+
+    was, interval = gc.isenabled(), sys.getswitchinterval()
+    gc.enable()
+    sys.setswitchinterval(1e-6)  # threads switch often: pauses overlap in every way
+    try:
+        start = threading.Barrier(4)
+
+        def pause_often() -> None:
+            start.wait()
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline:
+                with _collector_paused():
+                    sum(range(50))
+
+        threads = [threading.Thread(target=pause_often) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert gc.isenabled()
+        with _collector_paused():
+            with _collector_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()  # the outer pause still holds it
+        assert gc.isenabled()
+    finally:
+        sys.setswitchinterval(interval)
+        gc.enable() if was else gc.disable()
