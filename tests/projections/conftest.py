@@ -17,8 +17,10 @@ from terret.adapters.stores import MemoryStore, SQLiteStore
 from terret.domain.store import EventStore
 from terret.projections import ProjectionRunner, Views, ViewStore, default_projections
 from tests.projections.logs import Writer
+from tests.support.esdb_emulator import EsdbEmulator
+from tests.support.esdb_fixtures import real_server_uri
 
-STORE_KINDS = ["memory", "sqlite"]
+STORE_KINDS = ["memory", "sqlite", "esdb"]
 
 
 @dataclass
@@ -37,6 +39,16 @@ def _open(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> OpenedSt
     if kind == "sqlite":
         path = tmp_path / "events.db"
         return OpenedStore(kind, SQLiteStore(path, synchronous="OFF"), str(path))
+    if kind == "esdb":
+        from terret.adapters.stores.eventstoredb import EventStoreDBStore
+
+        if real_server_uri() is not None:
+            uri = request.getfixturevalue("esdb_uri")
+        else:  # an emulator of the test's own: its log holds only this test's events
+            emulator = EsdbEmulator().start(host="127.0.0.1", port=0)
+            request.addfinalizer(emulator.stop)
+            uri = emulator.uri
+        return OpenedStore(kind, EventStoreDBStore(uri), uri)
     raise ValueError(kind)
 
 

@@ -15,6 +15,16 @@ MODEL = "openrouter:openai/gpt-4o"
 OPERATOR = Actor(actor="operator", id="ops")
 
 
+def positions(store: EventStore, after: int = 0) -> list[int]:
+    """Every record's position after ``after``, in log order. Positions need not be consecutive
+    (EventStoreDB's are commit positions), so tests count events with this, not by subtracting."""
+    out: list[int] = []
+    while page := store.read_all(after=after, limit=1000):
+        out.extend(r.position for r in page)
+        after = page[-1].position
+    return out
+
+
 class Writer:
     """Loads a session, runs the commands on it, saves — one append per ``do``."""
 

@@ -409,3 +409,21 @@ def test_incremental_processing_equals_a_rebuild_sqlite(data: st.DataObject) -> 
         finally:
             store.close()
 
+
+
+@pytest.mark.timeout(900)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_incremental_processing_equals_a_rebuild_esdb(data: st.DataObject) -> None:
+    from terret.adapters.stores.eventstoredb import EventStoreDBStore
+    from tests.support.esdb_emulator import EsdbEmulator
+
+    # An emulator per example: its log holds that example's events only. (Not run against a
+    # real server: the examples would share one $all.)
+    with tempfile.TemporaryDirectory() as tmp, \
+            EsdbEmulator().start(host="127.0.0.1", port=0) as emulator:
+        store = EventStoreDBStore(emulator.uri)
+        try:
+            _body(data, store, tmp)
+        finally:
+            store.close()
