@@ -18,7 +18,6 @@ from terret.domain.store import EventStore
 from terret.projections import ProjectionRunner, Views, ViewStore, default_projections
 from tests.projections.logs import Writer
 from tests.support.esdb_emulator import EsdbEmulator
-from tests.support.esdb_fixtures import real_server_uri
 
 STORE_KINDS = ["memory", "sqlite", "esdb"]
 
@@ -42,13 +41,12 @@ def _open(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> OpenedSt
     if kind == "esdb":
         from terret.adapters.stores.eventstoredb import EventStoreDBStore
 
-        if real_server_uri() is not None:
-            uri = request.getfixturevalue("esdb_uri")
-        else:  # an emulator of the test's own: its log holds only this test's events
-            emulator = EsdbEmulator().start(host="127.0.0.1", port=0)
-            request.addfinalizer(emulator.stop)
-            uri = emulator.uri
-        return OpenedStore(kind, EventStoreDBStore(uri), uri)
+        # An emulator of the test's own, even when TERRET_ESDB_URI names a real server: these
+        # tests replay the whole log from position 0 and count what they find, so they need a
+        # log holding only their own events (the contract suite covers the real server).
+        emulator = EsdbEmulator().start(host="127.0.0.1", port=0)
+        request.addfinalizer(emulator.stop)
+        return OpenedStore(kind, EventStoreDBStore(emulator.uri), emulator.uri)
     raise ValueError(kind)
 
 
