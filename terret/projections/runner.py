@@ -10,19 +10,18 @@ writes each touched row once.
 
 from __future__ import annotations
 
-import gc
 import logging
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from terret.domain.catalogue import EventCatalogue, catalogue
 from terret.domain.codec import RecordDecoder, RecordedEvent
 from terret.domain.errors import CorruptRecord, ProjectionHalted, StoreError
 from terret.domain.store import CaughtUp, Checkpoint, EventStore, StoredRecord
+from terret.projections._collector import collector_paused
 from terret.projections.base import PURGED, Projection, ViewStore
 
 log = logging.getLogger("terret.projections")
@@ -208,7 +207,7 @@ class ProjectionRunner:
         """The log after ``after`` up to ``head`` in pages of ``batch_size``, each read and
         (by the caller, before asking for the next) applied with the collector paused."""
         while after < head:
-            with _collector_paused():
+            with collector_paused():
                 records = _upto(self.store.read_all(after=after, limit=self.batch_size), head)
                 if not records:
                     return
@@ -235,7 +234,7 @@ class ProjectionRunner:
     def _apply(self, records: Sequence[StoredRecord], upto: int,
                only: Sequence[Projection] | None = None, notify: bool = True) -> None:
         projections = self.projections if only is None else only
-        with self._pause, _collector_paused():
+        with self._pause, collector_paused():
             try:
                 events = self._apply_fast(records, upto, projections)
             except _ProcessFailed:
@@ -471,40 +470,6 @@ def _differences(name: str, live: dict[str, list[tuple[object, ...]]],
         for row in sorted(b - a, key=repr)[:20]:
             out.append(f"{name}.{table}: rebuild has {row!r}, live does not")
     return out
-
-
-class _CollectorPause:
-    """Pauses Python's cyclic garbage collector while any thread holds a pause, and restores
-    it when the last one ends. A batch allocates several objects per event and keeps the events
-    until its listeners have run, so the collector scanned the young generations over and over
-    (a sixth of a rebuild's time) and found nothing, as events hold no cycles. Each pause lasts
-    one batch (``batch_size`` events at most); afterwards the collector is as the application
-    left it — off stays off. The collector's switch is one per process, hence the count: two
-    runners' overlapping pauses must not leave it off. Mercurial's ``util.nogc`` does the same
-    for its bulk loads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._holders = 0
-        self._resume = False
-
-    @contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            if self._holders == 0:
-                self._resume = gc.isenabled()
-                gc.disable()
-            self._holders += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._holders -= 1
-                if self._holders == 0 and self._resume:
-                    gc.enable()
-
-
-_collector_paused = _CollectorPause()
 
 
 def _upto(records: list[StoredRecord], head: int) -> list[StoredRecord]:

@@ -427,7 +427,7 @@ def test_a_projection_added_later_replays_in_batches_while_the_others_sit_it_out
 def test_overlapping_pauses_of_the_collector_leave_it_as_it_was() -> None:
     import gc
 
-    from terret.projections.runner import _collector_paused
+    from terret.projections._collector import collector_paused
 
     was, interval = gc.isenabled(), sys.getswitchinterval()
     gc.enable()
@@ -439,7 +439,7 @@ def test_overlapping_pauses_of_the_collector_leave_it_as_it_was() -> None:
             start.wait()
             deadline = time.monotonic() + 0.5
             while time.monotonic() < deadline:
-                with _collector_paused():
+                with collector_paused():
                     sum(range(50))
 
         threads = [threading.Thread(target=pause_often) for _ in range(4)]
@@ -448,8 +448,8 @@ def test_overlapping_pauses_of_the_collector_leave_it_as_it_was() -> None:
         for t in threads:
             t.join()
         assert gc.isenabled()
-        with _collector_paused():
-            with _collector_paused():
+        with collector_paused():
+            with collector_paused():
                 assert not gc.isenabled()
             assert not gc.isenabled()  # the outer pause still holds it
         assert gc.isenabled()
