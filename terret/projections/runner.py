@@ -14,7 +14,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from terret.domain.catalogue import EventCatalogue, catalogue
@@ -196,23 +196,25 @@ class ProjectionRunner:
         """Process everything up to the store's head in this thread (CLI commands use this
         instead of a background runner). Returns the position reached."""
         head = self.store.head_position()
-        for records in self._pages(self._lowest_tracked(), head):
-            self._apply(records, records[-1].position)
-            if progress:
-                progress(records[-1].position, head)
+        self._each_page(self._lowest_tracked(), head, self._apply, progress)
         self._apply([], head)
         return head
 
-    def _pages(self, after: int, head: int) -> Iterator[list[StoredRecord]]:
-        """The log after ``after`` up to ``head`` in pages of ``batch_size``, each read and
-        (by the caller, before asking for the next) applied with the collector paused."""
+    def _each_page(self, after: int, head: int,
+                   apply: Callable[[list[StoredRecord], int], None],
+                   progress: Progress | None) -> None:
+        """Read the log after ``after`` up to ``head`` in pages of ``batch_size`` and pass each
+        to ``apply`` with the page's last position; each page is read and applied with the
+        collector paused."""
         while after < head:
             with collector_paused():
                 records = _upto(self.store.read_all(after=after, limit=self.batch_size), head)
                 if not records:
                     return
-                yield records
+                apply(records, records[-1].position)
             after = records[-1].position
+            if progress:
+                progress(after, head)
 
     def wait_until(self, position: int, timeout: float = 10.0) -> None:
         """Block until every projection has processed ``position`` (read-your-writes)."""
@@ -430,10 +432,8 @@ class ProjectionRunner:
     def _replay_into(self, target: ProjectionRunner, projections: Sequence[Projection],
                      progress: Progress | None, upto: int | None = None, after: int = 0) -> int:
         head = self.store.head_position() if upto is None else upto
-        for records in self._pages(after, head):
-            target._apply(records, records[-1].position, only=projections, notify=False)
-            if progress:
-                progress(records[-1].position, head)
+        self._each_page(after, head, lambda records, last: target._apply(
+            records, last, only=projections, notify=False), progress)
         target._apply([], head, only=projections, notify=False)
         return head
 
