@@ -97,31 +97,17 @@ class UsageProjection(Projection):
                 found = db.execute(
                     "SELECT prompt_tokens, completion_tokens, cost, steps, last_prompt_tokens"
                     " FROM usage_turns WHERE session = ? AND turn = ?", key).fetchone()
-            if found is None:
-                self._turns[key] = [prompt, completion, cost, 1, last]
-            else:
-                turn = self._turns[key] = list(found)
-        if turn is not None:
-            turn[0] += prompt
-            turn[1] += completion
-            turn[2] += cost
-            turn[3] += 1
-            turn[4] = last
+            turn = self._turns[key] = list(found) if found else [0, 0, 0.0, 0, None]
+        _add(turn, prompt, completion, cost)
+        turn[4] = last
         by_model = (session, model)
         totals = self._models.get(by_model)
         if totals is None:
             found = db.execute(
                 "SELECT prompt_tokens, completion_tokens, cost, steps FROM usage_models"
                 " WHERE session = ? AND model = ?", by_model).fetchone()
-            if found is None:
-                self._models[by_model] = [prompt, completion, cost, 1]
-            else:
-                totals = self._models[by_model] = list(found)
-        if totals is not None:
-            totals[0] += prompt
-            totals[1] += completion
-            totals[2] += cost
-            totals[3] += 1
+            totals = self._models[by_model] = list(found) if found else [0, 0, 0.0, 0]
+        _add(totals, prompt, completion, cost)
 
     def flush(self, db: sqlite3.Connection) -> None:
         for session, (turn, step, model) in self._steps.items():
@@ -176,3 +162,11 @@ def last_prompt_tokens(db: sqlite3.Connection, stream: str, turn: int) -> int | 
         (stream, turn),
     ).fetchone()
     return row[0] if row else None
+
+
+def _add(totals: list[Any], prompt: int, completion: int, cost: float) -> None:
+    """One step into running totals [prompt, completion, cost, steps, ...]."""
+    totals[0] += prompt
+    totals[1] += completion
+    totals[2] += cost
+    totals[3] += 1
