@@ -10,6 +10,7 @@ from typing import Any
 from terret.domain.catalogue import catalogue
 from terret.domain.codec import RecordedEvent
 from terret.projections.base import Projection
+from terret.projections.status import status_name
 from terret.projections.usage import UsageTotals
 
 
@@ -105,7 +106,7 @@ def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
     rows = db.execute(
         f"""
         SELECT s.session, s.agent, t.title, s.created, s.last_activity, s.events, s.closed,
-               st.turn_open, st.pending, u.p, u.c, u.cost, u.steps
+               st.turn_open, json_array_length(st.pending) > 0, u.p, u.c, u.cost, u.steps
         FROM sessions s
         LEFT JOIN titles t ON t.session = s.session
         LEFT JOIN status st ON st.session = s.session
@@ -118,11 +119,7 @@ def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
     ).fetchall()
     out = []
     for r in rows:
-        state = "idle"
-        if r[6]:
-            state = "closed"
-        elif r[7]:
-            state = "waiting_approval" if r[8] not in (None, "[]") else "running"
+        state = status_name(bool(r[7]), bool(r[8]), bool(r[6]))
         if status is not None and state != status:
             continue
         usage = UsageTotals(r[9] or 0, r[10] or 0, r[11] or 0.0, r[12] or 0)

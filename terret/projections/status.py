@@ -88,18 +88,24 @@ def _row(session: str, s: SessionState) -> tuple[Any, ...]:
             int(s.closed), s.last_turn_status)
 
 
+def status_name(turn_open: bool, waiting: bool, closed: bool) -> str:
+    """R1: idle / running / waiting_approval (an approval of the open turn has no verdict), or
+    closed."""
+    if closed:
+        return "closed"
+    if turn_open:
+        return "waiting_approval" if waiting else "running"
+    return "idle"
+
+
 def read_status(db: sqlite3.Connection, stream: str) -> SessionStatus | None:
     row = db.execute("SELECT state FROM status WHERE session = ?", (stream,)).fetchone()
     if row is None:
         return None
     s = SessionState.from_json(row[0])
-    state = "idle"
-    if s.turn_open:
-        state = "waiting_approval" if s.pending else "running"
-    if s.closed:
-        state = "closed"
     return SessionStatus(
-        session=stream, status=state, turn=s.turn, turn_open=s.turn_open, step=s.step,
+        session=stream, status=status_name(s.turn_open, bool(s.pending), s.closed),
+        turn=s.turn, turn_open=s.turn_open, step=s.step,
         step_open=s.step_open, owed=list(s.owed.values()), pending_approvals=len(s.pending),
         cancel_requested=s.cancel_requested, inbox=len(s.inbox),
         wake=any(e["wake"] for e in s.inbox.values()), closed=s.closed,
