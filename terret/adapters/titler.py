@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
+from terret.domain.events import TITLE_MAX
 from terret.domain.messages import Message
 from terret.runtime.model import ModelProvider, ModelRequest
 from terret.runtime.summarizer import render_history
@@ -14,9 +15,9 @@ TITLE_INSTRUCTION = (
     "Reply with the title only: no quotes, no trailing punctuation, no preamble."
 )
 
-#: Stored titles are capped at 80 characters (R20): a model asked for six words can answer
-#: with sixty.
-MAX_TITLE = 80
+#: Titles are capped where ``session/titled`` caps them (R20): a model asked for six words
+#: can answer with sixty.
+MAX_TITLE = TITLE_MAX
 
 _QUOTES = "\"'`*_“”‘’«»"
 _PREFIX = re.compile(r"^\s*(?:title)\s*[:\-–—]\s*", re.IGNORECASE)
