@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from terret.domain.codec import RecordedEvent
+from terret.domain.store import SESSION_PREFIX
 
 _VIEW_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tracking (projection TEXT PRIMARY KEY, position INTEGER NOT NULL);
@@ -69,7 +70,7 @@ class Projection(ABC):
             session_id = getattr(event.payload, "session_id", None)
             if session_id:
                 self.flush(db)  # what the batch holds in memory goes first
-                self.purge(db, f"session-{session_id}")
+                self.purge(db, f"{SESSION_PREFIX}{session_id}")
         if event.wire_name in self.handles:
             self.process(db, event)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from terret.domain.catalogue import catalogue
 from terret.domain.codec import RecordedEvent
+from terret.domain.store import SESSION_PREFIX
 from terret.projections.base import Projection
 from terret.projections.status import status_name
 from terret.projections.usage import UsageTotals
@@ -28,7 +29,7 @@ class SessionSummary:
 
     @property
     def id(self) -> str:
-        return self.session.removeprefix("session-")
+        return self.session.removeprefix(SESSION_PREFIX)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -78,7 +79,7 @@ class SessionsProjection(Projection):
     def flush(self, db: sqlite3.Connection) -> None:
         rows = []
         for stream, last in self._last.items():
-            if not stream.startswith("session-"):
+            if not stream.startswith(SESSION_PREFIX):
                 continue
             started = self._started.get(stream)
             if started is not None:

@@ -6,7 +6,7 @@ from typing import Any
 from uuid import UUID
 
 from terret.domain.messages import Message
-from terret.domain.store import session_stream
+from terret.domain.store import SESSION_PREFIX, session_id_of, session_stream
 from terret.projections import approvals, messages, policy, sessions, status, title, usage
 from terret.projections.base import Projection, ViewStore
 from terret.projections.sessions import SessionSummary
@@ -30,7 +30,11 @@ def default_projections() -> list[Projection]:
 def _stream(session: UUID | str) -> str:
     if isinstance(session, UUID):
         return session_stream(session)
-    return session if session.startswith("session-") else session_stream(UUID(session))
+    return session if session.startswith(SESSION_PREFIX) else session_stream(UUID(session))
+
+
+def _ids(streams: list[str]) -> list[UUID]:
+    return [sid for stream in streams if (sid := session_id_of(stream)) is not None]
 
 
 class Views:
@@ -88,11 +92,11 @@ class Views:
 
     def resumable_sessions(self) -> list[UUID]:
         with self.store.reading() as db:
-            return [UUID(s.removeprefix("session-")) for s in status.resumable_sessions(db)]
+            return _ids(status.resumable_sessions(db))
 
     def sessions_to_wake(self) -> list[UUID]:
         with self.store.reading() as db:
-            return [UUID(s.removeprefix("session-")) for s in status.sessions_to_wake(db)]
+            return _ids(status.sessions_to_wake(db))
 
     def sessions(self, *, status: str | None = None, limit: int | None = None
                  ) -> list[SessionSummary]:
