@@ -116,6 +116,12 @@ class Subscription(ABC, Iterator[SubscriptionItem]):
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
+    @property
+    def buffered(self) -> int:
+        """Items ready to deliver without waiting. A consumer that batches (the projection
+        runner) commits when this reaches 0; a subscription that cannot tell says 0."""
+        return 0
+
     def stop(self) -> None:
         self._stopped.set()
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from terret.domain.catalogue import EventCatalogue, catalogue
 from terret.domain.codec import RecordDecoder, RecordedEvent
 from terret.domain.errors import CorruptRecord, ProjectionHalted, StoreError
-from terret.domain.store import CaughtUp, Checkpoint, EventStore, StoredRecord
+from terret.domain.store import CaughtUp, Checkpoint, EventStore, StoredRecord, Subscription
 from terret.projections._collector import collector_paused
 from terret.projections.base import PURGED, Projection, ViewStore
 
@@ -79,7 +79,7 @@ class ProjectionRunner:
         self._position = 0
         self._listen_from = 0
         self._thread: threading.Thread | None = None
-        self._subscription: object | None = None
+        self._subscription: Subscription | None = None
         self._stopping = threading.Event()
         self._error: BaseException | None = None
         with views.lock:
@@ -140,7 +140,7 @@ class ProjectionRunner:
         self._stopping.set()
         sub = self._subscription
         if sub is not None:
-            sub.stop()  # type: ignore[attr-defined]
+            sub.stop()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -178,7 +178,7 @@ class ProjectionRunner:
                     break
                 if isinstance(item, StoredRecord):
                     batch.append(item)
-                    if len(batch) < self.batch_size and getattr(sub, "buffered", 0) > 0:
+                    if len(batch) < self.batch_size and sub.buffered > 0:
                         continue
                     self._apply(batch, batch[-1].position)
                     batch = []
@@ -252,8 +252,10 @@ class ProjectionRunner:
                 self._position = max(self._position, upto)
             self._progress.notify_all()
 
-    def _begin(self, db: sqlite3.Connection, projections: Sequence[Projection]
-               ) -> tuple[dict[str, int], set[str]]:
+    @staticmethod
+    def _tracking(db: sqlite3.Connection, projections: Sequence[Projection]
+                  ) -> tuple[dict[str, int], set[str]]:
+        """Each projection's tracked position (0 when none), and the names of halted ones."""
         tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())
         halted = {r[0] for r in db.execute("SELECT projection FROM projection_faults")}
         return {p.name: tracked.get(p.name, 0) for p in projections}, halted
@@ -269,7 +271,7 @@ class ProjectionRunner:
         append = events.append
         decode = self._decoder
         with self.views.transaction() as db:
-            tracked, halted = self._begin(db, projections)
+            tracked, halted = self._tracking(db, projections)
             live = [p for p in projections if p.name not in halted]
             if records:
                 first, last = records[0].position, records[-1].position
@@ -320,7 +322,7 @@ class ProjectionRunner:
         so the failing projection halts at the failing event and the others carry on."""
         events: list[RecordedEvent] = []
         with self.views.transaction() as db:
-            tracked, halted = self._begin(db, projections)
+            tracked, halted = self._tracking(db, projections)
             skipped = self._skips(db)
             for p in projections:
                 p.begin()
@@ -365,9 +367,8 @@ class ProjectionRunner:
 
     def _lowest_tracked(self) -> int:
         with self.views.reading() as db:
-            tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())
-            halted = {r[0] for r in db.execute("SELECT projection FROM projection_faults")}
-        live = [tracked.get(p.name, 0) for p in self.projections if p.name not in halted]
+            tracked, halted = self._tracking(db, self.projections)
+        live = [position for name, position in tracked.items() if name not in halted]
         return min(live, default=max(tracked.values(), default=0))
 
     # --- operations ----------------------------------------------------------------------
