@@ -35,6 +35,7 @@ from tests.contract.store_contract import (
 
 class TestEventStoreDBStore(StoreContract):
     uri: str
+    head_reader = "read_head"  # what the subscription calls when it finds nothing new
 
     @pytest.fixture(autouse=True)
     def _uri(self, esdb_uri: str) -> None:
