@@ -334,11 +334,13 @@ def test_projections_verify_exits_1_on_a_difference(sqlite_target: Target) -> No
     result = target.invoke("projections", "verify", "usage")
     assert result.exit_code == 1
     assert "usage:" in result.stdout and "difference" in result.stdout
+    log_before = target.types(sid)
     doctor = target.invoke("doctor")
     assert doctor.exit_code == 1
     assert "FIX   projection usage differs from a rebuild" in doctor.stdout
     assert "1 problem(s) found" in doctor.stderr
-    assert str(sid)  # the session is still there: only the view was wrong
+    assert target.types(sid) == log_before  # the log is untouched: only the view was wrong
+    assert log_before[0] == "session/started" and "turn/end" in log_before
     assert target.invoke("projections", "rebuild", "usage").exit_code == 0
     assert target.invoke("projections", "verify", "usage").exit_code == 0
 
