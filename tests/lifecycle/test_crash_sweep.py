@@ -27,6 +27,7 @@ import pytest
 
 from terret.adapters.stores import SQLiteStore, open_store
 from terret.domain.store import EventStore
+from terret.projections import default_projections
 from tests.lifecycle import child
 from tests.lifecycle.kit import check_invariants, new_session, read_report
 from tests.runtime.conftest import OpenedStore
@@ -136,7 +137,7 @@ def test_crash_sweep_every_append_point_before_and_after_the_write(
                 "c-deploy"]
             assert len(only(log, "approval/resolved")) == 1
             assert len(only(log, "session/titled")) == 1
-            assert taken_over["verify"] == {name: [] for name in taken_over["verify"]}
+            assert taken_over["verify"] == {p.name: [] for p in default_projections()}
             executed = ran.read_text().splitlines()
             assert {"deploy c-deploy", "status c-status"} <= set(executed)
         except AssertionError as exc:
