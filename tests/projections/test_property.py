@@ -199,7 +199,7 @@ def _generate(data: st.DataObject, writer: Writer, harness: Harness
               ) -> tuple[list[UUID], list[UUID]]:
     sessions: list[UUID] = []
     purged: list[UUID] = []
-    for _ in range(data.draw(st.integers(1, 60), label="actions")):
+    for _ in range(data.draw(st.integers(1, 100), label="actions")):
         if data.draw(st.integers(0, 4), label="process?") == 0:
             harness.process(data)
             continue
@@ -209,7 +209,7 @@ def _generate(data: st.DataObject, writer: Writer, harness: Harness
                                          roles={"main": MODELS[0]}))
             continue
         session = writer.repo.get(sessions[index])
-        for _ in range(data.draw(st.integers(1, 3), label="commands in one append")):
+        for _ in range(data.draw(st.integers(1, 5), label="commands in one append")):
             command = data.draw(st.sampled_from(_choices(session)), label="command")
             if command == "purge":
                 break
