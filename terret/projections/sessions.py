@@ -103,7 +103,10 @@ class SessionsProjection(Projection):
 
 def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
                   limit: int | None = None, stream: str | None = None) -> list[SessionSummary]:
-    where, params = ("WHERE s.session = ?", (stream,)) if stream else ("", ())
+    # One session's summary sums that session's usage only, not every session's.
+    where, usage_where, params = (
+        ("WHERE s.session = ?", "WHERE session = ?", (stream, stream)) if stream
+        else ("", "", ()))
     rows = db.execute(
         f"""
         SELECT s.session, s.agent, t.title, s.created, s.last_activity, s.events, s.closed,
@@ -113,7 +116,7 @@ def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
         LEFT JOIN status st ON st.session = s.session
         LEFT JOIN (SELECT session, sum(prompt_tokens) p, sum(completion_tokens) c,
                           sum(cost) cost, sum(steps) steps
-                   FROM usage_turns GROUP BY session) u ON u.session = s.session
+                   FROM usage_turns {usage_where} GROUP BY session) u ON u.session = s.session
         {where}
         ORDER BY s.last_activity DESC
         """, params
