@@ -4,7 +4,6 @@ approvals. The session is an ordinary durable one: quit and come back with its i
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 from uuid import UUID
 
@@ -92,7 +91,6 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
         click.secho("agent> ", bold=True, nl=False)
         _drive(runtime, sid, threading.Thread(target=_guarded(runtime.run_turn, sid, text)))
         click.echo()
-        time.sleep(0)
     click.secho(f"\nbye — resume with: terret chat {sid}", dim=True)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 from uuid import UUID
 
@@ -122,7 +121,7 @@ def log(obj: CliContext, session_id: UUID, from_seq: int, types: tuple[str, ...]
                     show(item)
                     last = item.seq
     except KeyboardInterrupt:
-        time.sleep(0)
+        pass  # Ctrl-C ends --follow quietly
 
 
 def register(cli: click.Group) -> None:

@@ -328,7 +328,7 @@ class Agent:
         session = runtime.writer.refresh(self.session_id)
         if session.state.cancel_requested or self.cancel_event.is_set():
             raise TurnCancelled("cancel requested")
-        spec = runtime.model_spec(self.session_id, "main", session)
+        spec = runtime.model_spec(session, "main")
         claim = StepClaim(self.session_id, turn, session.current_step + 1, spec)
         hooks = (*runtime.pre_step, *self.definition.pre_step)
         if hooks:  # hooks read views (the spend cap reads usage): let them see our own writes

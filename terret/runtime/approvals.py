@@ -87,7 +87,7 @@ class ApprovalGate:
 
     def __call__(self, tool: Tool, ctx: CallContext) -> ToolOutcome | None:
         sid = ctx.session_id
-        session = self.writer.refresh(sid)
+        seen, session = self._read(sid)
         if session.state.cancel_requested:
             raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled")
         verdict = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
@@ -95,10 +95,12 @@ class ApprovalGate:
             self.writer.execute(
                 sid, lambda s: s.request_approval(ctx.call_id, ctx.name, ctx.args), owner=True
             )
+            # The state as of that append (and whatever it folded in): no second store read.
+            session = self.writer.load(sid)
         if verdict is None:
             # A request a dead process made is re-parked without asking again; its maximum
             # wait counts from now, so a restart never reaps a call early.
-            verdict = self._park(ctx, time.time())
+            verdict = self._park(ctx, time.time(), session, seen)
         if verdict["verdict"] == "approved":
             return None
         by = verdict.get("by") or {}
@@ -107,36 +109,38 @@ class ApprovalGate:
         text = f"{tool.name} was denied by {who}" + (f": {reason}" if reason else "")
         return ToolOutcome(text, is_error=True)
 
-    def _park(self, ctx: CallContext, requested_at: float) -> dict[str, object]:
+    def _read(self, sid: UUID) -> tuple[int, Session]:
+        """The signal generation, then the session with the store's tail applied (a verdict or
+        a cancel may come from another process): whatever lands after this read signals a
+        generation other than the one returned, so a wait on it cannot miss it."""
+        seen = self.signals.generation(sid)
+        return seen, self.writer.refresh(sid)
+
+    def _park(self, ctx: CallContext, requested_at: float, session: Session,
+              seen: int) -> dict[str, object]:
+        """Wait for the call's verdict. Each round decides on one read of the session (the
+        first on the caller's, ``session`` as read at generation ``seen``)."""
         sid = ctx.session_id
         deadline = requested_at + self.max_wait if self.max_wait is not None else None
         self.on_park()
         try:
             while True:
-                seen = self.signals.generation(sid)
-                found = self._recorded_verdict(ctx)
+                found = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
                 if found is not None:
                     return found
                 if self.stopping.is_set():
                     raise TurnSuspended(f"stopping while {ctx.call_id} is parked")
-                if self.writer.refresh(sid).state.cancel_requested:
+                if session.state.cancel_requested:
                     raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled while parked")
-                timeout = self.poll
-                if deadline is not None:
-                    remaining = deadline - time.time()
-                    if remaining <= 0:
-                        self._reap(ctx)
-                        continue
-                    timeout = min(timeout, remaining)
-                self.signals.wait(sid, seen, timeout)
+                remaining = deadline - time.time() if deadline is not None else None
+                if remaining is not None and remaining <= 0:
+                    self._reap(ctx)  # the next read finds its denial, or the verdict that won
+                else:
+                    timeout = self.poll if remaining is None else min(self.poll, remaining)
+                    self.signals.wait(sid, seen, timeout)
+                seen, session = self._read(sid)
         finally:
             self.on_unpark()
-
-    def _recorded_verdict(self, ctx: CallContext) -> dict[str, object] | None:
-        sid = ctx.session_id
-        # A verdict may come from another process: apply the store's tail first.
-        session = self.writer.refresh(sid)
-        return session.verdict_for(ctx.call_id, ctx.name, ctx.args)
 
     def _reap(self, ctx: CallContext) -> None:
         def deny(s: Session) -> None:

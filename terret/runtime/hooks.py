@@ -38,13 +38,13 @@ class BudgetGuard:
         self.cap = cap
 
     def __call__(self, claim: StepClaim) -> Refusal | None:
-        spent = self.views.usage(claim.session_id)
         by_turn = self.views.usage_by_turn(claim.session_id)
+        spent = sum(u.cost for u in by_turn.values())  # as ``views.usage`` sums it, turn by turn
         per_step = max((u.cost / u.steps for u in by_turn.values() if u.steps), default=0.0)
-        if spent.cost + per_step > self.cap or spent.cost >= self.cap:
+        if spent + per_step > self.cap or spent >= self.cap:
             return Refusal(
                 "budget",
-                f"spend cap {self.cap:g} reached: spent {spent.cost:g}, "
+                f"spend cap {self.cap:g} reached: spent {spent:g}, "
                 f"next step estimated at {per_step:g}",
             )
         return None

@@ -90,6 +90,8 @@ class AutoTitler:
         self.runtime.background(lambda: self.title_now(sid))
 
     def title_now(self, sid: UUID) -> None:
+        if self.runtime.views.title(sid) is not None:
+            return  # titled already: a local view read; a title once projected stays until a purge
         session = self.runtime.writer.load(sid)
         if session.state.titled:
             return

@@ -181,12 +181,11 @@ class Runtime:
             raise errors.ConfigurationError(f"no agent definition named {name!r}")
         return self.definitions[name]
 
-    def model_spec(self, session_id: UUID, role: str, session: Session | None = None) -> str:
+    def model_spec(self, session: Session, role: str) -> str:
         """The session's spec for ``role`` as its log records it (``session/started`` and
         ``model/set``, read through the aggregate so a change is seen by the very next step),
         else the deployment's."""
-        state = (session or self.writer.refresh(session_id)).state
-        spec = state.roles.get(role) or self.config.roles.get(role)
+        spec = session.state.roles.get(role) or self.config.roles.get(role)
         if spec is None:
             raise errors.ConfigurationError(f"model role {role!r} is not configured")
         return spec
@@ -298,7 +297,6 @@ class Runtime:
 
     def _resolve(self, session_id: UUID, call_id: str, verdict: str, by: Actor,
                  reason: str | None) -> None:
-        self.writer.refresh(session_id)  # a verdict must see the freshest log
         self.writer.execute(session_id, lambda s: s.resolve_approval(
             call_id, verdict, by=by, reason=reason))
 

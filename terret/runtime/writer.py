@@ -35,7 +35,6 @@ class SessionWriter:
         self._locks_lock = threading.Lock()
         self._cache: OrderedDict[UUID, Session] = OrderedDict()
         self._cache_size = cache_size
-        self._written: dict[UUID, tuple[int, int]] = {}
 
     def lock(self, session_id: UUID) -> threading.RLock:
         with self._locks_lock:
@@ -84,12 +83,6 @@ class SessionWriter:
         with self.lock(session_id):
             self._cache.pop(session_id, None)
 
-    def last_write(self, session_id: UUID) -> tuple[int, int] | None:
-        """``(version, position)`` of this writer's latest append to the session: when the
-        session is still at that version, every event of it is at or before that position."""
-        with self.lock(session_id):
-            return self._written.get(session_id)
-
     def create(self, session: Session) -> AppendResult:
         with self.lock(session.id):
             result = self.repository.save(session)
@@ -107,12 +100,15 @@ class SessionWriter:
     ) -> tuple[T, AppendResult | None]:
         """Run ``command`` on the session and append what it recorded.
 
-        ``owner=True`` marks the writer that runs the session's turn: it may fold in only
-        commutative events on a conflict (R5). Any other writer re-runs its command on the
-        fresh state, which re-validates it.
+        ``owner=True`` marks the writer that runs the session's turn: it starts from this
+        process's copy (its own appends keep it current) and may fold in only commutative
+        events on a conflict (R5). Any other writer starts from the store's latest state, so a
+        command that would refuse on a stale copy (a cancel while another process's turn runs,
+        a verdict on its request) sees what it acts on; on a conflict it re-runs the command on
+        the fresh state, which re-validates it.
         """
         with self.lock(session_id):
-            session = self.load(session_id)
+            session = self.load(session_id) if owner else self.refresh(session_id)
             for _attempt in range(MAX_ATTEMPTS):
                 base = session.version
                 try:
@@ -132,8 +128,6 @@ class SessionWriter:
                     self._cache.pop(session_id, None)
                     raise
                 self._remember(session)
-                if result is not None:
-                    self._written[session_id] = (session.version, result.position)
                 return value, result
         raise LostOwnership(f"session {session_id}: gave up after {MAX_ATTEMPTS} conflicts")
 

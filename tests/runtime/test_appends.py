@@ -33,6 +33,7 @@ from tests.runtime.kit import (
     other_process,
     read_log,
     turn_in_background,
+    wait_parked,
     wait_until,
 )
 
@@ -105,6 +106,29 @@ def test_r5_a_non_commutative_append_from_another_process_stops_the_turn_without
     assert after[-1].data["text"] == "the other process answered"
     assert rt.resumable(sid)
     assert agent_of(rt, sid).status == "idle"
+
+
+@pytest.mark.parametrize("act", ["cancel", "approve"])
+def test_r5_a_writer_that_does_not_own_the_turn_acts_on_the_log_not_its_own_stale_copy(
+        make_runtime: MakeRuntime, kit: Kit, store, act: str) -> None:
+    owner = make_runtime([calls(("deploy", {"env": "prod"}, "c-1")), final()])
+    other = make_runtime()
+    sid = other.create_session()  # ``other`` keeps its copy of the session: no turn open
+    job = turn_in_background(owner, sid, "go")
+    wait_parked(owner, sid)
+    assert not other.writer.load(sid).turn_open  # its copy has not seen the turn start
+    who = Actor(actor="operator", id="other")
+    if act == "cancel":  # refused with NoOpenTurn on the stale copy, and never retried
+        other.cancel(sid, by=who, reason="from the other writer")
+        assert job.join().status == "cancelled"
+        assert kit.ran == []
+    else:
+        other.approve(sid, "c-1", by=who)
+        assert job.join().status == "completed"
+        assert kit.ran == [("deploy", {"env": "prod"})]
+    log = read_log(store, sid)
+    assert first_index(log, "approval/requested") < first_index(log, "turn/end")
+    assert len(only(log, "turn/end")) == 1
 
 
 def test_r6_fan_out_is_queued_so_every_listener_sees_the_log_in_order(

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+from uuid import UUID
+
 import pytest
 
-from terret import Actor, CallContext, Reply, ScriptedProvider, Tool, call
+from terret import Actor, CallContext, Reply, ScriptedProvider, SessionRepository, Tool, call
 from terret.domain.errors import ApprovalNotPending
-from terret.runtime import Veto
+from terret.domain.events import ToolCallData
+from terret.runtime import ApprovalGate, Veto
+from terret.runtime.approvals import ApprovalSignals
+from terret.runtime.writer import SessionWriter
 from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import (
+    DEADLINE,
+    Background,
     Kit,
     LogBuilder,
     approve_all,
@@ -155,6 +164,48 @@ def test_r10_a_denial_from_another_process_reaches_the_model(
     assert kit.ran == []
     tool_msg = [m for m in provider.requests[1].messages if m.role == "tool"]
     assert tool_msg[0].is_error and "prod is frozen" in tool_msg[0].text
+
+
+def test_r10_a_parked_call_reads_the_session_once_to_decide_and_once_per_wake(
+        make_runtime: MakeRuntime, kit: Kit, store, monkeypatch: pytest.MonkeyPatch) -> None:
+    sid = make_runtime(start=False).create_session()
+    b = LogBuilder(store, sid)
+    b.do(lambda s: s.start_turn(text="go"))
+    b.do(lambda s: s.start_step("scripted:default"))
+    b.do(lambda s: s.record_assistant(
+        "", [ToolCallData(id="c-1", name="deploy", args={"env": "prod"})]))
+    writer, signals = SessionWriter(SessionRepository(store)), ApprovalSignals()
+    reads: list[UUID] = []
+    wakes: list[UUID] = []
+    refresh, wait = writer.refresh, signals.wait
+
+    def counted_refresh(session_id: UUID) -> Any:
+        reads.append(session_id)
+        return refresh(session_id)
+
+    def counted_wait(session_id: UUID, seen: int, timeout: float) -> int:
+        try:
+            return wait(session_id, seen, timeout)
+        finally:
+            wakes.append(session_id)
+
+    monkeypatch.setattr(writer, "refresh", counted_refresh)
+    monkeypatch.setattr(signals, "wait", counted_wait)
+    parked = threading.Event()
+    gate = ApprovalGate(writer, signals, poll=60.0, on_park=parked.set)
+    job = Background(lambda: gate(kit.deploy, CallContext(sid, "c-1", "deploy",
+                                                           {"env": "prod"}, 1)))
+    assert parked.wait(DEADLINE)
+    for n in range(1, 4):  # wakes with nothing new in the log: the call parks again
+        signals.signal(sid)
+        wait_until(lambda n=n: len(wakes) >= n, what=f"wake {n}")
+    assert not job.done
+    b.do(lambda s: s.resolve_approval("c-1", "approved", by=USER))  # another writer's verdict
+    signals.signal(sid)
+    assert job.join() is None  # approved: the call runs
+    assert len(wakes) >= 4
+    assert len(reads) == 1 + len(wakes)  # one read before parking, then one per wake
+    assert len(only(read_log(store, sid), "approval/requested")) == 1
 
 
 def test_r11_only_a_pending_request_of_the_open_turn_can_be_resolved(

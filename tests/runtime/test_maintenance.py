@@ -20,7 +20,7 @@ from terret import (
 from terret.adapters.summarizers import RoleSummarizer
 from terret.adapters.titler import RoleTitler
 from terret.domain.errors import CompactionDeclined, ConfigurationError
-from terret.runtime import render_history
+from terret.runtime import BudgetGuard, StepClaim, render_history
 from tests.runtime.conftest import MakeRuntime
 from tests.runtime.kit import (
     calls,
@@ -299,6 +299,26 @@ def test_r20_stored_titles_are_capped_at_80_characters(make_runtime: MakeRuntime
     assert rt.title(sid) == "x" * 80  # the latest one wins
 
 
+def test_r20_a_session_the_title_view_shows_titled_is_not_read_again(
+        make_runtime: MakeRuntime, store, monkeypatch: pytest.MonkeyPatch) -> None:
+    titler = Titler("First")
+    rt = make_runtime(ScriptedProvider(default=final()), titler=titler)
+    sid = rt.create_session()
+    rt.run_turn(sid, "hi")
+    wait_for_event(store, sid, "session/titled")
+    rt.catch_up_views()
+    drain_upkeep(rt)
+
+    def no_read(session_id: object) -> None:
+        raise AssertionError("the titler read a session its title view shows titled")
+
+    monkeypatch.setattr(rt.writer, "load", no_read)
+    monkeypatch.setattr(rt.writer, "refresh", no_read)
+    rt.titler.title_now(sid)  # what every later turn/end of the session queues
+    assert titler.calls == 1
+    assert len(only(read_log(store, sid), "session/titled")) == 1
+
+
 def test_r20_the_titler_role_is_used_when_configured(make_runtime: MakeRuntime,
                                                      store) -> None:
     model = ScriptedProvider([Reply(text='Title: "EU rollout, phase two."')], name="tiny")
@@ -367,3 +387,24 @@ def test_r21_the_spend_cap_rejects_the_step_that_would_pass_it(make_runtime: Mak
     again = rt.run_turn(sid, "more")  # the next turn is refused before its first step
     assert again.status == "rejected"
     assert len(only(read_log(store, sid), "step/start")) == 2
+
+
+def test_r21_the_spend_cap_counts_the_session_total_the_usage_view_reports(
+        make_runtime: MakeRuntime, store) -> None:
+    costs = [0.1, 0.2, 0.07, 0.013, 0.3]
+    rt = make_runtime([final(usage=Usage(10, 1, c)) for c in costs])
+    sid = rt.create_session()
+    for n in range(len(costs)):
+        assert rt.run_turn(sid, f"turn {n}").status == "completed"
+    rt.catch_up_views()
+    total = rt.views.usage(sid).cost
+    spent = 0.0
+    for turn in rt.views.usage_by_turn(sid).values():  # what the guard adds up, in turn order
+        spent += turn.cost
+    assert spent == total  # exactly: the guard and the view agree to the last bit
+    claim = StepClaim(sid, len(costs) + 1, 1, "scripted:default")
+    refused = BudgetGuard(rt.views, total)(claim)  # spent >= cap
+    assert refused is not None and refused.actor == "budget"
+    assert f"spent {total:g}," in refused.reason
+    assert BudgetGuard(rt.views, total + 0.31)(claim) is None  # the dearest step (0.3) fits
+    assert BudgetGuard(rt.views, total + 0.29)(claim) is not None  # and now it does not
