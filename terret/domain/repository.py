@@ -11,7 +11,7 @@ from typing import Any
 from uuid import UUID
 
 from terret.domain.codec import decode, encode
-from terret.domain.errors import CorruptRecord, SessionNotFound
+from terret.domain.errors import SessionNotFound
 from terret.domain.session import Session, SessionState
 from terret.domain.store import AppendResult, EventStore, NewRecord, StreamState, session_stream
 
@@ -35,17 +35,20 @@ class SessionRepository:
                 session = Session.restore(session_id, 0, SessionState())
         else:
             session = Session.restore(session_id, 0, SessionState())
-        tail = self.store.read_stream(stream, from_seq=session.version + 1)
-        if session.version == 0 and not tail:
+        replayed = self.catch_up(session)
+        if session.version == 0:
             raise SessionNotFound(f"no session {session_id}")
-        for record in tail:
-            event = decode(record)
-            if event.seq != session.version + 1:
-                raise CorruptRecord(record.position, f"gap in {stream} before seq {event.seq}")
-            session.replay(event.seq, event.payload)
-        if len(tail) >= self.snapshot_every:
+        if replayed >= self.snapshot_every:
             self.store.write_snapshot(stream, session.version, session.state.to_json())
         return session
+
+    def catch_up(self, session: Session) -> int:
+        """Apply the events the store holds after the session's version (reads only that
+        tail); returns how many."""
+        tail = self.store.read_stream(session_stream(session.id), from_seq=session.version + 1)
+        for record in tail:
+            session.replay(decode(record))
+        return len(tail)
 
     def records_of(self, session: Session, *, correlation_id: str | None = None,
                    causation_id: str | None = None) -> list[NewRecord]:

@@ -19,6 +19,7 @@ from eventsourcing.domain import Aggregate
 
 from terret.domain import errors
 from terret.domain.catalogue import EventPayload, OpaquePayload
+from terret.domain.codec import RecordedEvent
 from terret.domain.events import (
     TITLE_MAX,
     Actor,
@@ -141,12 +142,15 @@ class Session(Aggregate):
         session.state = state
         return session
 
-    def replay(self, seq: int, payload: EventPayload | OpaquePayload) -> None:
-        """Apply a stored event (no validation: the log is the truth)."""
-        if seq != self.version + 1:
-            raise errors.CorruptRecord(seq, f"session {self.id} expected seq {self.version + 1}")
-        self._apply(payload, seq)
-        self.version = seq
+    def replay(self, event: RecordedEvent) -> None:
+        """Apply a stored event (no validation: the log is the truth). A gap in the seqs is a
+        corrupt log, reported at the position of the event after it."""
+        if event.seq != self.version + 1:
+            raise errors.CorruptRecord(
+                event.position, f"gap in {event.stream} before seq {event.seq} "
+                f"(the session is at {self.version})")
+        self._apply(event.payload, event.seq)
+        self.version = event.seq
 
     # --- what commands may read ----------------------------------------------------------
 

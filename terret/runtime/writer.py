@@ -17,7 +17,6 @@ from typing import TypeVar
 from uuid import UUID
 
 from terret.domain.catalogue import catalogue
-from terret.domain.codec import decode
 from terret.domain.errors import LostOwnership, WrongExpectedVersion
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
@@ -59,11 +58,8 @@ class SessionWriter:
             cached = self._cache.get(session_id)
             if cached is None or cached.pending_events:
                 return self._reload(session_id)
-            tail = self.repository.store.read_stream(session_stream(session_id),
-                                                     from_seq=cached.version + 1)
             try:
-                for record in tail:
-                    cached.replay(record.seq, decode(record).payload)
+                self.repository.catch_up(cached)
             except Exception:
                 return self._reload(session_id)
             return cached

@@ -1143,7 +1143,7 @@ def _read_all(store: EventStore, after: int, limit: int,
 def _replay_from_scratch(store: EventStore, session_id: UUID) -> Session:
     session = Session.restore(session_id, 0, SessionState())
     for stored in store.read_stream(session_stream(session_id)):
-        session.replay(stored.seq, decode(stored).payload)
+        session.replay(decode(stored))
     return session
 
 

@@ -489,3 +489,19 @@ def test_the_live_state_equals_a_replay_of_the_log() -> None:
     session.close(by=USER)
     repo.save(session)
     assert repo.get(session.id).state == session.state
+
+
+def test_a_gap_in_the_seqs_is_a_corrupt_record_at_the_position_after_it() -> None:
+    store = MemoryStore()
+    repo = SessionRepository(store)
+    session = Session.start()
+    session.start_turn(text="one")
+    repo.save(session)
+    records = store.read_stream(session_stream(session.id))
+    fresh = Session.restore(session.id, 0, type(session.state)())
+    fresh.replay(decode(records[0]))
+    with pytest.raises(errors.CorruptRecord) as info:
+        fresh.replay(decode(records[2]))  # seq 2 missing
+    assert info.value.position == records[2].position
+    assert "before seq 3" in str(info.value) and "at 1" in str(info.value)
+    assert fresh.version == 1
