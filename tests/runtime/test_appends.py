@@ -11,7 +11,7 @@ import pytest
 
 from terret import Actor, Reply, RuntimeConfig, ScriptedProvider, Usage, call
 from terret.domain.codec import RecordedEvent
-from terret.domain.errors import LostOwnership
+from terret.domain.errors import LostOwnership, MaxStepsExceeded
 from terret.domain.store import (
     AppendResult,
     EventStore,
@@ -231,8 +231,9 @@ def test_r7_event_ids_are_unique_across_a_long_session(make_runtime: MakeRuntime
                       config=RuntimeConfig(max_steps=4))
     sid = rt.create_session()
     for _ in range(3):
-        with pytest.raises(Exception):  # noqa: B017 - each turn hits the step cap
+        with pytest.raises(MaxStepsExceeded):  # each turn hits the step cap
             rt.run_turn(sid, "loop")
     log = read_log(store, sid)
+    assert len(only(log, "step/start")) == 12
     assert len({e.event_id for e in log}) == len(log)
     assert [e.data["status"] for e in only(log, "turn/end")] == ["failed"] * 3
