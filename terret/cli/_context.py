@@ -6,7 +6,6 @@ import getpass
 import json
 import os
 import sqlite3
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,11 @@ from uuid import UUID
 
 import click
 
-from terret.adapters.stores.uri import mask_credentials, open_store
+from terret.adapters.stores.uri import mask_credentials, open_store, sqlite_path, store_kind
 from terret.domain.errors import SessionNotFound, StoreUnavailable
 from terret.domain.events import Actor
 from terret.domain.repository import SessionRepository
-from terret.domain.store import EventStore, session_stream
+from terret.domain.store import EventStore
 from terret.projections.base import ViewStore
 from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views, default_projections
@@ -28,11 +27,14 @@ DEFAULT_STORE = "terret.db"
 
 
 def default_views_path(store_uri: str) -> str:
-    if store_uri.startswith(("esdb://", "esdb+discover://")):
-        return "terret-views.db"
-    if store_uri in ("memory:", "memory://"):
+    """Beside a SQLite store (``x.db`` → ``x.views.db``), in memory for ``memory:``, else
+    ``terret-views.db``. Raises ``InvalidStoreURI`` for a URI no store takes."""
+    kind = store_kind(store_uri)
+    if kind == "memory":
         return ":memory:"
-    path = store_uri.removeprefix("sqlite://")
+    path = sqlite_path(store_uri)
+    if path is None:
+        return "terret-views.db"
     return str(Path(path).with_suffix("")) + ".views.db"
 
 
@@ -90,23 +92,15 @@ class CliContext:
 
     def store(self, *, create: bool = False) -> EventStore:
         if self._store is None:
-            uri = self.store_uri
-            # A bare path or sqlite://path; other schemes are judged (and refused) by open_store.
-            is_file = "://" not in uri.removeprefix("sqlite://") and not uri.startswith(
-                ("esdb:", "esdb+discover:", "memory:"))
-            if is_file and not create:
-                path = uri.removeprefix("sqlite://")
-                if not os.path.exists(path):
-                    raise StoreUnavailable(
-                        f"no store at {path} (create one with `terret sessions new` or "
-                        "`terret demo`, or pass --store)")
-            if self.store_timeout is not None and uri.startswith(("esdb://", "esdb+discover://")):
-                from terret.adapters.stores.eventstoredb import EventStoreDBStore
-
-                self._store = EventStoreDBStore(uri, retry_timeout=self.store_timeout,
-                                                call_timeout=min(5.0, self.store_timeout))
-            else:
-                self._store = open_store(uri)
+            path = sqlite_path(self.store_uri)  # None for the other stores
+            if path is not None and not create and not os.path.exists(path):
+                raise StoreUnavailable(
+                    f"no store at {path} (create one with `terret sessions new` or "
+                    "`terret demo`, or pass --store)")
+            timeout = self.store_timeout
+            self._store = open_store(
+                self.store_uri, retry_timeout=timeout,
+                call_timeout=min(5.0, timeout) if timeout is not None else None)
             self.closers.append(self._store.close)
         return self._store
 
@@ -137,7 +131,7 @@ class CliContext:
         return Views(self.view_store())
 
     def require_session(self, session_id: UUID) -> None:
-        if self.store().stream_version(session_stream(session_id)) == 0:
+        if not SessionRepository(self.store()).exists(session_id):
             raise SessionNotFound(f"no session {session_id} in {self.masked_uri}")
 
     def close(self) -> None:
@@ -178,7 +172,3 @@ def table(rows: list[list[str]], headers: list[str]) -> str:
     widths = [max(map(len, column)) for column in zip(headers, *rows, strict=False)]
     line = "  ".join(f"{{:<{w}}}" for w in widths).format
     return "\n".join([line(*headers).rstrip(), *(line(*row).rstrip() for row in rows)])
-
-
-def is_tty() -> bool:
-    return sys.stdout.isatty()

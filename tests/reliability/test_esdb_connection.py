@@ -14,9 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from terret.adapters.stores._esdb import mask_uri
 from terret.adapters.stores.eventstoredb import EventStoreDBStore
-from terret.adapters.stores.uri import open_store
+from terret.adapters.stores.uri import mask_credentials, open_store
 from terret.domain.errors import InvalidStoreURI, StoreUnavailable
 from terret.domain.store import Checkpoint, StoredRecord, StreamState
 from tests.contract.store_contract import NOISE, SIGNAL, Collector, new_stream, record, records
@@ -77,7 +76,7 @@ def emulator(request: pytest.FixtureRequest) -> EsdbEmulator:
     ],
 )
 def test_describe_and_repr_mask_credentials(uri: str, shown: str) -> None:
-    assert mask_uri(uri) == shown
+    assert mask_credentials(uri) == shown
     store = EventStoreDBStore(uri)  # no connection is made before the first call
     try:
         assert store.describe() == f"eventstoredb {shown}"
@@ -103,7 +102,7 @@ def test_describe_and_repr_mask_credentials(uri: str, shown: str) -> None:
     ],
 )
 def test_masking_survives_unencoded_characters(uri: str, shown: str) -> None:
-    assert mask_uri(uri) == shown
+    assert mask_credentials(uri) == shown
 
 
 @pytest.mark.parametrize(

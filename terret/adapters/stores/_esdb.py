@@ -1,5 +1,6 @@
-"""Support for the EventStoreDB adapter: URI handling and credential masking, the server-side
-filter regexes, how esdbclient's exceptions are classified, and the bounded retry loop.
+"""Support for the EventStoreDB adapter: URI handling (masked by ``uri.mask_credentials``),
+the server-side filter regexes, how esdbclient's exceptions are classified, and the bounded
+retry loop.
 
 Kept apart from ``eventstoredb.py`` so that the adapter reads as the port's operations.
 """
@@ -30,6 +31,7 @@ from esdbclient.exceptions import (
     UnknownError,
 )
 
+from terret.adapters.stores.uri import mask_credentials, userinfo_bounds
 from terret.domain.errors import CorruptRecord, InvalidStoreURI, StoreUnavailable
 from terret.domain.store import StoredRecord
 
@@ -57,7 +59,7 @@ class SecretURI:
 
     def __init__(self, uri: str, display: str | None = None) -> None:
         self._uri = uri
-        self.masked = display if display is not None else mask_uri(uri)
+        self.masked = display if display is not None else mask_credentials(uri)
         self.secrets = _secrets_of(uri)
 
     def reveal(self) -> str:
@@ -77,40 +79,8 @@ class SecretURI:
     __str__ = __repr__
 
 
-_QUERY_START = re.compile(r"\?[A-Za-z]+=")
-
-
-def _userinfo_bounds(uri: str) -> tuple[int, int] | None:
-    """Where ``user:password`` sits in a URI: from after ``://`` to the ``@`` that ends it.
-
-    That ``@`` is the *last* one before the query string, not the first one, and not the first
-    one after a ``/`` or ``?``: a password may contain ``@``, ``/``, ``?`` or ``:`` even though
-    it should be percent-encoded, and a mask must not leak its tail."""
-    start = uri.find("://")
-    if start < 0:
-        return None
-    start += 3
-    at = uri.rfind("@")
-    # An "@" inside the query (e.g. in a TlsCaFile path) does not end the user-info.
-    while at >= start:
-        query = _QUERY_START.search(uri, start, at)
-        if query is None:
-            return start, at
-        at = uri.rfind("@", start, query.start())
-    return None
-
-
-def mask_uri(uri: str) -> str:
-    """``esdb://user:pass@host:2113?Tls=true`` → ``esdb://***@host:2113?Tls=true``."""
-    bounds = _userinfo_bounds(uri)
-    if bounds is None:
-        return uri
-    start, at = bounds
-    return uri[:start] + "***" + uri[at:]
-
-
 def _secrets_of(uri: str) -> list[str]:
-    bounds = _userinfo_bounds(uri)
+    bounds = userinfo_bounds(uri)
     if bounds is None:
         return []
     userinfo = uri[bounds[0] : bounds[1]]
@@ -130,7 +100,7 @@ def _secrets_of(uri: str) -> list[str]:
 def prepare_uri(uri: str) -> SecretURI:
     """Validate a URI for the adapter and add Terret's defaults; raises ``InvalidStoreURI``
     with the credentials masked."""
-    masked = mask_uri(uri)
+    masked = mask_credentials(uri)
     try:
         parts = urlsplit(uri)
     except ValueError as exc:
@@ -139,7 +109,7 @@ def prepare_uri(uri: str) -> SecretURI:
         raise InvalidStoreURI(
             f"invalid EventStoreDB URI {masked!r}: the scheme must be esdb:// or esdb+discover://"
         )
-    bounds = _userinfo_bounds(uri)
+    bounds = userinfo_bounds(uri)
     bad = sorted(set("@/?#") & set(uri[bounds[0] : bounds[1]])) if bounds else []
     if bad:
         # esdbclient splits the URI with urlparse (which ends the host part at "/", "?" or

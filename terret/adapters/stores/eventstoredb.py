@@ -375,17 +375,18 @@ class EventStoreDBStore(EventStore):
         for event in events:
             self.note_deletion(event)
 
-    def note_deletion(self, event: RecordedEvent) -> None:
-        """Learn a deletion from a record of the deletions stream (read or subscribed)."""
-        try:
-            stream = json.loads(event.data)["stream"]
-        except (ValueError, KeyError, TypeError):
+    def note_deletion(self, event: RecordedEvent) -> str | None:
+        """Learn a deletion from a record of the deletions stream (read or subscribed);
+        the deleted stream's name, or None for a malformed record (ignored)."""
+        stream = _deleted_name(event)
+        if stream is None:
             log.warning("ignoring a malformed deletion record at %s", event.commit_position)
-            return
+            return None
         with self._deleted_lock:
-            self._deleted.add(str(stream))
+            self._deleted.add(stream)
             if event.stream_name == DELETIONS_STREAM:
                 self._deleted_revision = max(self._deleted_revision, event.stream_position)
+        return stream
 
     def set_max_age(self, stream: str, seconds: int) -> None:
         if seconds <= 0:
@@ -576,10 +577,10 @@ class EventStoreDBStore(EventStore):
             for event in page:
                 if event.type == DELETION_EVENT_TYPE:
                     # Deleted after this read began: drop what was already taken from it.
-                    self.note_deletion(event)
-                    gone = _deleted_name(event)
-                    deleted = deleted | {gone}
-                    out = [r for r in out if r.stream != gone]
+                    gone = self.note_deletion(event)
+                    if gone is not None:
+                        deleted = deleted | {gone}
+                        out = [r for r in out if r.stream != gone]
                 elif event.stream_name not in deleted and type_filter.delivers(event.type):
                     out.append(to_stored(event))
             if received < want or not page:
@@ -626,11 +627,12 @@ def _snapshot_stream(stream: str) -> str:
     return f"{SNAPSHOT_PREFIX}{stream}"
 
 
-def _deleted_name(event: RecordedEvent) -> str:
+def _deleted_name(event: RecordedEvent) -> str | None:
+    """The stream a deletion record names; None if the record is malformed."""
     try:
         return str(json.loads(event.data)["stream"])
     except (ValueError, KeyError, TypeError):
-        return ""
+        return None
 
 
 def _max_size(exc: Exception) -> int:

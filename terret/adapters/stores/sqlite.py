@@ -1,8 +1,8 @@
 """The embedded default store: one SQLite file in WAL mode, durable by default.
 
 Catch-up subscriptions: an append in this process wakes subscribers at once; appends by other
-processes are noticed by polling ``PRAGMA data_version`` (cheap: it changes only when another
-connection commits).
+processes are noticed by polling the head, ``SELECT max(position) FROM events`` (cheap: the
+primary key's last entry), every ``poll_interval`` seconds.
 """
 
 from __future__ import annotations
