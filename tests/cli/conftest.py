@@ -33,6 +33,8 @@ from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
 from terret.domain.store import EventStore, session_stream
 from terret.runtime.writer import SessionWriter
+from tests.support.esdb_emulator import EsdbEmulator
+from tests.support.esdb_fixtures import real_server_uri
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_APP = "terret.cli.demo_app:demo_app"
@@ -207,6 +209,17 @@ def is_type(wire_name: str, **fields: object) -> Callable[[RecordedEvent], bool]
     return test
 
 
+@pytest.fixture
+def own_esdb_uri(request: pytest.FixtureRequest) -> str:
+    """The real server when ``TERRET_ESDB_URI`` is set, else an emulator of the test's own: no
+    other suite's events (or damaged records) in the log the CLI's views replay."""
+    if real_server_uri() is not None:
+        return str(request.getfixturevalue("esdb_uri"))
+    emulator = EsdbEmulator().start(host="127.0.0.1", port=0)
+    request.addfinalizer(emulator.stop)
+    return emulator.uri
+
+
 @pytest.fixture(params=["sqlite", "esdb"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
     if request.param == "sqlite":
@@ -214,7 +227,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
         t = Target("sqlite", uri, str(tmp_path / "views.db"), tmp_path)
         t.store()  # the file exists: commands other than `sessions new`/`serve` need it
     else:
-        uri = request.getfixturevalue("esdb_uri")
+        uri = request.getfixturevalue("own_esdb_uri")
         t = Target("esdb", uri, str(tmp_path / "views.db"), tmp_path)
         t.since = t.store().head_position()
     yield t

@@ -294,12 +294,13 @@ def test_bad_input_in_real_processes(sqlite_target: Target, tmp_path: Path) -> N
     assert not (tmp_path / "missing.db").exists()
 
 
-def test_credentials_never_printed_by_a_working_store(esdb_uri: str, tmp_path: Path) -> None:
+def test_credentials_never_printed_by_a_working_store(own_esdb_uri: str, tmp_path: Path
+                                                      ) -> None:
     """A reachable EventStoreDB whose URI carries a password: verbose output, `doctor`'s store
     description and errors show it masked (real processes, so logging reaches stderr)."""
-    if "@" in esdb_uri:
+    if "@" in own_esdb_uri:
         pytest.skip("the server's URI already carries credentials")
-    uri = esdb_uri.replace("esdb://", "esdb://admin:secret@", 1)
+    uri = own_esdb_uri.replace("esdb://", "esdb://admin:secret@", 1)
     runs = [["-v", "doctor"], ["-v", "--json", "sessions", "list"],
             ["-v", "sessions", "show", MISSING]]
     procs = [subprocess.Popen([sys.executable, "-m", "terret", "--store", uri, "--views",
