@@ -16,7 +16,10 @@ TurnStatus = Literal["completed", "cancelled", "rejected", "empty", "failed"]
 Verdict = Literal["approved", "denied"]
 
 TITLE_MAX = 80
-_SPEC = re.compile(r"^[a-z][a-z0-9_-]*:\S+$")
+_PROVIDER = r"[a-z][a-z0-9_-]*"
+#: The provider part of a model spec (``provider:model``).
+PROVIDER_NAME = re.compile(rf"^{_PROVIDER}$")
+_SPEC = re.compile(rf"^{_PROVIDER}:\S+$")
 _PATTERN = re.compile(r"^[A-Za-z0-9_.:/*?\[\]!-]+$")
 
 

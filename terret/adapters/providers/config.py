@@ -7,7 +7,6 @@ environment when a provider is built, so a config file can be committed, logged 
 from __future__ import annotations
 
 import json
-import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -15,12 +14,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from terret.domain.errors import ConfigurationError
+from terret.domain.events import PROVIDER_NAME
 
 #: The spec prefix for an ad-hoc endpoint given inline: ``openai-compatible:<model>@<base_url>``.
 AD_HOC_PROVIDER = "openai-compatible"
 
-#: The provider part of a spec; the same rule ``model/set`` validates specs with.
-PROVIDER_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
 class TimeoutConfig(BaseModel):
