@@ -77,6 +77,8 @@ class SessionState:
     attached: str | None = None
     roles: dict[str, str] = field(default_factory=dict)
     policy_seq: int = 0
+    policy: list[str] | None = None
+    """The patterns of the last ``policy/updated`` (R23), None while the session has none."""
     last_turn_status: str | None = None
 
     def to_json(self) -> bytes:
@@ -85,7 +87,11 @@ class SessionState:
 
     @classmethod
     def from_json(cls, data: bytes) -> SessionState:
-        return cls(**json.loads(data))
+        fields = json.loads(data)
+        if fields.get("policy_seq") and "policy" not in fields:
+            # A snapshot from before the state kept the patterns: not usable, replay instead.
+            raise ValueError("snapshot without the session's policy patterns")
+        return cls(**fields)
 
 
 def _call_key(name: str, args: dict[str, Any]) -> str:
@@ -403,7 +409,8 @@ def _on_model_set(s: SessionState, p: Any, seq: int) -> None:
 
 
 def _on_policy(s: SessionState, p: Any, seq: int) -> None:
-    s.policy_seq = seq  # the allow-list re-reads its memo when this moves
+    s.policy_seq = seq
+    s.policy = list(p.patterns)
 
 
 def _on_turn_start(s: SessionState, p: Any, seq: int) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from terret.domain import errors
+from terret.domain.codec import RecordedEvent
 from terret.domain.events import Actor, ToolCallData, TurnStatus, UsageData
 from terret.domain.messages import Message
 from terret.domain.session import Session
@@ -66,8 +67,8 @@ class Agent:
         self.cancel_event = threading.Event()
         self.on_text: TextSink | None = None
         self.context: ToolContext = runtime.tool_context.fork()
-        self.allowlist = AllowList(definition.allow, runtime.views.policy,
-                                   lambda sid: runtime.views.status(sid) is not None)
+        self.allowlist = AllowList(definition.allow,
+                                   lambda sid: runtime.writer.load(sid).state.policy)
         self.context.pre_execute.append(self.allowlist)
         self.gate = ApprovalGate(
             runtime.writer, runtime.signals,
@@ -78,12 +79,11 @@ class Agent:
         )
         self.pipeline = ToolPipeline(definition.tools, self.context, self.gate)
         self._listeners = [
-            runtime.runner.add_listener(self._on_policy, {"policy/updated"}),
+            runtime.runner.add_listener(self._on_cancel, {"turn/cancel_requested"}),
         ]
         self._thread: threading.Thread | None = None
         self._last_position = 0
         self._last_version = 0
-        self._policy_seq = -1
         self._carry: Callable[[Session], None] | None = None
         self._context: list[Message] | None = None  # the last request's messages (see _step)
         self._context_version = 0
@@ -111,9 +111,14 @@ class Agent:
     def busy(self) -> bool:
         return self._lock.locked()
 
-    def _on_policy(self, event: Any) -> None:
-        if event.session_id == self.session_id:
-            self.allowlist.on_policy_updated(event)
+    def _on_cancel(self, event: RecordedEvent) -> None:
+        """A cancel recorded by any process stops this agent's turn at its next boundary and
+        closes an in-flight model stream (R13, ARCHITECTURE §7) — if it is this turn's: one
+        delivered late, after its turn closed, must not cancel the next turn."""
+        if event.session_id != self.session_id or not self.busy:
+            return
+        if self.runtime.writer.load(self.session_id).state.cancel_requested:
+            self.cancel_event.set()
 
     def release(self) -> None:
         """Remove every listener this agent registered (R22, R26)."""
@@ -142,8 +147,11 @@ class Agent:
         ``turn/end failed`` and re-raised."""
         self._claim()
         try:
+            # Not yet the turn's owner: the start is validated on the store's latest state (and
+            # again on a conflict), so a turn another process opened is refused, not fought.
             turn = self._write(
-                lambda s: s.start_turn(trigger=trigger, text=text or None, inbox_id=inbox_id))
+                lambda s: s.start_turn(trigger=trigger, text=text or None, inbox_id=inbox_id),
+                owner=False)
             log.info("session %s turn %d started (%s)", self.session_id, turn, trigger)
             return self._drive(turn, resumed=False)
         finally:
@@ -154,7 +162,7 @@ class Agent:
         turn open (it stays resumable) and is re-raised."""
         self._claim()
         try:
-            session = self.runtime.writer.refresh(self.session_id)
+            session = self.runtime.writer.load(self.session_id)
             if not session.turn_open:
                 raise errors.NoOpenTurn(f"session {self.session_id} has no open turn to resume")
             log.info("session %s turn %d resumed", self.session_id, session.current_turn)
@@ -179,7 +187,7 @@ class Agent:
 
     # --- the loop ------------------------------------------------------------------------
 
-    def _write(self, command: Callable[[Session], Any]) -> Any:
+    def _write(self, command: Callable[[Session], Any], *, owner: bool = True) -> Any:
         """Append what ``command`` records, after whatever the loop is carrying (a step's last
         tool result and its ``step/end`` ride with the next step's ``step/start``: one durable
         append instead of two). If the append fails, the carried part stays carried."""
@@ -195,7 +203,7 @@ class Agent:
             return value
 
         try:
-            value, result = self.runtime.writer.execute(self.session_id, run, owner=True)
+            value, result = self.runtime.writer.execute(self.session_id, run, owner=owner)
         except BaseException:
             self._carry = carry
             raise
@@ -290,17 +298,17 @@ class Agent:
             raise
 
     def _still_open(self, turn: int) -> bool:
-        session = self.runtime.writer.refresh(self.session_id)
+        session = self.runtime.writer.load(self.session_id)
         return session.turn_open and session.current_turn == turn
 
     def _close_cancelled(self, turn: int) -> TurnResult:
-        session = self.runtime.writer.load(self.session_id)
-        by = Actor(**session.state.cancel_by) if session.state.cancel_by else None
-        return self._end(turn, "cancelled", reason=session.state.cancel_reason, by=by)
+        self._write(_end_cancelled)
+        log.info("session %s turn %d ended cancelled", self.session_id, turn)
+        return TurnResult(self.session_id, turn, "cancelled")
 
     def _close_open_step(self, turn: int) -> TurnResult | None:
         """R15/R16: re-execute owed calls, close the step without usage; decide the edges."""
-        session = self.runtime.writer.refresh(self.session_id)
+        session = self.runtime.writer.load(self.session_id)
         state = session.state
         if state.cancel_requested:
             raise TurnCancelled("cancel recorded before resume")
@@ -325,7 +333,7 @@ class Agent:
         if runtime.stopping.is_set():
             raise TurnSuspended("the process is stopping")
         # Other processes may have queued text or recorded a cancel since the last write.
-        session = runtime.writer.refresh(self.session_id)
+        session = runtime.writer.load(self.session_id)
         if session.state.cancel_requested or self.cancel_event.is_set():
             raise TurnCancelled("cancel requested")
         spec = runtime.model_spec(session, "main")
@@ -341,6 +349,8 @@ class Agent:
                                  by=Actor(actor=refusal.actor))  # type: ignore[arg-type]
 
         def open_step(s: Session) -> int:
+            if s.state.cancel_requested:  # folded in on a conflict: the cancel wins (R13)
+                raise TurnCancelled("cancel requested")
             step = s.start_step(spec, max_steps=self.max_steps)
             s.take_inbox()
             return step
@@ -364,19 +374,30 @@ class Agent:
             usage = UsageData(prompt_tokens=reply.usage.prompt_tokens,
                               completion_tokens=reply.usage.completion_tokens,
                               cost=reply.usage.cost)
-        if not calls:
-            # A final reply: nothing runs between its message, the step's end and the turn's
-            # end, so they are one append (a crash leaves the step open, and resume asks again).
-            def finish(s: Session) -> None:
-                s.record_assistant(reply.text, calls)
+        def answer(s: Session) -> TurnStatus | None:
+            """Record the reply; a final one ends the step and the turn in the same append (a
+            crash leaves the step open, and resume asks again). A cancel recorded while the
+            model answered wins here, at the step's boundary (R13): the reply and its usage are
+            kept, its calls answered as not run, and the turn closes cancelled."""
+            s.record_assistant(reply.text, calls)
+            if s.state.cancel_requested:
+                for c in calls:
+                    s.record_tool_result(c.id, c.name, f"{c.name} was not run: the turn was "
+                                         "cancelled", is_error=True)
                 s.end_step(usage)
-                s.end_turn("completed")
+                _end_cancelled(s)
+                return "cancelled"
+            if calls:
+                return None
+            s.end_step(usage)
+            s.end_turn("completed")
+            return "completed"
 
-            self._write(finish)
-            log.info("session %s turn %d ended completed", self.session_id, turn)
-            return TurnResult(self.session_id, turn, "completed", reply.text)
         # The calls are durable before any of them runs (R15: at-least-once, never lost).
-        self._write(lambda s: s.record_assistant(reply.text, calls))
+        ended = self._write(answer)
+        if ended is not None:
+            log.info("session %s turn %d ended %s", self.session_id, turn, ended)
+            return TurnResult(self.session_id, turn, ended, reply.text)
         self._run_calls(turn, calls, usage=usage)
         log.debug("session %s turn %d step %d closed", self.session_id, turn, step)
         return None
@@ -393,13 +414,6 @@ class Agent:
                    usage: UsageData | None) -> None:
         """Run the step's calls in order, each result appended as it comes; the last result
         and the step's ``step/end`` (with ``usage``) are carried into the next append."""
-        policy_seq = self.runtime.writer.load(self.session_id).state.policy_seq
-        if policy_seq != self._policy_seq:
-            # R23: a policy update is in the log before these calls (this process's, or one
-            # folded in from another): they see it, through views that include it.
-            self.runtime.wait_for(self._last_position)
-            self.allowlist.forget(self.session_id)
-            self._policy_seq = policy_seq
         for i, call in enumerate(calls):
             ctx = CallContext(self.session_id, call.id, call.name, dict(call.args), turn)
             outcome = self.pipeline.run(ctx)
@@ -417,6 +431,13 @@ class Agent:
             self._carry = record  # written with whatever comes next, step/start or turn/end
         else:
             self._write(record)
+
+
+def _end_cancelled(s: Session) -> None:
+    """Close the turn cancelled, attributed to whoever recorded the cancel (a local cancel
+    event without a recorded one is this process stopping the turn: no actor)."""
+    by = Actor(**s.state.cancel_by) if s.state.cancel_by else None
+    s.end_turn("cancelled", reason=s.state.cancel_reason, by=by)
 
 
 def _rendered(payloads: list[Any]) -> list[Message] | None:

@@ -92,11 +92,12 @@ class ApprovalGate:
             raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled")
         verdict = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
         if verdict is None and ctx.call_id not in session.state.pending:
-            self.writer.execute(
-                sid, lambda s: s.request_approval(ctx.call_id, ctx.name, ctx.args), owner=True
-            )
+            def request(s: Session) -> Session:
+                s.request_approval(ctx.call_id, ctx.name, ctx.args)
+                return s
+
             # The state as of that append (and whatever it folded in): no second store read.
-            session = self.writer.load(sid)
+            session, _ = self.writer.execute(sid, request, owner=True)
         if verdict is None:
             # A request a dead process made is re-parked without asking again; its maximum
             # wait counts from now, so a restart never reaps a call early.
@@ -114,7 +115,7 @@ class ApprovalGate:
         a cancel may come from another process): whatever lands after this read signals a
         generation other than the one returned, so a wait on it cannot miss it."""
         seen = self.signals.generation(sid)
-        return seen, self.writer.refresh(sid)
+        return seen, self.writer.load(sid)
 
     def _park(self, ctx: CallContext, requested_at: float, session: Session,
               seen: int) -> dict[str, object]:

@@ -204,7 +204,8 @@ class Runtime:
 
     # --- the agent registry (R22) --------------------------------------------------------
 
-    def spawn_agent(self, session_id: UUID, *, agent_id: str | None = None) -> Agent:
+    def spawn_agent(self, session_id: UUID, *, agent_id: str | None = None,
+                    _for_new_turn: bool = False) -> Agent:
         with self._registry_lock:
             agent_id = agent_id or f"agent-{uuid4().hex[:12]}"
             if agent_id in self._agents:
@@ -218,6 +219,11 @@ class Runtime:
             session = self.writer.load(session_id)
             if session.closed:
                 raise errors.SessionClosed(f"session {session_id} is closed")
+            if _for_new_turn and session.turn_open:
+                # R4: a refusal appends nothing, not even the attach it would have needed.
+                raise errors.TurnOpenInLog(
+                    f"session {session_id} has open turn {session.current_turn}; resume it "
+                    "instead")
             agent = Agent(self, agent_id, session_id,
                           self._definition(session.state.agent))
             self._agents[agent_id] = agent
@@ -255,23 +261,24 @@ class Runtime:
     def agents(self) -> list[Agent]:
         return list(self._agents.values())
 
-    def _agent(self, session_id: UUID) -> Agent:
+    def _agent(self, session_id: UUID, *, for_new_turn: bool = False) -> Agent:
         # Under the registry lock: two racing callers must share one agent, not collide on a
         # spawn (the loser would see AgentExists instead of TurnAlreadyRunning).
         with self._registry_lock:
-            return self.agent_for_session(session_id) or self.spawn_agent(session_id)
+            return self.agent_for_session(session_id) or self.spawn_agent(
+                session_id, _for_new_turn=for_new_turn)
 
     # --- turns ---------------------------------------------------------------------------
 
     def run_turn(self, session_id: UUID, text: str | None) -> TurnResult:
-        return self._agent(session_id).run_turn(text)
+        return self._agent(session_id, for_new_turn=True).run_turn(text)
 
     def resume_turn(self, session_id: UUID) -> TurnResult:
         return self._agent(session_id).resume_turn()
 
     def resumable(self, session_id: UUID) -> bool:
         """R14: the log holds a ``turn/start`` with no ``turn/end`` after it."""
-        return self.writer.refresh(session_id).turn_open
+        return self.writer.load(session_id).turn_open
 
     def cancel(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
         """R13: record the cancel first; the turn's owner then denies standing approvals and
@@ -320,6 +327,13 @@ class Runtime:
 
         def run() -> None:
             try:
+                self._agent(session_id)
+            except errors.TerretError as exc:
+                # Another app's agent, a closed session, the agent cap: not ours to serve
+                # (one line, as serve_start says it of the open turns it leaves).
+                log.warning("not waking session %s: %s", session_id, exc)
+                return
+            try:
                 self.wake(session_id)
             except TurnSuspended:
                 pass
@@ -336,7 +350,7 @@ class Runtime:
         its text in the inbox: it rides the winner's next step). A session whose log holds an
         open turn is resumed instead."""
         agent = self._agent(session_id)
-        session = self.writer.refresh(session_id)
+        session = self.writer.load(session_id)
         if session.closed:
             return None
         try:

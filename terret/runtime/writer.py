@@ -43,17 +43,9 @@ class SessionWriter:
             return lock
 
     def load(self, session_id: UUID) -> Session:
-        """The session as last written by this process, or loaded from the store."""
-        with self.lock(session_id):
-            cached = self._cache.get(session_id)
-            if cached is not None and not cached.pending_events:
-                self._cache.move_to_end(session_id)
-                return cached
-            return self._reload(session_id)
-
-    def refresh(self, session_id: UUID) -> Session:
-        """The session with every event in the store applied, including what other processes
-        appended since this process last wrote (reads only the tail)."""
+        """The session with every event the store holds applied (R30): this process's copy,
+        caught up with what other processes appended since it last read or wrote (one read of
+        the stream's tail, empty when nothing landed)."""
         with self.lock(session_id):
             cached = self._cache.get(session_id)
             if cached is None or cached.pending_events:
@@ -62,7 +54,19 @@ class SessionWriter:
                 self.repository.catch_up(cached)
             except Exception:
                 return self._reload(session_id)
+            self._cache.move_to_end(session_id)
             return cached
+
+    refresh = load  # the older name; every read catches up now
+
+    def _own_copy(self, session_id: UUID) -> Session:
+        """The turn owner's starting point: its own appends keep this copy current, and a
+        conflict tells it something else landed (then only commutative events may be folded)."""
+        cached = self._cache.get(session_id)
+        if cached is not None and not cached.pending_events:
+            self._cache.move_to_end(session_id)
+            return cached
+        return self._reload(session_id)
 
     def _reload(self, session_id: UUID) -> Session:
         session = self.repository.get(session_id)
@@ -104,7 +108,7 @@ class SessionWriter:
         the fresh state, which re-validates it.
         """
         with self.lock(session_id):
-            session = self.load(session_id) if owner else self.refresh(session_id)
+            session = self._own_copy(session_id) if owner else self.load(session_id)
             for _attempt in range(MAX_ATTEMPTS):
                 base = session.version
                 try:

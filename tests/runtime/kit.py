@@ -295,15 +295,17 @@ class LogBuilder:
 # --- another process -------------------------------------------------------------------------
 
 
-def other_process(store_uri: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+def other_process(store_uri: str, *args: str, timeout: float = 60.0,
+                  returncode: int = 0) -> dict[str, Any]:
     """Run ``tests/runtime/proc.py`` in a fresh interpreter against the same store; returns
-    the JSON it prints."""
+    the JSON it prints. ``returncode`` is the exit status expected (9: it killed itself)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [sys.executable, "-m", "tests.runtime.proc", store_uri, *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
     )
-    if done.returncode != 0:
-        raise AssertionError(f"other process failed ({done.returncode}):\n{done.stderr}")
+    if done.returncode != returncode:
+        raise AssertionError(f"other process exited {done.returncode}, not {returncode}:\n"
+                             f"{done.stderr}")
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     return json.loads(lines[-1]) if lines else {}

@@ -13,15 +13,33 @@ Actions:
   cancel SID                     Runtime.cancel by an operator
   assistant SID TEXT             assistant/message appended through SessionRepository (taking
                                  over the open step: not commutative)
+  turn SID TEXT                  Runtime.run_turn to completion with a scripted model ("ok")
+  die-in-tool SID                Runtime.run_turn whose tool kills the process (os._exit)
+  park SID                       Runtime.run_turn parked on an approval, then the process dies
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 from uuid import UUID
 
-from terret import Actor, Runtime, SessionRepository, StaticResolver
+from pydantic import BaseModel
+
+from terret import (
+    Actor,
+    AgentDefinition,
+    CallContext,
+    Reply,
+    Runtime,
+    ScriptedProvider,
+    SessionRepository,
+    StaticResolver,
+    call,
+    tool,
+)
 from terret.adapters.stores import open_store
 from terret.domain.errors import WrongExpectedVersion
 
@@ -35,6 +53,8 @@ def main(argv: list[str]) -> dict[str, object]:
     try:
         if action in ("resolve-raw", "assistant"):
             return _raw(store, action, sid, rest)
+        if action in ("turn", "die-in-tool", "park"):
+            return _turn(store, action, sid, rest)
         rt = Runtime(store, resolver=StaticResolver())
         try:
             if action == "approve":
@@ -55,6 +75,42 @@ def main(argv: list[str]) -> dict[str, object]:
         return {"ok": True}
     finally:
         store.close()
+
+
+class _NoArgs(BaseModel):
+    pass
+
+
+@tool(args=_NoArgs)
+def die(args: _NoArgs, ctx: CallContext) -> str:
+    """Kills its process mid-call, as SIGKILL would (no cleanup runs)."""
+    os._exit(9)
+
+
+@tool(args=_NoArgs, approval="always")
+def deploy(args: _NoArgs, ctx: CallContext) -> str:
+    """Asks a human first."""
+    return "deployed"
+
+
+def _turn(store: object, action: str, sid: UUID, rest: list[str]) -> dict[str, object]:
+    script = {
+        "turn": [],
+        "die-in-tool": [Reply(tool_calls=[call("die", {})])],
+        "park": [Reply(tool_calls=[call("deploy", {}, "c-park")])],
+    }[action]
+    provider = ScriptedProvider(script, default=Reply(text="ok"))
+    rt = Runtime(store, resolver=StaticResolver({"scripted": provider}),  # type: ignore[arg-type]
+                 agents=[AgentDefinition(tools=[die, deploy], allow=["*"])]).start()
+    if action == "park":
+        threading.Thread(target=rt.run_turn, args=(sid, "go"), daemon=True).start()
+        while not rt.pending(sid):
+            threading.Event().wait(0.02)
+        print(json.dumps({"ok": True, "pending": rt.pending(sid)}), flush=True)
+        os._exit(0)  # parked, and gone without a word, as after SIGKILL
+    result = rt.run_turn(sid, rest[0] if rest else "go")
+    rt.close()
+    return {"ok": True, "status": result.status, "turn": result.turn}
 
 
 def _raw(store: object, action: str, sid: UUID, rest: list[str]) -> dict[str, object]:

@@ -223,12 +223,12 @@ def test_r23_an_unreadable_session_fails_closed_with_a_warning(
         make_runtime: MakeRuntime, kit: Kit, store, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     rt = make_runtime([calls(("status", {"env": "x"})), final()], allow=["*"])
+    sid = rt.create_session()
 
     def unreadable(session: object) -> list[str] | None:
-        raise OSError("view store unavailable")
+        raise OSError("store unavailable")
 
-    monkeypatch.setattr(rt.views, "policy", unreadable)
-    sid = rt.create_session()
+    monkeypatch.setattr(rt.spawn_agent(sid).allowlist, "_read", unreadable)
     with caplog.at_level(logging.WARNING, logger="terret.allowlist"):
         assert rt.run_turn(sid, "go").status == "completed"
     assert kit.ran == []

@@ -116,7 +116,7 @@ def test_r5_a_writer_that_does_not_own_the_turn_acts_on_the_log_not_its_own_stal
     sid = other.create_session()  # ``other`` keeps its copy of the session: no turn open
     job = turn_in_background(owner, sid, "go")
     wait_parked(owner, sid)
-    assert not other.writer.load(sid).turn_open  # its copy has not seen the turn start
+    assert not other.writer._own_copy(sid).turn_open  # its copy has not seen the turn start
     who = Actor(actor="operator", id="other")
     if act == "cancel":  # refused with NoOpenTurn on the stale copy, and never retried
         other.cancel(sid, by=who, reason="from the other writer")

@@ -177,11 +177,11 @@ def test_r10_a_parked_call_reads_the_session_once_to_decide_and_once_per_wake(
     writer, signals = SessionWriter(SessionRepository(store)), ApprovalSignals()
     reads: list[UUID] = []
     wakes: list[UUID] = []
-    refresh, wait = writer.refresh, signals.wait
+    load, wait = writer.load, signals.wait
 
-    def counted_refresh(session_id: UUID) -> Any:
+    def counted_load(session_id: UUID) -> Any:
         reads.append(session_id)
-        return refresh(session_id)
+        return load(session_id)
 
     def counted_wait(session_id: UUID, seen: int, timeout: float) -> int:
         try:
@@ -189,7 +189,7 @@ def test_r10_a_parked_call_reads_the_session_once_to_decide_and_once_per_wake(
         finally:
             wakes.append(session_id)
 
-    monkeypatch.setattr(writer, "refresh", counted_refresh)
+    monkeypatch.setattr(writer, "load", counted_load)
     monkeypatch.setattr(signals, "wait", counted_wait)
     parked = threading.Event()
     gate = ApprovalGate(writer, signals, poll=60.0, on_park=parked.set)
