@@ -1,5 +1,6 @@
-"""Summarizers (R19): the role summarizer, a utility request to the ``compactor`` model role,
-and Morph's Compact API, an extractive compressor that deletes whole lines.
+"""Summarizers (R19): the role summarizer, a utility request to the ``compactor`` model role
+(defined with the port in :mod:`terret.runtime.summarizer`, being the runtime's default, and
+re-exported here), and Morph's Compact API, an extractive compressor that deletes whole lines.
 
 Neither is a session request: they read the messages they are given and never touch the event
 log. They fail differently on purpose: the role summarizer raises (an unconfigured role or a
@@ -20,58 +21,22 @@ import httpx
 
 from terret.adapters.providers.secret import Secret
 from terret.domain.messages import Message
-from terret.runtime.model import ModelProvider, ModelRequest
-from terret.runtime.summarizer import render_history
-
-logger = logging.getLogger("terret.summarizers")
-
-RoleResolver = Callable[[str], tuple[ModelProvider, str]]
-
-SUMMARY_INSTRUCTION = (
-    "You compact the history of a long-running agent session. The transcript has one "
-    "role-tagged line per message part: [user], [assistant], [assistant tool call NAME#ID] "
-    "with its JSON arguments, [tool result NAME#ID] and [tool error NAME#ID]. Write a summary "
-    "that lets the agent carry on without the transcript: the user's goals and constraints, "
-    "decisions taken, what was done and with what outcome, every identifier that may matter "
-    "again (files, ids, URLs, versions, deploy ids), errors and how they were resolved, and "
-    "what is still open. Be specific and factual; invent nothing. Reply with the summary only."
+from terret.runtime.summarizer import (
+    SUMMARY_INSTRUCTION,
+    RoleResolver,
+    RoleSummarizer,
+    render_history,
 )
 
+__all__ = [
+    "SUMMARY_INSTRUCTION",
+    "MorphSummarizer",
+    "RoleResolver",
+    "RoleSummarizer",
+    "SummarizerDeclined",
+]
 
-class RoleSummarizer:
-    """One utility request to the ``compactor`` role over :func:`render_history`.
-
-    ``resolve_role`` maps a role name to ``(provider, model id)`` and raises
-    :class:`~terret.domain.errors.ConfigurationError` for an unconfigured role; that error is
-    let through, as is any :class:`~terret.domain.errors.ProviderError`. An empty reply
-    declines (``None``).
-    """
-
-    def __init__(
-        self,
-        resolve_role: RoleResolver,
-        *,
-        role: str = "compactor",
-        instruction: str = SUMMARY_INSTRUCTION,
-        header: str = "Summary of earlier conversation:\n",
-    ) -> None:
-        self._resolve_role = resolve_role
-        self.role = role
-        self.instruction = instruction
-        self.header = header
-
-    def summarize(self, messages: Sequence[Message]) -> str | None:
-        # Resolve first, so an unconfigured role is reported even for an empty history.
-        provider, model = self._resolve_role(self.role)
-        transcript = render_history(messages)
-        if not transcript:
-            return None
-        request = ModelRequest(
-            model=model,
-            messages=(Message("system", self.instruction), Message("user", transcript)),
-        )
-        summary = provider.complete(request).text.strip()
-        return self.header + summary if summary else None
+logger = logging.getLogger("terret.summarizers")
 
 
 class SummarizerDeclined(UserWarning):

@@ -84,5 +84,8 @@ def demo_app() -> App:
     )
     config = RuntimeConfig(roles={"main": "demo:ops-model-1"},
                            compaction_budget=COMPACTION_BUDGET)
+    # The demo configures no `compactor` or `titler` role: it compacts with the fixed
+    # summarizer, chosen explicitly (no model call; it keeps the latest turn), where the
+    # runtime's default role summarizer would refuse; titles fall back to the first message.
     return App(resolver=StaticResolver({"demo": provider}), agents=[agent], config=config,
                summarizer=FixedSummarizer(limit=300))

@@ -3,21 +3,37 @@
 Listeners only queue the work: the summarizer's round trip runs on a worker thread, never on the
 projection runner's thread, and whatever it appends is delivered after the ``turn/end`` it
 reacted to (R6).
+
+Both read the session at the store's head (``SessionWriter.refresh``), never this process's
+last write: the turn that triggered them, a ``model/set`` of their role, or a compaction may
+have come from another process. By default both ask a model role of the session
+(:class:`RoleSummarizer` on ``compactor``, :class:`RoleTitler` on ``titler``), resolved from the
+session's recorded roles through the runtime's ``resolver``.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Self
 from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent, decode
-from terret.domain.events import Actor
+from terret.domain.events import TITLE_MAX, Actor
 from terret.domain.messages import Message
+from terret.domain.session import Session
 from terret.domain.store import session_stream
-from terret.runtime.summarizer import Summarizer
+from terret.runtime.model import ModelProvider, ModelRequest
+from terret.runtime.summarizer import (
+    RoleBound,
+    RoleResolver,
+    RoleSummarizer,
+    Summarizer,
+    render_history,
+)
 
 if TYPE_CHECKING:
     from terret.runtime.runtime import Runtime
@@ -33,13 +49,26 @@ class Titler(Protocol):
     def title(self, messages: Sequence[Message]) -> str | None: ...
 
 
+def session_roles(runtime: Runtime, session: Session) -> RoleResolver:
+    """Resolves a role the way the session's own steps do: its recorded spec
+    (``Runtime.model_spec``: ``session/started`` and ``model/set``, else the runtime's
+    configuration) through the runtime's resolver."""
+
+    def resolve(role: str) -> tuple[ModelProvider, str]:
+        return runtime.resolver.resolve(runtime.model_spec(session, role))
+
+    return resolve
+
+
 class Compactor:
     """Compacts a session after a turn whose last ``step/end`` reported
-    ``prompt_tokens >= budget``, and on demand via ``compact``."""
+    ``prompt_tokens >= budget``, and on demand via ``compact``. ``summarizer`` defaults to the
+    role summarizer on the session's ``compactor`` role."""
 
-    def __init__(self, runtime: Runtime, summarizer: Summarizer, budget: int | None) -> None:
+    def __init__(self, runtime: Runtime, summarizer: Summarizer | None,
+                 budget: int | None) -> None:
         self.runtime = runtime
-        self.summarizer = summarizer
+        self.summarizer: Summarizer = summarizer if summarizer is not None else RoleSummarizer()
         self.budget = budget
 
     def on_turn_end(self, event: RecordedEvent) -> None:
@@ -47,14 +76,14 @@ class Compactor:
         if self.budget is None or sid is None:
             return
         turn = getattr(event.payload, "turn", 0)
-        self.runtime.background(lambda: self._maybe_compact(sid, turn))
+        self.runtime.background(lambda: self._maybe_compact(sid, turn, event.seq))
 
-    def _maybe_compact(self, sid: UUID, turn: int) -> None:
+    def _maybe_compact(self, sid: UUID, turn: int, end_seq: int) -> None:
         prompt = self.runtime.views.last_prompt_tokens(sid, turn)
         if prompt is None or self.budget is None or prompt < self.budget:
             return
         try:
-            self.compact(sid)
+            self._compact(sid, after=end_seq)
         except Exception as exc:  # a decline or a summarizer error is never fatal here
             log.warning("automatic compaction of %s skipped: %s", sid, exc)
 
@@ -62,12 +91,23 @@ class Compactor:
         """Summarize the history and append ``session/compacted``. Returns ``upto_seq``, or None
         when the summarizer declined. Raises ``CompactionDeclined`` if model-visible history
         landed while the summarizer ran (R18), and whatever the summarizer raised."""
+        return self._compact(sid)
+
+    def _compact(self, sid: UUID, *, after: int | None = None) -> int | None:
         runtime = self.runtime
-        session = runtime.writer.load(sid)
+        # R18: the mark is the store's head for the stream when the compactor starts (the tail
+        # other processes appended is folded in), not this process's last write.
+        session = runtime.writer.refresh(sid)
         mark = session.version
-        runtime.catch_up_views()
+        if after is not None and session.state.last_compaction_seq > after:
+            log.info("session %s was compacted after seq %d already", sid, after)
+            return None
+        summarizer = self.summarizer
+        if isinstance(summarizer, RoleBound):
+            summarizer = summarizer.for_session(session_roles(runtime, session))
+        runtime.catch_up_views()  # the views now hold at least everything up to the mark
         messages = runtime.views.messages(sid)
-        summary = self.summarizer.summarize(messages)
+        summary = summarizer.summarize(messages)
         if summary is None:
             log.warning("compaction of %s declined by the summarizer", sid)
             return None
@@ -77,11 +117,13 @@ class Compactor:
 
 
 class AutoTitler:
-    """Exactly one automatic title per session, at the first ``turn/end`` (R20)."""
+    """Exactly one automatic title per session, at the first ``turn/end`` (R20): from
+    ``titler`` (default: the role titler on the session's ``titler`` role, when that role is
+    configured), else the first user message cut to 40 characters."""
 
     def __init__(self, runtime: Runtime, titler: Titler | None) -> None:
         self.runtime = runtime
-        self.titler = titler
+        self.titler: Titler = titler if titler is not None else RoleTitler()
 
     def on_turn_end(self, event: RecordedEvent) -> None:
         sid = event.session_id
@@ -92,13 +134,14 @@ class AutoTitler:
     def title_now(self, sid: UUID) -> None:
         if self.runtime.views.title(sid) is not None:
             return  # titled already: a local view read; a title once projected stays until a purge
-        session = self.runtime.writer.load(sid)
+        session = self.runtime.writer.refresh(sid)
         if session.state.titled:
             return
         title = None
-        if self.titler is not None:
+        titler = self._titler_for(session)
+        if titler is not None:
             try:
-                title = self.titler.title(self.runtime.views.messages(sid))
+                title = titler.title(self.runtime.views.messages(sid))
             except Exception as exc:
                 log.warning("titler failed for %s, using the first message: %s", sid, exc)
         if not title:
@@ -110,6 +153,21 @@ class AutoTitler:
                 sid, lambda s: s.title(title, by=Actor(actor="agent"), automatic=True))
         except (errors.AlreadyTitled, errors.SessionClosed):
             pass  # titled meanwhile (another process), or closed: nothing to do
+
+    def _titler_for(self, session: Session) -> Titler | None:
+        """The titler bound to the session's roles; None when it would ask a role the session
+        does not configure (the first message is then the title, with no warning)."""
+        titler = self.titler
+        if not isinstance(titler, RoleBound):
+            return titler
+        bound: Titler = titler.for_session(session_roles(self.runtime, session))
+        if bound is titler:
+            return titler  # it brought its own resolver
+        try:
+            self.runtime.model_spec(session, titler.role)
+        except errors.ConfigurationError:
+            return None
+        return bound
 
     def _first_user_message(self, sid: UUID) -> str:
         store = self.runtime.store
@@ -124,3 +182,87 @@ class AutoTitler:
                 return ""
             start = page[-1].seq + 1
 
+
+# --- the role titler ---------------------------------------------------------------------------
+
+TITLE_INSTRUCTION = (
+    "Give this conversation a short title of at most six words that says what it is about. "
+    "Reply with the title only: no quotes, no trailing punctuation, no preamble."
+)
+
+#: Titles are capped where ``session/titled`` caps them (R20): a model asked for six words
+#: can answer with sixty.
+MAX_TITLE = TITLE_MAX
+
+_QUOTES = "\"'`*_“”‘’«»"
+_PREFIX = re.compile(r"^\s*(?:title)\s*[:\-–—]\s*", re.IGNORECASE)
+
+
+class RoleTitler:
+    """One utility request to the ``titler`` role over the start of the conversation.
+
+    The runtime's default titler. Built without ``resolve_role`` it is :class:`RoleBound`: the
+    runtime binds it to the session being titled and uses it only when the session configures
+    the role (``create_session(roles=...)``, ``model/set``, else ``RuntimeConfig.roles``).
+    Built with ``resolve_role`` it always uses that resolver, which raises
+    :class:`~terret.domain.errors.ConfigurationError` for an unconfigured role; that error is
+    let through (the runtime's titler then falls back to the first user message). Returns
+    ``None`` when the model's reply is empty after cleaning.
+    """
+
+    def __init__(
+        self,
+        resolve_role: RoleResolver | None = None,
+        *,
+        role: str = "titler",
+        instruction: str = TITLE_INSTRUCTION,
+        max_chars: int = MAX_TITLE,
+        max_input_chars: int = 4000,
+    ) -> None:
+        self._resolve_role = resolve_role
+        self.role = role
+        self.instruction = instruction
+        self.max_chars = max_chars
+        # The opening of a session says what it is about; the rest would only cost tokens.
+        self.max_input_chars = max_input_chars
+
+    def __repr__(self) -> str:
+        bound = "bound" if self._resolve_role is not None else "session roles"
+        return f"RoleTitler(role={self.role!r}, {bound})"
+
+    def for_session(self, resolve_role: RoleResolver) -> Self:
+        if self._resolve_role is not None:
+            return self
+        bound = copy.copy(self)
+        bound._resolve_role = resolve_role
+        return bound
+
+    def title(self, messages: Sequence[Message]) -> str | None:
+        if self._resolve_role is None:
+            raise errors.ConfigurationError(
+                f"RoleTitler for role {self.role!r} has no role resolver: pass resolve_role, "
+                "or give it to a Runtime, which binds it to each session's roles")
+        provider, model = self._resolve_role(self.role)
+        transcript = render_history(messages)[: self.max_input_chars]
+        if not transcript.strip():
+            return None
+        request = ModelRequest(
+            model=model,
+            messages=(Message("system", self.instruction), Message("user", transcript)),
+        )
+        return clean_title(provider.complete(request).text, self.max_chars)
+
+
+def clean_title(text: str, max_chars: int = MAX_TITLE) -> str | None:
+    """First non-empty line, without a ``Title:`` prefix, surrounding quotes or markdown
+    emphasis, whitespace collapsed, cut to ``max_chars`` (at a word boundary when one is near);
+    ``None`` if nothing is left."""
+    line = next((ln for ln in text.splitlines() if ln.strip(_QUOTES + " \t#")), "")
+    line = _PREFIX.sub("", line.strip().lstrip("#").strip())
+    line = " ".join(line.strip(_QUOTES + " \t").split())
+    line = line.rstrip(".").strip(_QUOTES + " \t")
+    if len(line) > max_chars:
+        cut = line[: max_chars + 1].rfind(" ")
+        line = line[:cut] if cut >= max_chars // 2 else line[:max_chars]
+        line = line.rstrip(" ,;:-–—" + _QUOTES).strip()
+    return line or None

@@ -20,7 +20,7 @@ from terret.domain.messages import Message, ToolCall
 from terret.runtime.model import ModelProvider
 from terret.runtime.scripted import Reply as ScriptedReply
 from terret.runtime.scripted import ScriptedProvider
-from terret.runtime.summarizer import Summarizer, render_history
+from terret.runtime.summarizer import FixedSummarizer, RoleBound, Summarizer, render_history
 from tests.support.sse_server import Reply, ScriptedServer, free_port, text_stream
 
 HISTORY = (
@@ -100,6 +100,60 @@ def test_role_summarizer_over_http(server: ScriptedServer) -> None:
     assert body["model"] == "summarizer-model"
     assert body["messages"][1] == {"role": "user", "content": render_history(HISTORY)}
 
+
+def test_role_summarizer_without_a_resolver_is_bound_by_the_runtime_to_a_sessions_roles() -> None:
+    provider = ScriptedProvider([ScriptedReply(text="summary")])
+    unbound = RoleSummarizer()
+    assert isinstance(unbound, RoleBound) and unbound.role == "compactor"
+    with pytest.raises(ConfigurationError, match="no role resolver"):
+        unbound.summarize(HISTORY)
+    bound = unbound.for_session(resolver(provider, {"compactor": "scripted:small"}))
+    assert bound is not unbound and bound.instruction == unbound.instruction
+    assert bound.summarize(HISTORY) == "Summary of earlier conversation:\nsummary"
+    assert provider.requests[0].model == "small"
+    assert bound.for_session(resolver(provider, {})) is bound  # its own resolver is kept
+
+
+def test_role_summarizer_asks_to_keep_the_latest_exchange() -> None:
+    # the summary replaces the whole history, the latest turn included (R17, R18)
+    assert "latest exchange" in RoleSummarizer().instruction
+
+
+# --- FixedSummarizer -----------------------------------------------------------------------------
+
+
+def test_fixed_summarizer_keeps_the_latest_lines_that_fit() -> None:
+    summary = FixedSummarizer(limit=120).summarize(HISTORY)
+    assert summary == (
+        "Summary of earlier conversation:\n"
+        "[3 earlier lines left out]\n"
+        "[tool error deploy#c1] deploy id d-4711 failed: quota retry later\n"
+        "[assistant] The deploy failed on quota; I will retry."
+    )
+    whole = FixedSummarizer(limit=1000).summarize(HISTORY)
+    assert whole == "Summary of earlier conversation:\n" + render_history(HISTORY)
+
+
+def test_fixed_summarizer_keeps_the_end_of_a_last_line_longer_than_its_limit() -> None:
+    history = [Message("user", "hello"), Message("assistant", "x" * 50 + "THE END")]
+    summary = FixedSummarizer(limit=20).summarize(history)
+    assert summary == "Summary of earlier conversation:\n[1 earlier line left out]\n…" + (
+        "x" * 13 + "THE END")
+    assert FixedSummarizer(decline=True).summarize(history) is None
+    assert FixedSummarizer().summarize([]) == "Summary of earlier conversation:\n"
+
+
+@given(st.lists(st.text(max_size=60), max_size=12), st.integers(min_value=1, max_value=200))
+def test_fixed_summarizer_always_ends_with_the_end_of_the_history(
+        texts: list[str], limit: int) -> None:
+    history = [Message("user" if i % 2 else "assistant", t) for i, t in enumerate(texts)]
+    rendered = render_history(history)
+    summary = FixedSummarizer(limit=limit).summarize(history)
+    assert summary is not None and summary.startswith("Summary of earlier conversation:\n")
+    assert summary.endswith(rendered.split("\n")[-1][-limit:])
+    body = summary.removeprefix("Summary of earlier conversation:\n")
+    note = len("[12 earlier lines left out]\n")
+    assert len(body) <= limit + note + 1  # + 1: the ellipsis of a cut last line
 
 # --- RoleTitler ----------------------------------------------------------------------------------
 
