@@ -33,7 +33,7 @@ from terret.runtime.hooks import BudgetGuard, PreStepHook
 from terret.runtime.maintenance import AutoTitler, Compactor, Titler
 from terret.runtime.model import ModelResolver
 from terret.runtime.retention import purge_session
-from terret.runtime.summarizer import FixedSummarizer, Summarizer
+from terret.runtime.summarizer import Summarizer
 from terret.runtime.tools import ToolContext
 from terret.runtime.writer import SessionWriter
 
@@ -52,6 +52,9 @@ class RuntimeConfig:
     approval_max_wait: float | None = None
     spend_cap: float | None = None
     wait_timeout: float = 30.0
+    tool_timeout: float | None = None
+    """Seconds a tool's handler may run, for tools without their own ``timeout``; None: no
+    limit."""
 
 
 class Runtime:
@@ -83,8 +86,8 @@ class Runtime:
         self.pre_step: list[PreStepHook] = list(pre_step)
         if self.config.spend_cap is not None:
             self.pre_step.append(BudgetGuard(self.views, self.config.spend_cap))
-        self.compactor = Compactor(self, summarizer or FixedSummarizer(),
-                                   self.config.compaction_budget)
+        # Defaults: the role summarizer and role titler on the session's roles (R19, R20).
+        self.compactor = Compactor(self, summarizer, self.config.compaction_budget)
         self.titler = AutoTitler(self, titler)
         self._agents: dict[str, Agent] = {}
         self._by_session: dict[UUID, Agent] = {}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from terret import Actor, Reply, RuntimeConfig, ScriptedProvider, Usage, call
+from terret import Actor, FixedSummarizer, Reply, RuntimeConfig, ScriptedProvider, Usage, call
 from terret.domain.codec import RecordedEvent
 from terret.domain.errors import LostOwnership, MaxStepsExceeded
 from terret.domain.store import (
@@ -210,7 +210,8 @@ def test_r7_a_retried_append_never_duplicates_an_event(make_runtime: MakeRuntime
     transport = AtLeastOnceTransport(store)
     rt = make_runtime([calls(("deploy", {"env": "prod"})), calls(("noop", {})),
                        final(usage=Usage(10, 1))],
-                      on_store=transport, config=RuntimeConfig(compaction_budget=5))
+                      on_store=transport, config=RuntimeConfig(compaction_budget=5),
+                      summarizer=FixedSummarizer())
     sid = rt.create_session()
     rt.inject(sid, "context")
     result = approve_all(rt, sid, turn_in_background(rt, sid, "go"))
