@@ -77,7 +77,9 @@ class Agent:
             on_unpark=lambda: self._set_status("running"),
             stopping=runtime.stopping,
         )
-        self.pipeline = ToolPipeline(definition.tools, self.context, self.gate)
+        self.pipeline = ToolPipeline(definition.tools, self.context, self.gate,
+                                     timeout=runtime.config.tool_timeout,
+                                     cancel=self.cancel_event)
         self._listeners = [
             runtime.runner.add_listener(self._on_cancel, {"turn/cancel_requested"}),
         ]
@@ -296,6 +298,15 @@ class Agent:
                 raise
             self._end(turn, "failed", error=f"{type(exc).__name__}: {exc}")
             raise
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: a stop, never retried
+            try:
+                self._end(turn, "failed", error=type(exc).__name__ + (f": {exc}" if str(exc)
+                                                                      else ""))
+            except Exception as end_exc:  # noqa: BLE001 - the stop is what propagates
+                self._drop_carry()
+                log.warning("session %s turn %d stopped by %s and left open: %s",
+                            self.session_id, turn, type(exc).__name__, end_exc)
+            raise
 
     def _still_open(self, turn: int) -> bool:
         session = self.runtime.writer.load(self.session_id)
@@ -419,6 +430,8 @@ class Agent:
             outcome = self.pipeline.run(ctx)
             self._record_result(call, outcome.content, outcome.is_error,
                                 close_step=i == len(calls) - 1, usage=usage)
+            if outcome.stop is not None:  # recorded first: the log says why the call ended
+                raise outcome.stop
 
     def _record_result(self, call: ToolCallData, content: str, is_error: bool, *,
                        close_step: bool = False, usage: UsageData | None = None) -> None:

@@ -5,21 +5,50 @@ approval mode and a handler. A call runs through the pipeline: arguments are val
 pre-execute waterfall runs (parent context first, then each forked context: the per-agent
 allow-list lives there), then the execute stage (the approvals gate, then the handler). Every
 failure on the way becomes a tool-result error the model sees; none of them ends the turn.
+
+The handler runs on a worker thread of its own, so the turn can stop waiting for it: past its
+timeout the call is an error result ("timed out after N s"), and when the turn's cancel event is
+set the call is abandoned and the turn closes cancelled. An abandoned handler is not stopped (a
+thread cannot be): it may still be running, and whatever it returns is dropped. A
+``KeyboardInterrupt`` or ``SystemExit`` — raised by the handler, or arriving in the turn's thread
+while it waits — is recorded as the call's error result and then re-raised: the turn closes
+``failed`` and the stop reaches the caller.
+
+Every result is made storable before the loop records it: lone surrogates become U+FFFD and a
+result over ``MAX_RESULT_BYTES`` is cut, with a marker saying so.
 """
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
 import json
+import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from uuid import UUID
 
+import pydantic_core
 from pydantic import BaseModel, ValidationError
 
 from terret.runtime.model import ToolSpec
 
+log = logging.getLogger("terret.tools")
+
 ApprovalMode = Literal["never", "policy", "always"]
+
+MAX_RESULT_BYTES = 256 * 1024
+"""The most a tool result's content may take in its ``tool/result`` event, measured as stored:
+the UTF-8 bytes of its JSON string encoding without the quotes (an escaped control character
+counts six bytes). A longer result is cut to fit, marker included. It leaves room under the
+stores' 1 MiB limit (``terret.domain.store.MAX_RECORD_BYTES``, which on EventStoreDB bounds a
+whole append) for the events a result is appended with."""
+
+TRUNCATED_MARK = "[truncated by terret:"
+"""How the marker a cut result ends with begins."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +76,14 @@ class Tool:
     handler: Handler
     approval: ApprovalMode = "never"
     mutating: bool = False
+    timeout: float | None = None
+    """Seconds the handler may run before the call becomes an error result the model sees (the
+    handler is abandoned, not stopped); None takes ``RuntimeConfig.tool_timeout``; use
+    ``math.inf`` for no limit under a runtime default."""
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"tool {self.name!r}: timeout must be positive, not {self.timeout}")
 
     def needs_approval(self) -> bool:
         return self.approval == "always" or (self.approval == "policy" and self.mutating)
@@ -62,6 +99,7 @@ def tool(
     description: str | None = None,
     approval: ApprovalMode = "never",
     mutating: bool = False,
+    timeout: float | None = None,
 ) -> Callable[[Handler], Tool]:
     """Decorator: ``@tool(args=DeployArgs, approval="policy", mutating=True)`` on a handler
     ``def deploy(args: DeployArgs, ctx: CallContext) -> str``."""
@@ -74,6 +112,7 @@ def tool(
             handler=fn,
             approval=approval,
             mutating=mutating,
+            timeout=timeout,
         )
 
     return wrap
@@ -90,6 +129,9 @@ class Veto:
 class ToolOutcome:
     content: str
     is_error: bool = False
+    stop: BaseException | None = field(default=None, compare=False, repr=False)
+    """Raised by the loop once this outcome is recorded: the turn stops (a cancel seen while the
+    handler ran, a ``KeyboardInterrupt`` or ``SystemExit``)."""
 
 
 PreExecuteHook = Callable[[Tool, CallContext], Veto | None]
@@ -116,10 +158,18 @@ Gate = Callable[[Tool, CallContext], ToolOutcome | None]
 
 
 class ToolPipeline:
-    def __init__(self, tools: Sequence[Tool], context: ToolContext, gate: Gate | None) -> None:
+    """``timeout`` is the default for tools without their own; ``cancel`` is the turn's cancel
+    event, watched (every ``poll`` seconds) while a handler runs."""
+
+    def __init__(self, tools: Sequence[Tool], context: ToolContext, gate: Gate | None, *,
+                 timeout: float | None = None, cancel: threading.Event | None = None,
+                 poll: float = 0.05) -> None:
         self.tools = {t.name: t for t in tools}
         self.context = context
         self.gate = gate
+        self.timeout = timeout
+        self.cancel = cancel
+        self.poll = poll
         # Tools are immutable: their JSON schemas are built once, not on every model request.
         self._specs = [t.spec() for t in self.tools.values()]
 
@@ -127,6 +177,14 @@ class ToolPipeline:
         return list(self._specs)
 
     def run(self, ctx: CallContext) -> ToolOutcome:
+        """The call's outcome, its content storable (see ``storable``). Raises ``TurnCancelled``
+        when the turn's cancel is seen before the handler starts."""
+        outcome = self._run(ctx)
+        content = storable(outcome.content, name=ctx.name)
+        return outcome if content is outcome.content else dataclasses.replace(
+            outcome, content=content)
+
+    def _run(self, ctx: CallContext) -> ToolOutcome:
         tool = self.tools.get(ctx.name)
         if tool is None:
             return ToolOutcome(f"unknown tool {ctx.name!r}", is_error=True)
@@ -146,11 +204,96 @@ class ToolPipeline:
             stopped = self.gate(tool, ctx)
             if stopped is not None:
                 return stopped
+        return self._execute(tool, parsed, ctx)
+
+    def _execute(self, tool: Tool, parsed: BaseModel, ctx: CallContext) -> ToolOutcome:
+        """Run the handler on a worker thread and wait for it, its timeout or the cancel."""
+        from terret.runtime.approvals import TurnCancelled  # approvals imports this module
+
+        if self.cancel is not None and self.cancel.is_set():
+            raise TurnCancelled(f"turn {ctx.turn} of {ctx.session_id} was cancelled")
+        limit = tool.timeout if tool.timeout is not None else self.timeout
+        done = threading.Event()
+        box: list[tuple[bool, Any]] = []
+
+        def work() -> None:
+            try:
+                box.append((True, tool.handler(parsed, ctx)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the turn's thread
+                box.append((False, exc))
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=contextvars.copy_context().run, args=(work,),
+                                  name=f"terret-tool-{tool.name}-{ctx.call_id}", daemon=True)
+        deadline = time.monotonic() + limit if limit is not None else None
         try:
-            result = tool.handler(parsed, ctx)
-        except Exception as exc:  # a failing tool is the model's problem, not the turn's
-            return ToolOutcome(f"{type(exc).__name__}: {exc}", is_error=True)
-        return ToolOutcome(_content(result))
+            worker.start()
+            while not done.wait(self.poll if deadline is None
+                                else max(0.0, min(self.poll, deadline - time.monotonic()))):
+                if self.cancel is not None and self.cancel.is_set():
+                    log.warning("session %s: call %s (%s) abandoned by the turn's cancel; its "
+                                "handler may still be running", ctx.session_id, ctx.call_id,
+                                tool.name)
+                    return ToolOutcome(
+                        f"{tool.name} was abandoned: the turn was cancelled while it ran",
+                        is_error=True,
+                        stop=TurnCancelled(f"turn {ctx.turn} of {ctx.session_id} was cancelled"))
+                if deadline is not None and time.monotonic() >= deadline:
+                    log.warning("session %s: call %s (%s) timed out after %gs; its handler may "
+                                "still be running", ctx.session_id, ctx.call_id, tool.name, limit)
+                    return ToolOutcome(f"{tool.name} timed out after {limit:g} s", is_error=True)
+        except BaseException as exc:  # a Ctrl-C in the turn's thread while the handler ran
+            return ToolOutcome(_interrupted(tool, exc), is_error=True, stop=exc)
+        ok, value = box[0]
+        if not ok:
+            if isinstance(value, Exception):  # a failing tool is the model's problem
+                return ToolOutcome(f"{type(value).__name__}: {value}", is_error=True)
+            return ToolOutcome(_interrupted(tool, value), is_error=True, stop=value)
+        try:
+            return ToolOutcome(_content(value))
+        except Exception as exc:
+            return ToolOutcome(f"{tool.name} returned a result that cannot be shown: "
+                               f"{type(exc).__name__}: {exc}", is_error=True)
+
+
+def _interrupted(tool: Tool, exc: BaseException) -> str:
+    detail = str(exc)
+    return f"{tool.name} was interrupted: {type(exc).__name__}" + (f": {detail}" if detail
+                                                                      else "")
+
+
+def storable(content: str, *, name: str = "a tool") -> str:
+    """``content`` as a ``tool/result`` can hold it: lone surrogates (which UTF-8 cannot encode)
+    replaced by U+FFFD — a surrogate pair becomes the character it encodes — and, past
+    ``MAX_RESULT_BYTES`` as stored, cut to fit, ending with a marker that says how long it was.
+    Returns ``content`` itself when it is storable as it is."""
+    if not content.isascii():
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError:
+            content = content.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if len(content) * 6 <= MAX_RESULT_BYTES:  # no character takes more than six bytes escaped
+        return content
+    size = _stored_size(content)
+    if size <= MAX_RESULT_BYTES:
+        return content
+    mark = (f"\n\n{TRUNCATED_MARK} the result was {size:,} bytes, over the limit of "
+            f"{MAX_RESULT_BYTES:,}; only its start is shown]")
+    budget = MAX_RESULT_BYTES - _stored_size(mark)
+    lo, hi = 0, min(len(content), budget)  # the longest prefix that fits the budget
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _stored_size(content[:mid]) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    log.warning("%s returned %d bytes; the result is cut to %d", name, size, MAX_RESULT_BYTES)
+    return content[:lo] + mark
+
+
+def _stored_size(text: str) -> int:
+    return len(pydantic_core.to_json(text)) - 2
 
 
 def _content(result: Any) -> str:
