@@ -10,7 +10,12 @@ Failure policy, in one place:
   message off as complete;
 - malformed SSE or JSON raises :class:`MalformedStream` at once (never retried);
 - ``cancel`` is checked before each attempt, between network chunks (keep-alive comments
-  included) and during backoff; it closes the stream and raises :class:`ModelCancelled`.
+  included) and during backoff; it closes the stream and raises :class:`ModelCancelled`;
+- every error leaves :meth:`OpenAICompatibleProvider.complete` through
+  :meth:`Secret.redact <terret.adapters.secret.Secret.redact>`, and a retried one goes through
+  it before it is logged: a key the server echoes (in an error body, an ``error`` chunk, a
+  chunk of the wrong shape, tool arguments) is masked in the exception itself, so the retry
+  WARNING line, the caller's logs and a turn's ``turn/end.error`` are clean by construction.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from terret.adapters.providers.chunks import ChunkParser
 from terret.adapters.providers.config import EndpointConfig, RetryConfig, TimeoutConfig
 from terret.adapters.providers.errors import ProviderHTTPError, StreamBroken, UpstreamError
 from terret.adapters.providers.retry import RetryPolicy, is_retryable_status, parse_retry_after
-from terret.adapters.providers.secret import Secret, scrub
+from terret.adapters.providers.secret import Secret, bearer_key, redact, scrub
 from terret.adapters.providers.sse import SSEDecoder
 from terret.adapters.providers.stream import ChunkAssembler
 from terret.adapters.providers.wire import request_body
@@ -43,10 +48,19 @@ _DONE = b"[DONE]"
 
 
 class _Retry(Exception):
-    """Internal: this attempt failed in a way another attempt may fix."""
+    """Internal: this attempt failed in a way another attempt may fix. It carries no text of
+    its own (the error's is not yet redacted); ``cause`` becomes the error's ``__cause__``."""
 
-    def __init__(self, error: ProviderError, retry_after: float | None = None) -> None:
-        super().__init__(str(error))
+    def __init__(
+        self,
+        error: ProviderError,
+        retry_after: float | None = None,
+        *,
+        cause: BaseException | None = None,
+    ) -> None:
+        super().__init__()
+        if cause is not None:
+            error.__cause__ = cause
         self.error = error
         self.retry_after = retry_after
 
@@ -64,7 +78,7 @@ class OpenAICompatibleProvider:
         name: str,
         base_url: str,
         *,
-        api_key: str | None = None,
+        api_key: str | Secret | None = None,
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         stream_usage: bool = True,
@@ -75,7 +89,12 @@ class OpenAICompatibleProvider:
         self.name = name
         self.base_url = base_url.rstrip("/")
         self._url = self.base_url + "/chat/completions"
-        self._key = Secret(api_key) if api_key else None
+        # A key no header can carry is refused here, with a ConfigurationError.
+        self._key = (
+            api_key
+            if isinstance(api_key, Secret) or not api_key
+            else bearer_key(api_key, source=f"provider {name!r}: the API key")
+        ) or None
         self._headers = dict(headers or {})
         self._extra_body = dict(extra_body or {})
         self._stream_usage = stream_usage
@@ -94,7 +113,7 @@ class OpenAICompatibleProvider:
         name: str,
         endpoint: EndpointConfig,
         *,
-        api_key: str | None,
+        api_key: str | Secret | None,
         timeouts: TimeoutConfig | None = None,
         retry: RetryConfig | None = None,
     ) -> OpenAICompatibleProvider:
@@ -110,7 +129,7 @@ class OpenAICompatibleProvider:
         )
 
     def __repr__(self) -> str:
-        auth = "bearer" if self._key is not None else "none"
+        auth = "bearer" if getattr(self, "_key", None) is not None else "none"
         return (
             f"OpenAICompatibleProvider(name={self.name!r}, base_url={self.base_url!r}, auth={auth})"
         )
@@ -134,6 +153,19 @@ class OpenAICompatibleProvider:
         on_text: TextSink | None = None,
         cancel: threading.Event | None = None,
     ) -> ModelReply:
+        try:
+            return self._complete(request, on_text, cancel)
+        except Exception as exc:
+            # The one exit of every failure: nothing leaves with the key in it.
+            redact(self._key, exc)
+            raise
+
+    def _complete(
+        self,
+        request: ModelRequest,
+        on_text: TextSink | None,
+        cancel: threading.Event | None,
+    ) -> ModelReply:
         body = request_body(request, stream_usage=self._stream_usage, extra_body=self._extra_body)
         headers = self._request_headers()
         attempt = 0
@@ -142,23 +174,23 @@ class OpenAICompatibleProvider:
             try:
                 return self._attempt(body, headers, ChunkAssembler(self.name, on_text), cancel)
             except _Retry as retry:
-                if attempt >= self._retry.max_retries:
-                    retry.error.add_note(f"{self.name}: gave up after {attempt + 1} attempts")
-                    raise retry.error from retry.__cause__
-                delay = self._retry.delay(attempt, retry.retry_after)
-                attempt += 1
-                logger.warning(
-                    "%s; retry %d of %d in %.2fs",
-                    retry.error,
-                    attempt,
-                    self._retry.max_retries,
-                    delay,
-                )
-                if cancel is not None:
-                    if cancel.wait(delay):
-                        raise ModelCancelled(f"{self.name}: request cancelled") from None
-                elif delay > 0:
-                    time.sleep(delay)
+                error, retry_after = retry.error, retry.retry_after
+            # Outside the handler: the error is raised (or logged) without the _Retry as its
+            # context, and redacted before anything shows it.
+            redact(self._key, error)
+            if attempt >= self._retry.max_retries:
+                error.add_note(f"{self.name}: gave up after {attempt + 1} attempts")
+                raise error
+            delay = self._retry.delay(attempt, retry_after)
+            attempt += 1
+            logger.warning(
+                "%s; retry %d of %d in %.2fs", error, attempt, self._retry.max_retries, delay
+            )
+            if cancel is not None:
+                if cancel.wait(delay):
+                    raise ModelCancelled(f"{self.name}: request cancelled")
+            elif delay > 0:
+                time.sleep(delay)
 
     # --- one attempt --------------------------------------------------------------------------
 
@@ -204,7 +236,7 @@ class OpenAICompatibleProvider:
                     f"the stream broke after the reply began "
                     f"({assembler.text_length} characters received): {detail}",
                 ) from exc
-            raise _Retry(ProviderError(self.name, f"request failed: {detail}")) from exc
+            raise _Retry(ProviderError(self.name, f"request failed: {detail}"), cause=exc) from None
         except httpx.HTTPError as exc:  # bad URL, unsupported protocol: retrying cannot help
             raise ProviderError(self.name, self._scrub(f"{type(exc).__name__}: {exc}")) from exc
         except UpstreamError as exc:
@@ -320,7 +352,8 @@ class OpenAICompatibleProvider:
             raw += piece
             if len(raw) >= _ERROR_BODY_LIMIT:
                 break
-        detail = self._scrub(_error_detail(raw))
+        # Scrubbed before it is cut to size, so that no cut can fall inside an echoed key.
+        detail = _error_detail(self._scrub(raw.decode("utf-8", "replace")))
         error = ProviderHTTPError(self.name, response.status_code, detail)
         if is_retryable_status(response.status_code):
             return _Retry(error, parse_retry_after(response.headers))
@@ -334,9 +367,9 @@ class OpenAICompatibleProvider:
         return scrub(self._key, text)
 
 
-def _error_detail(raw: bytes) -> str:
+def _error_detail(body: str) -> str:
     """The human part of an error body: ``error.message`` when it is OpenAI-shaped JSON."""
-    text = raw.decode("utf-8", "replace").strip()
+    text = body.strip()
     try:
         document = json.loads(text)
     except ValueError:

@@ -23,6 +23,7 @@ from terret.adapters.providers.config import (
     check_base_url,
 )
 from terret.adapters.providers.openai_compat import OpenAICompatibleProvider
+from terret.adapters.providers.secret import Secret, bearer_key
 from terret.domain.errors import ConfigurationError
 from terret.runtime.model import ModelProvider
 
@@ -198,14 +199,21 @@ class ProviderRegistry:
             return provider
 
     def _build(self, name: str, endpoint: EndpointConfig, spec: ModelSpec) -> ModelProvider:
-        api_key: str | None = None
+        api_key: Secret | None = None
         if endpoint.api_key_env is not None:
-            api_key = self._environ.get(endpoint.api_key_env) or None
-            if api_key is None:
+            value = self._environ.get(endpoint.api_key_env) or None
+            if value is None:
                 raise ConfigurationError(
                     f"model spec {str(spec)!r}: provider {name!r} needs an API key in the "
                     f"environment variable {endpoint.api_key_env}, which is not set"
                 )
+            # A key no header can carry (a CRLF .env file's trailing "\r") is refused here,
+            # naming the variable, before any request could quote it.
+            api_key = bearer_key(
+                value,
+                source=f"model spec {str(spec)!r}: provider {name!r}: the API key in "
+                f"{endpoint.api_key_env}",
+            )
         return OpenAICompatibleProvider.from_endpoint(
             name, endpoint, api_key=api_key, timeouts=self.config.timeouts, retry=self.config.retry
         )
