@@ -15,7 +15,7 @@ import click
 from terret.adapters.stores.uri import mask_credentials
 from terret.cli._app import App, default_app, load_app
 from terret.cli._context import DEFAULT_STORE, CliContext
-from terret.domain.errors import InvalidStoreURI, TerretError
+from terret.domain.errors import InvalidPayload, InvalidStoreURI, TerretError
 
 __all__ = ["App", "cli", "default_app", "load_app", "main"]
 
@@ -29,6 +29,8 @@ class TerretGroup(click.Group):
         except InvalidStoreURI as exc:
             raise click.BadParameter(_one_line(ctx, exc), ctx=ctx,
                                      param_hint="'--store'") from None
+        except InvalidPayload as exc:  # a value the domain cannot record: a usage error
+            raise click.UsageError(f"{type(exc).__name__}: {_one_line(ctx, exc)}") from None
         except TerretError as exc:
             raise click.ClickException(
                 f"{type(exc).__name__}: {_one_line(ctx, exc)}") from None

@@ -7,7 +7,8 @@ from uuid import UUID
 import click
 
 from terret.cli._app import load_app
-from terret.cli._context import SESSION, CliContext, note, operator, table
+from terret.cli._context import MODEL_SPEC, SESSION, CliContext, note, operator, table
+from terret.cli._params import PATTERN, TEXT
 from terret.domain.catalogue import catalogue
 from terret.domain.errors import ConfigurationError, InvalidPayload, NoOpenTurn
 from terret.runtime.runtime import Runtime
@@ -32,7 +33,7 @@ def runtime_for(obj: CliContext, app_spec: str | None) -> Runtime:
 
 @click.command("inject")
 @click.argument("session_id", type=SESSION)
-@click.argument("text")
+@click.argument("text", type=TEXT)
 @click.option("--wake", is_flag=True, help="Start a turn with it if the session is idle.")
 @click.pass_obj
 def inject(obj: CliContext, session_id: UUID, text: str, wake: bool) -> None:
@@ -47,7 +48,7 @@ def inject(obj: CliContext, session_id: UUID, text: str, wake: bool) -> None:
 
 @click.command("cancel")
 @click.argument("session_id", type=SESSION)
-@click.option("--reason", default=None, help="Recorded with the cancel.")
+@click.option("--reason", type=TEXT, default=None, help="Recorded with the cancel.")
 @click.pass_obj
 def cancel(obj: CliContext, session_id: UUID, reason: str | None) -> None:
     """Cancel the open turn: recorded first; its serving process then denies standing
@@ -100,7 +101,7 @@ def policy_show(obj: CliContext, session_id: UUID) -> None:
 
 @policy.command("set")
 @click.argument("session_id", type=SESSION)
-@click.argument("patterns", nargs=-1)
+@click.argument("patterns", nargs=-1, type=PATTERN)
 @click.pass_obj
 def policy_set(obj: CliContext, session_id: UUID, patterns: tuple[str, ...]) -> None:
     """Replace the allow-list; takes effect on the very next tool call."""
@@ -120,8 +121,8 @@ def model() -> None:
 
 @model.command("set")
 @click.argument("session_id", type=SESSION)
-@click.argument("role")
-@click.argument("spec")
+@click.argument("role", type=TEXT)
+@click.argument("spec", type=MODEL_SPEC)
 @click.pass_obj
 def model_set(obj: CliContext, session_id: UUID, role: str, spec: str) -> None:
     """Point ROLE at SPEC (provider:model); the next step uses it."""
@@ -150,7 +151,7 @@ def compact(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
 
 @click.command("title")
 @click.argument("session_id", type=SESSION)
-@click.argument("new_title", required=False)
+@click.argument("new_title", type=TEXT, required=False)
 @click.pass_obj
 def title(obj: CliContext, session_id: UUID, new_title: str | None) -> None:
     """Show the session's title, or set it to NEW_TITLE."""

@@ -8,6 +8,7 @@ from uuid import UUID
 import click
 
 from terret.cli._context import SESSION, CliContext, operator, table
+from terret.cli._params import TEXT
 
 
 @click.group("approvals")
@@ -44,8 +45,8 @@ def _resolve(obj: CliContext, session_id: UUID, call_id: str, verdict: str,
 
 @click.command("approve")
 @click.argument("session_id", type=SESSION)
-@click.argument("call_id")
-@click.option("--reason", default=None, help="Recorded with the verdict.")
+@click.argument("call_id", type=TEXT)
+@click.option("--reason", type=TEXT, default=None, help="Recorded with the verdict.")
 @click.pass_obj
 def approve(obj: CliContext, session_id: UUID, call_id: str, reason: str | None) -> None:
     """Approve a parked tool call of the session's open turn."""
@@ -54,8 +55,8 @@ def approve(obj: CliContext, session_id: UUID, call_id: str, reason: str | None)
 
 @click.command("deny")
 @click.argument("session_id", type=SESSION)
-@click.argument("call_id")
-@click.option("--reason", required=True, help="Shown to the model and recorded.")
+@click.argument("call_id", type=TEXT)
+@click.option("--reason", type=TEXT, required=True, help="Shown to the model and recorded.")
 @click.pass_obj
 def deny(obj: CliContext, session_id: UUID, call_id: str, reason: str) -> None:
     """Deny a parked tool call; the model sees the denial as the tool's result."""

@@ -10,6 +10,7 @@ from uuid import UUID
 import click
 
 from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
+from terret.cli._params import AGENT_NAME
 from terret.cli.admin import APP_OPTION, runtime_for
 from terret.domain.codec import RecordedEvent
 from terret.domain.errors import TerretError
@@ -55,7 +56,8 @@ def _drive(runtime: Runtime, sid: UUID, work: threading.Thread) -> None:
 @click.argument("session_id", type=SESSION, required=False)
 @click.option("--model", "spec", type=MODEL_SPEC, default=None,
               help="Main model spec, e.g. openrouter:openai/gpt-4o (recorded as model/set).")
-@click.option("--agent", default=None, help="Agent definition for a new session.")
+@click.option("--agent", type=AGENT_NAME, default=None,
+              help="Agent definition for a new session.")
 @APP_OPTION
 @click.pass_obj
 def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str | None,
@@ -68,10 +70,11 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
     runtime = runtime_for(obj, app_spec).start()
     if session_id is None:
         name = agent or next(iter(runtime.definitions), "default")
-        session_id = runtime.create_session(agent=name, roles={"main": spec} if spec else None)
+        session_id = runtime.create_session(
+            agent=name, roles={"main": spec} if spec is not None else None)
         click.secho(f"session {session_id}", dim=True)
     else:
-        if spec:
+        if spec is not None:
             runtime.set_model(session_id, "main", spec, by=operator())
     sid = session_id
     live = runtime.agent_for_session(sid) or runtime.spawn_agent(sid)

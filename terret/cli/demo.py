@@ -15,6 +15,7 @@ import click
 
 from terret.adapters.stores.sqlite import SQLiteStore
 from terret.cli._context import default_views_path
+from terret.cli._params import SECONDS
 from terret.cli.demo_app import COMPACTION_BUDGET
 from terret.domain.codec import decode
 from terret.domain.events import ApprovalRequested
@@ -108,7 +109,7 @@ def _is(wire_name: str, **fields: object) -> Callable[[StoredRecord], bool]:
 @click.option("--path", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("terret-demo.db"), show_default=True,
               help="Store file to create (replaced if it exists).")
-@click.option("--timeout", type=float, default=30.0, show_default=True,
+@click.option("--timeout", type=SECONDS, default=30.0, show_default=True,
               help="Seconds to wait for each stage.")
 def demo(path: Path, timeout: float) -> None:
     """Walk through a session's lifecycle on the embedded store: a tool call, an approval

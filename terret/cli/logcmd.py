@@ -9,6 +9,7 @@ from uuid import UUID
 import click
 
 from terret.cli._context import SESSION, CliContext
+from terret.cli._params import TEXT
 from terret.domain.catalogue import OpaquePayload
 from terret.domain.codec import RecordedEvent, decode
 from terret.domain.store import StoredRecord, session_stream
@@ -80,7 +81,7 @@ def _as_dict(event: RecordedEvent) -> dict[str, Any]:
 @click.argument("session_id", type=SESSION)
 @click.option("--from", "from_seq", type=click.IntRange(min=1), default=1, show_default=True,
               help="First seq to show.")
-@click.option("--type", "types", multiple=True, metavar="WIRE_NAME",
+@click.option("--type", "types", type=TEXT, multiple=True, metavar="WIRE_NAME",
               help="Only events of this type (repeatable), e.g. --type tool/result.")
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming new events until Ctrl-C.")
 @click.pass_obj

@@ -8,7 +8,7 @@ import sys
 import click
 
 from terret.cli._context import CliContext, default_views_path, note, table
-from terret.domain.errors import TerretError
+from terret.domain.errors import InvalidStoreURI, TerretError
 
 
 @click.group("projections")
@@ -95,6 +95,8 @@ def doctor(obj: CliContext) -> None:
         store = obj.store()
         head = store.head_position()
         checks.append(f"store {store.describe()} reachable, head position {head}")
+    except InvalidStoreURI:
+        raise  # a usage error (exit 2), as for every other command
     except TerretError as exc:
         message = " ".join(str(exc).split())  # gRPC errors span several lines
         raise click.ClickException(

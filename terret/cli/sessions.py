@@ -7,7 +7,8 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import SESSION, CliContext, note, operator, table
+from terret.cli._context import MODEL_SPEC, SESSION, CliContext, note, operator, table
+from terret.cli._params import AGENT_NAME, TEXT
 from terret.domain.errors import InvalidPayload, RuleViolation, SessionNotFound
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
@@ -87,13 +88,14 @@ def show(obj: CliContext, session_id: UUID) -> None:
 
 
 @sessions.command("new")
-@click.option("--agent", default="default", show_default=True, help="Agent definition name.")
-@click.option("--model", "main_model", default=None, metavar="SPEC",
+@click.option("--agent", type=AGENT_NAME, default="default", show_default=True,
+              help="Agent definition name.")
+@click.option("--model", "main_model", type=MODEL_SPEC, default=None, metavar="SPEC",
               help="Model spec of the main role, e.g. openrouter:openai/gpt-4o.")
 @click.pass_obj
 def new(obj: CliContext, agent: str, main_model: str | None) -> None:
     """Create a session and print its id."""
-    roles = {"main": main_model} if main_model else {}
+    roles = {"main": main_model} if main_model is not None else {}
     try:
         session = Session.start(agent=agent, roles=roles)
     except InvalidPayload as exc:
@@ -105,7 +107,7 @@ def new(obj: CliContext, agent: str, main_model: str | None) -> None:
 
 @sessions.command("close")
 @click.argument("session_id", type=SESSION)
-@click.option("--reason", default=None, help="Why it is closed (recorded).")
+@click.option("--reason", type=TEXT, default=None, help="Why it is closed (recorded).")
 @click.pass_obj
 def close(obj: CliContext, session_id: UUID, reason: str | None) -> None:
     """Close a session: it takes no further turns. Refused while a turn is open."""
@@ -117,7 +119,7 @@ def close(obj: CliContext, session_id: UUID, reason: str | None) -> None:
 
 @sessions.command("purge")
 @click.argument("session_id", type=SESSION)
-@click.option("--reason", default=None, help="Recorded with the deletion.")
+@click.option("--reason", type=TEXT, default=None, help="Recorded with the deletion.")
 @click.option("--max-age", type=click.IntRange(min=1), default=None, metavar="SECONDS",
               help="Expire the stream after SECONDS instead of deleting it now (EventStoreDB "
                    "$maxAge).")

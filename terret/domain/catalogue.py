@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
 
 from terret.domain.errors import DuplicateEventType, InvalidPayload, UnknownEventType
 
@@ -22,6 +22,57 @@ def _first_error(exc: ValidationError) -> tuple[str, str]:
     return loc, str(error.get("msg", "invalid"))
 
 
+_CREATING: dict[str, Any] = {"terret": "creating"}
+"""The validation context of a payload created in code (``EventPayload(...)``); decoding a stored
+one validates without it."""
+
+
+def creating(info: ValidationInfo) -> bool:
+    """In a field validator: whether the payload is being created (to be written), not read.
+
+    Rules added to a payload's text (pattern, spec and name syntax) are checked when an event is
+    created; a stored event is read as written, so a record an older release accepted stays
+    readable (its types are still checked)."""
+    return info.context is _CREATING
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored, or None. Stored text is UTF-8, and a lone surrogate has no
+    UTF-8 encoding: it is what bytes that are not UTF-8 become in a command line's arguments
+    (Python's ``surrogateescape``), or a JSON ``\\ud800`` escape decodes to."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"not valid Unicode text: a lone surrogate {text[exc.start]!r} at index "
+                f"{exc.start} (bytes that are not UTF-8?)")
+    return None
+
+
+def _unstorable(value: Any, loc: str) -> tuple[str, str] | None:
+    """The location and problem of the first text in ``value`` that cannot be stored."""
+    if isinstance(value, str):
+        problem = text_problem(value)
+        return (loc or "<payload>", problem) if problem else None
+    if isinstance(value, BaseModel):
+        items: Any = ((name, getattr(value, name)) for name in type(value).model_fields)
+    elif isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        here = f"{loc}.{key}" if loc else str(key)
+        if isinstance(key, str) and (problem := text_problem(key)):
+            return here.encode("ascii", "backslashreplace").decode(), f"key: {problem}"
+        found = _unstorable(item, here)
+        if found is not None:
+            return found
+    return None
+
+
 class EventPayload(BaseModel):
     """Base of every event payload.
 
@@ -29,7 +80,8 @@ class EventPayload(BaseModel):
     the class writes) and ``model_visible`` (whether the messages projection shows it to the model).
     ``commutative`` marks events another process may append while a turn runs without taking the
     session from its writer (R5). Creating a payload validates it and raises :class:`InvalidPayload`
-    naming the first offending field.
+    naming the first offending field, also for text that cannot be stored (a lone surrogate, in
+    any string of the payload, nested ones included).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -40,11 +92,16 @@ class EventPayload(BaseModel):
     commutative: ClassVar[bool] = False
 
     def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
+        name = type(self).wire_name or type(self).__name__
+        try:  # what BaseModel.__init__ does, in the context of a payload being created
+            self.__pydantic_validator__.validate_python(data, self_instance=self,
+                                                        context=_CREATING)
         except ValidationError as exc:
             loc, msg = _first_error(exc)
-            raise InvalidPayload(type(self).wire_name or type(self).__name__, loc, msg) from None
+            raise InvalidPayload(name, loc, msg) from None
+        found = _unstorable(self, "")
+        if found is not None:
+            raise InvalidPayload(name, *found)
 
     # Only construction in code needs the typed error. Marked as pydantic's own ``__init__``,
     # it is not called again by ``model_validate``/``model_validate_json`` (decoding), which
@@ -57,9 +114,10 @@ class EventPayload(BaseModel):
 
 @dataclass(frozen=True)
 class OpaquePayload:
-    """An event whose wire name this process does not know (written by a newer version or by an
-    extension not installed here). It keeps its data so nothing is lost, and is never processed
-    by Terret's projections."""
+    """An event this process cannot read: a wire name it does not know (written by a newer
+    version or by an extension not installed here), or a known wire name at a newer schema
+    version than the registered class. It keeps its data so nothing is lost, and is never
+    processed by Terret's projections."""
 
     wire_name: str
     version: int
@@ -136,11 +194,14 @@ class EventCatalogue:
     ) -> EventPayload | OpaquePayload:
         """Decode stored data into its payload, upcasting old versions.
 
-        An unknown wire name gives an :class:`OpaquePayload`. Data that fails validation raises
-        :class:`InvalidPayload` (the store turns it into a ``CorruptRecord`` naming the position).
+        An unknown wire name gives an :class:`OpaquePayload`, and so does a known one at a
+        schema version above the registered class's (written by a newer release: its shape and
+        meaning may have changed, so it is kept as written, not guessed at). Data that fails
+        validation raises :class:`InvalidPayload` (the store turns it into a ``CorruptRecord``
+        naming the position).
         """
         cls = self._types.get(wire_name)
-        if cls is None:
+        if cls is None or version > cls.version:
             return OpaquePayload(wire_name, version, data)
         while version < cls.version:
             step = self._upcasters.get((wire_name, version))

@@ -9,6 +9,20 @@ class TerretError(Exception):
     """Base of every error Terret raises on purpose."""
 
 
+SHOWN_MAX = 60
+"""How many characters of a value an error message quotes (a 5 MB call id is not echoed)."""
+
+
+def shown(value: object, limit: int = SHOWN_MAX) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters (saying how long
+    the value was when cut). ``repr`` escapes lone surrogates, so the message can be printed."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str | bytes) else ""
+    return f"{text[:limit - 1]}…{size}"
+
+
 # --- events and payloads -------------------------------------------------------------------
 
 
@@ -17,7 +31,10 @@ class EventError(TerretError):
 
 
 class InvalidPayload(EventError):
-    """A payload failed validation. ``field`` names the first offending field."""
+    """A payload failed validation. ``field`` names the first offending field.
+
+    Commands raise it for a value they cannot record whatever the session's state (text that is
+    not valid Unicode, a malformed pattern, spec or name): the CLI reports it as a usage error."""
 
     def __init__(self, wire_name: str, field: str, message: str) -> None:
         self.wire_name = wire_name

@@ -3,13 +3,14 @@ keeps the two in step."""
 
 from __future__ import annotations
 
-import fnmatch
 import re
+import unicodedata
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from terret.domain.catalogue import EventPayload, catalogue, event_type
+from terret.domain.catalogue import EventPayload, catalogue, creating, event_type, text_problem
+from terret.domain.errors import shown
 
 ActorKind = Literal["user", "operator", "budget", "reaper", "supervisor", "agent", "system"]
 TurnStatus = Literal["completed", "cancelled", "rejected", "empty", "failed"]
@@ -17,10 +18,18 @@ Verdict = Literal["approved", "denied"]
 
 TITLE_MAX = 80
 _PROVIDER = r"[a-z][a-z0-9_-]*"
-#: The provider part of a model spec (``provider:model``).
-PROVIDER_NAME = re.compile(rf"^{_PROVIDER}$")
-_SPEC = re.compile(rf"^{_PROVIDER}:\S+$")
-_PATTERN = re.compile(r"^[A-Za-z0-9_.:/*?\[\]!-]+$")
+#: The provider part of a model spec (``provider:model``). Anchored with ``\Z``: ``$`` would let
+#: a trailing newline through.
+PROVIDER_NAME = re.compile(rf"^{_PROVIDER}\Z")
+_SPEC = re.compile(rf"^{_PROVIDER}:\S+\Z")
+_NAME_CHARS = r"A-Za-z0-9_.:/\-"
+#: What a tool name an allow-list pattern can match is made of: letters, digits and
+#: ``_ . : / -`` (the OpenAI-style ``[A-Za-z0-9_-]``, and namespaced names like ``fs.read``).
+TOOL_NAME = re.compile(rf"^[{_NAME_CHARS}]+\Z")
+# A pattern: name characters, the wildcards * and ?, and sets of name characters ([rw], [!x],
+# [a-z]); '!' only right after a set's '['.
+_PATTERN = re.compile(rf"^(?:[{_NAME_CHARS}*?]|\[!?[{_NAME_CHARS}]+\])+\Z")
+_PATTERN_CHARS = re.compile(rf"^[{_NAME_CHARS}*?\[\]!]+\Z")
 
 
 class _Part(BaseModel):
@@ -46,21 +55,45 @@ class UsageData(_Part):
     cost: float | None = Field(default=None, ge=0)
 
 
+def validate_text(text: str) -> str:
+    """Text that can be stored (valid Unicode: no lone surrogate); ``ValueError`` otherwise."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
+    return text
+
+
 def validate_model_spec(spec: str) -> str:
-    if not _SPEC.match(spec):
+    if not _SPEC.match(validate_text(spec)):
         raise ValueError("a model spec is 'provider:model', e.g. 'openrouter:openai/gpt-4o'")
     return spec
 
 
 def validate_pattern(pattern: str) -> str:
-    """An allow-list pattern is a glob over tool names (``fs.*``, ``deploy``, ``*``)."""
-    if not _PATTERN.match(pattern):
-        raise ValueError(
-            f"invalid pattern {pattern!r}: use a glob of letters, digits, _ . : / - * ?")
-    if pattern.count("[") != pattern.count("]"):
-        raise ValueError(f"invalid pattern {pattern!r}: unbalanced brackets")
-    fnmatch.translate(pattern)
-    return pattern
+    """An allow-list pattern is a glob over tool names (``fs.*``, ``deploy``, ``*``): tool-name
+    characters (:data:`TOOL_NAME`), the wildcards ``*`` and ``?``, and sets of tool-name
+    characters (``fs.[rw]*``, ``[!x]*``). ``ValueError`` names what is wrong."""
+    if _PATTERN.match(pattern):
+        return pattern
+    where = f"invalid pattern {shown(pattern)}"
+    if not _PATTERN_CHARS.match(pattern):
+        raise ValueError(f"{where}: use a glob of letters, digits, _ . : / - * ? and [sets]")
+    if re.search(r"(?<!\[)!", pattern):
+        raise ValueError(f"{where}: '!' only negates a set, as in '[!x]*'")
+    raise ValueError(f"{where}: unbalanced brackets or an empty set (a set is '[', tool-name "
+                     "characters, ']', as in 'fs.[rw]*')")
+
+
+def validate_agent_name(name: str) -> str:
+    """An agent name: not blank, no whitespace around it, no control characters."""
+    validate_text(name)
+    if not name.strip():
+        raise ValueError("an agent name cannot be blank")
+    if name != name.strip():
+        raise ValueError(f"an agent name has no whitespace around it: {shown(name)}")
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        raise ValueError(f"an agent name has no control characters: {shown(name)}")
+    return name
 
 
 @event_type
@@ -71,12 +104,26 @@ class SessionStarted(EventPayload):
     roles: dict[str, str] = Field(default_factory=dict)
     policy_floor: list[str] | None = None
 
+    @field_validator("agent")
+    @classmethod
+    def _agent(cls, agent: str, info: ValidationInfo) -> str:
+        return validate_agent_name(agent) if creating(info) else agent
+
     @field_validator("roles")
     @classmethod
-    def _roles(cls, roles: dict[str, str]) -> dict[str, str]:
-        for spec in roles.values():
-            validate_model_spec(spec)
+    def _roles(cls, roles: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if creating(info):
+            for spec in roles.values():
+                validate_model_spec(spec)
         return roles
+
+    @field_validator("policy_floor")
+    @classmethod
+    def _floor(cls, patterns: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if creating(info) and patterns is not None:
+            for pattern in patterns:
+                validate_pattern(pattern)
+        return patterns
 
 
 @event_type
@@ -221,8 +268,11 @@ class PolicyUpdated(EventPayload):
 
     @field_validator("patterns")
     @classmethod
-    def _patterns(cls, patterns: list[str]) -> list[str]:
-        return [validate_pattern(p) for p in patterns]
+    def _patterns(cls, patterns: list[str], info: ValidationInfo) -> list[str]:
+        if creating(info):
+            for pattern in patterns:
+                validate_pattern(pattern)
+        return patterns
 
 
 @event_type
@@ -235,8 +285,8 @@ class ModelSet(EventPayload):
 
     @field_validator("spec")
     @classmethod
-    def _spec(cls, spec: str) -> str:
-        return validate_model_spec(spec)
+    def _spec(cls, spec: str, info: ValidationInfo) -> str:
+        return validate_model_spec(spec) if creating(info) else spec
 
 
 @event_type

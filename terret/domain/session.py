@@ -18,8 +18,9 @@ from uuid import UUID, uuid4
 from eventsourcing.domain import Aggregate
 
 from terret.domain import errors
-from terret.domain.catalogue import EventPayload, OpaquePayload
+from terret.domain.catalogue import EventPayload, OpaquePayload, text_problem
 from terret.domain.codec import RecordedEvent
+from terret.domain.errors import shown
 from terret.domain.events import (
     TITLE_MAX,
     Actor,
@@ -205,15 +206,26 @@ class Session(Aggregate):
         if not self.state.turn_open:
             raise errors.NoOpenTurn(f"session {self.id} has no open turn")
 
+    @staticmethod
+    def _storable(wire_name: str, **texts: str | None) -> None:
+        """Text that cannot be recorded whatever the session's state (a lone surrogate) is
+        refused first, before the rules: the same input is refused the same way every time."""
+        for name, text in texts.items():
+            problem = text_problem(text) if isinstance(text, str) else None
+            if problem is not None:
+                raise errors.InvalidPayload(wire_name, name, problem)
+
     def queue(self, text: str, *, wake: bool = False, inbox_id: str | None = None) -> str:
+        payload = InboxQueued(inbox_id=inbox_id or uuid4().hex, text=text, wake=wake)
         self._require_open()
-        inbox_id = inbox_id or uuid4().hex
-        self._record(InboxQueued(inbox_id=inbox_id, text=text, wake=wake))
-        return inbox_id
+        self._record(payload)
+        return payload.inbox_id
 
     def start_turn(self, *, trigger: str = "user", text: str | None = None,
                    inbox_id: str | None = None) -> int:
         """R4: refused while the log holds an open turn. The input is logged with the start."""
+        self._storable("turn/start", trigger=trigger)
+        self._storable("user/message", text=text, inbox_id=inbox_id)
         self._require_open()
         if self.state.turn_open:
             raise errors.TurnOpenInLog(
@@ -252,6 +264,7 @@ class Session(Aggregate):
         return step
 
     def record_assistant(self, text: str, tool_calls: Iterable[ToolCallData] = ()) -> None:
+        self._storable("assistant/message", text=text)
         self._require_turn()
         if not self.state.step_open or self.state.step_answered:
             raise errors.NoOpenStep(f"turn {self.state.turn} has no step awaiting a reply")
@@ -264,10 +277,12 @@ class Session(Aggregate):
     def record_tool_result(self, call_id: str, name: str, content: str, *,
                            is_error: bool = False) -> None:
         """R26: a result for a call that is not owed (closed turn, answered) is refused."""
+        self._storable("tool/result", call_id=call_id, name=name, content=content)
         owed = self.state.owed.get(call_id)
         if not self.state.turn_open or owed is None or owed["name"] != name:
             raise errors.ToolCallNotOwed(
-                f"call {call_id!r} ({name}) is not owed by the open turn of session {self.id}"
+                f"call {shown(call_id)} ({shown(name)}) is not owed by the open turn of "
+                f"session {self.id}"
             )
         self._record(ToolResult(call_id=call_id, name=name, content=content, is_error=is_error))
 
@@ -282,14 +297,16 @@ class Session(Aggregate):
         self._record(StepEnded(turn=self.state.turn, step=self.state.step, usage=usage))
 
     def request_approval(self, call_id: str, name: str, args: dict[str, Any]) -> None:
+        self._storable("approval/requested", call_id=call_id, name=name)
         owed = self.state.owed.get(call_id)
         if not self.state.turn_open or owed is None or owed["name"] != name:
             raise errors.ToolCallNotOwed(
-                f"call {call_id!r} ({name}) is not owed by the open turn")
+                f"call {shown(call_id)} ({shown(name)}) is not owed by the open turn")
         decided = self.state.verdicts.get(call_id)
         if call_id in self.state.pending or (
                 decided is not None and decided["key"] == _call_key(name, args)):
-            raise errors.ApprovalAlreadyRequested(f"call {call_id!r} was already asked about")
+            raise errors.ApprovalAlreadyRequested(
+                f"call {shown(call_id)} was already asked about")
         self._record(ApprovalRequested(call_id=call_id, name=name, args=args))
 
     def resolve_approval(self, call_id: str, verdict: str, *, by: Actor,
@@ -297,22 +314,24 @@ class Session(Aggregate):
                          args: dict[str, Any] | None = None) -> None:
         """R11: only a request pending in the open turn can be resolved; when the caller names
         the tool and arguments it decided on, they must match the request."""
+        self._storable("approval/resolved", call_id=call_id, reason=reason)
         request = self.state.pending.get(call_id) if self.state.turn_open else None
         if request is None:
             raise errors.ApprovalNotPending(
-                f"call {call_id!r} is not pending in the open turn of session {self.id}"
+                f"call {shown(call_id)} is not pending in the open turn of session {self.id}"
             )
         if name is not None and (request["name"] != name or
                                  (args is not None and request["args"] != args)):
             raise errors.ApprovalNotPending(
-                f"call {call_id!r} is pending for a different tool or arguments"
+                f"call {shown(call_id)} is pending for a different tool or arguments"
             )
         self._record(ApprovalResolved(call_id=call_id, verdict=verdict,  # type: ignore[arg-type]
                                       reason=reason, by=by))
 
     def request_cancel(self, *, by: Actor, reason: str | None = None) -> None:
+        payload = CancelRequested(by=by, reason=reason)
         self._require_turn()
-        self._record(CancelRequested(by=by, reason=reason))
+        self._record(payload)
 
     def end_turn(self, status: TurnStatus, *, reason: str | None = None,
                  by: Actor | None = None, error: str | None = None) -> None:
@@ -320,6 +339,7 @@ class Session(Aggregate):
         closes owing a tool call: each call still owed (a cancelled or failed step) is answered
         with an error result first, so the history the model sees next never holds a tool call
         without its result (providers refuse such a history on every later request)."""
+        self._storable("turn/end", reason=reason, error=error)
         self._require_turn()
         # Every payload is validated before any is recorded: a refusal leaves nothing.
         ended = TurnEnded(turn=self.state.turn, status=status, reason=reason, by=by, error=error)
@@ -340,6 +360,7 @@ class Session(Aggregate):
     def compact(self, summary: str, *, mark: int) -> int:
         """R18: ``upto_seq`` is the seq just before the compaction event; if any model-visible
         event landed after ``mark`` (the version the summarizer read), decline."""
+        self._storable("session/compacted", summary=summary)
         self._require_open()
         if self.state.last_visible_seq > mark:
             raise errors.CompactionDeclined(
@@ -353,6 +374,7 @@ class Session(Aggregate):
 
     def title(self, title: str, *, by: Actor | None = None, automatic: bool = False) -> str:
         """R20: one automatic title per session; explicit titles replace it. Capped at 80."""
+        self._storable("session/titled", title=title)
         self._require_open()
         if automatic and self.state.titled:
             raise errors.AlreadyTitled(f"session {self.id} is already titled")
@@ -361,12 +383,15 @@ class Session(Aggregate):
         return title
 
     def update_policy(self, patterns: Sequence[str], *, by: Actor | None = None) -> None:
+        """Malformed patterns (see ``validate_pattern``) are refused with ``InvalidPayload``."""
+        payload = PolicyUpdated(patterns=list(patterns), by=by)
         self._require_open()
-        self._record(PolicyUpdated(patterns=list(patterns), by=by))
+        self._record(payload)
 
     def set_model(self, role: str, spec: str, *, by: Actor | None = None) -> None:
+        payload = ModelSet(role=role, spec=spec, by=by)
         self._require_open()
-        self._record(ModelSet(role=role, spec=spec, by=by))
+        self._record(payload)
 
     def attach(self, agent_id: str, host: str, pid: int, reason: str | None = None) -> None:
         self._require_open()
@@ -376,12 +401,13 @@ class Session(Aggregate):
         self._record(AgentDetached(agent_id=agent_id, host=host, pid=pid, reason=reason))
 
     def close(self, *, by: Actor, reason: str | None = None) -> None:
+        payload = SessionClosed(reason=reason, by=by)
         self._require_open()
         if self.state.turn_open:
             raise errors.TurnAlreadyRunning(
                 f"session {self.id} has open turn {self.state.turn}; cancel it first"
             )
-        self._record(SessionClosed(reason=reason, by=by))
+        self._record(payload)
 
     # --- evolution -----------------------------------------------------------------------
 
@@ -391,7 +417,11 @@ class Session(Aggregate):
 
 def evolve(state: SessionState, payload: EventPayload | OpaquePayload, seq: int) -> None:
     """Apply one event at ``seq`` to a session's state. The aggregate and the status view both
-    evolve their state through this, so they cannot disagree about a log."""
+    evolve their state through this, so they cannot disagree about a log. An opaque event (a
+    wire name this process does not know, or a newer schema version of one it does) changes
+    nothing: its shape is unknown here."""
+    if isinstance(payload, OpaquePayload):
+        return
     if payload.model_visible:
         state.last_visible_seq = seq
     handler = _APPLY.get(payload.wire_name)

@@ -299,6 +299,8 @@ class ProjectionRunner:
                             raise
                         continue  # wanted by none here; listeners get decoded events only
                     append(event)
+                    if targets and event.is_opaque and record.wire_name in self.registry:
+                        continue  # a newer version of a known event: no projection reads it
                     for apply in targets:
                         apply(db, event)
                 for p in live:
@@ -328,12 +330,15 @@ class ProjectionRunner:
                 p.begin()
             for record in records:
                 event = self._decode(record)
+                newer = False  # a newer version of a known event: no projection reads it
                 if isinstance(event, RecordedEvent):
                     events.append(event)
+                    newer = event.is_opaque and record.wire_name in self.registry
                 for p in projections:
                     if p.name in halted or record.position <= tracked[p.name]:
                         continue
-                    if p.wants(record.wire_name) and (p.name, record.position) not in skipped:
+                    if (not newer and p.wants(record.wire_name)
+                            and (p.name, record.position) not in skipped):
                         error: str | None = str(event) if isinstance(event, CorruptRecord) else None
                         if error is None:
                             assert isinstance(event, RecordedEvent)

@@ -1,0 +1,168 @@
+"""The command line's text (issue 11): bytes that are not UTF-8 in an argument, malformed
+patterns, specs and agent names, a bad --timeout, a bad --store for `doctor`, a huge call id.
+
+Each is one ``Error:`` line on stderr (no traceback), exit code 2 (usage; the call id's refusal
+is a domain error, exit 1), empty stdout, and nothing appended. On SQLite and the EventStoreDB
+emulator; the argv cases in real processes, since Python decodes argv itself there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import (
+    MISSING,
+    Target,
+    invoke_cli,
+    one_line_error,
+    subprocess_env,
+)
+
+# b"caf\xe9" (Latin-1) on a UTF-8 command line: Python hands it over as "caf\udce9".
+BAD = os.fsdecode(b"caf\xe9")
+assert BAD == "caf\udce9"
+
+
+def assert_usage_error(target: Target, args: list[str], *needles: str, code: int = 2) -> str:
+    before = target.snapshot()
+    result = target.invoke(*args)
+    assert result.exit_code == code, (args, result.exit_code, result.stdout, result.stderr)
+    line = one_line_error(result.stderr)
+    for needle in needles:
+        assert needle in line, (needle, line)
+    assert result.stdout == ""
+    assert target.snapshot() == before, f"{args} changed the store"
+    return line
+
+
+def test_non_utf8_bytes_in_any_text_argument_are_usage_errors(target: Target) -> None:
+    """Real processes, run concurrently: the child decodes argv with surrogateescape, exactly
+    as a user's shell reaches it."""
+    parked, closed = str(target.parked()), str(target.closed())
+    idle = str(target.finished())
+    commands: list[list[str]] = [
+        ["inject", idle, BAD],
+        ["inject", idle, "hello " + BAD, "--wake"],
+        ["cancel", parked, "--reason", BAD],
+        ["cancel", idle, "--reason", BAD],  # usage error before NoOpenTurn
+        ["approve", parked, "call-deploy", "--reason", BAD],
+        ["approve", parked, BAD],  # usage error before ApprovalNotPending
+        ["deny", parked, "call-deploy", "--reason", BAD],
+        ["sessions", "close", idle, "--reason", BAD],
+        ["sessions", "purge", closed, "--reason", BAD, "--yes"],
+        ["title", idle, BAD],
+        ["model", "set", idle, "main", "demo:" + BAD],
+        ["model", "set", idle, BAD, "demo:x"],
+        ["policy", "set", idle, "fs.*", BAD],
+        ["sessions", "new", "--agent", BAD],
+        ["sessions", "new", "--model", "demo:" + BAD],
+        ["log", idle, "--type", BAD],
+    ]
+    before = target.snapshot()
+    procs = [(args, subprocess.Popen([sys.executable, "-m", "terret", *target.args(*args)],
+                                     cwd=target.cwd, env=subprocess_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, errors="backslashreplace"))
+             for args in commands]
+    for args, proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2, (args, proc.returncode, err)
+        line = one_line_error(err)
+        assert "not valid Unicode" in line or "invalid pattern" in line, (args, line)
+        assert "Error serializing" not in err and "PydanticSerializationError" not in err
+        assert out == "", (args, out)
+    assert target.snapshot() == before
+
+
+def test_surrogates_reaching_the_domain_are_usage_errors(target: Target, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """What the CLI does not check itself, the domain refuses (``InvalidPayload``); the CLI
+    reports that as a usage error too: here an app whose agent's allow-list floor is malformed
+    cannot start a chat session."""
+    (tmp_path / "badfloor_app.py").write_text(
+        "from terret.cli import App\n"
+        "from terret.cli.demo_app import demo_app\n"
+        "from terret.runtime.agent import AgentDefinition\n"
+        "def app() -> App:\n"
+        "    base = demo_app()\n"
+        "    base.agents = [AgentDefinition(name='ops', allow=['deploy!'])]\n"
+        "    return base\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert_usage_error(target, ["chat", "--app", "badfloor_app:app", "--agent", "ops"],
+                       "InvalidPayload", "policy_floor", "'!' only negates a set")
+
+
+def test_malformed_patterns_are_usage_errors(target: Target) -> None:
+    sid = str(target.finished())
+    for pattern, needle in [("a]b[", "unbalanced brackets"), ("deploy!", "'!' only negates"),
+                            ("deploy\n", "use a glob"), ("[]", "empty set"),
+                            ("fs.*\n", "use a glob")]:
+        assert_usage_error(target, ["policy", "set", sid, "fs.*", pattern], "invalid pattern",
+                           needle)
+    assert target.invoke("policy", "set", sid, "fs.[rw]*", "[!x]*").exit_code == 0
+
+
+def test_trailing_newlines_and_blank_names_are_usage_errors(target: Target) -> None:
+    sid = str(target.finished())
+    for args, needle in [
+        (["model", "set", sid, "main", "demo:x\n"], "provider:model"),
+        (["model", "set", sid, "main\n", "demo:x"], "role"),
+        (["sessions", "new", "--model", "demo:x\n"], "--model"),
+        (["sessions", "new", "--model", ""], "--model"),
+        (["sessions", "new", "--agent", "   "], "--agent"),
+        (["sessions", "new", "--agent", "ops\n"], "--agent"),
+        (["sessions", "new", "--agent", ""], "--agent"),
+        (["chat", "--model", ""], "--model"),
+        (["chat", "--agent", "   "], "--agent"),
+        (["chat", sid, "--model", ""], "--model"),
+    ]:
+        assert_usage_error(target, args, needle)
+
+
+def test_a_huge_call_id_is_not_echoed_whole(target: Target) -> None:
+    parked = str(target.parked())
+    huge = "x" * 5_000_000
+    line = assert_usage_error(target, ["approve", parked, huge], "ApprovalNotPending",
+                              "5000000 characters", code=1)
+    assert len(line) < 300
+    line = assert_usage_error(target, ["deny", parked, huge, "--reason", "no"],
+                              "ApprovalNotPending", code=1)
+    assert len(line) < 300
+
+
+def test_doctor_on_an_unusable_store_uri_is_a_usage_error(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    monkeypatch.chdir(tmp_path)
+    for uri in ("postgres://db/x", "esdb://127.0.0.1:1?Tls=maybe"):
+        codes = {}
+        for command in (["doctor"], ["sessions", "list"], ["projections", "status"]):
+            result = invoke_cli("--store", uri, *command)
+            codes[command[0]] = result.exit_code
+            assert "--store" in one_line_error(result.stderr)
+        assert codes == {"doctor": 2, "sessions": 2, "projections": 2}, (uri, codes)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "-inf", "soon"])
+def test_demo_refuses_a_bad_timeout_before_touching_anything(tmp_path: Path,
+                                                             timeout: str) -> None:
+    store = tmp_path / "kept.db"
+    store.write_bytes(b"not touched")
+    result = invoke_cli("demo", "--path", str(store), "--timeout", timeout)
+    assert result.exit_code == 2, result.stderr
+    assert "--timeout" in one_line_error(result.stderr)
+    assert store.read_bytes() == b"not touched"
+    assert sorted(os.listdir(tmp_path)) == ["kept.db"]
+
+
+def test_good_text_on_a_missing_session_is_still_a_domain_error(target: Target) -> None:
+    """Well-formed text on a missing session is still a domain error (exit 1)."""
+    assert_usage_error(target, ["inject", MISSING, "caf\u00e9"], "SessionNotFound", code=1)
