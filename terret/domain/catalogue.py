@@ -50,22 +50,37 @@ def text_problem(text: str) -> str | None:
     return None
 
 
+def _clean_json(value: Any) -> bool:
+    """Whether a JSON-like value surely holds no lone surrogate: one pass in C (``json.dumps``
+    keeps surrogates as they are with ``ensure_ascii=False``) instead of a walk in Python."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, check_circular=False)
+    except (TypeError, ValueError):
+        return False  # not plain JSON: walk it
+    return text.isascii() or text_problem(text) is None
+
+
 def _unstorable(value: Any, loc: str) -> tuple[str, str] | None:
     """The location and problem of the first text in ``value`` that cannot be stored."""
     if isinstance(value, str):
         problem = text_problem(value)
         return (loc or "<payload>", problem) if problem else None
     if isinstance(value, BaseModel):
-        items: Any = ((name, getattr(value, name)) for name in type(value).model_fields)
+        items: Any = value.__dict__.items()  # the fields' values (extra fields are forbidden)
     elif isinstance(value, dict):
+        if not value or _clean_json(value):
+            return None
         items = value.items()
     elif isinstance(value, list | tuple):
+        if not value or (not isinstance(value[0], BaseModel) and _clean_json(value)):
+            return None
         items = enumerate(value)
     else:
         return None
+    keyed = isinstance(value, dict)  # a model's keys are its field names
     for key, item in items:
         here = f"{loc}.{key}" if loc else str(key)
-        if isinstance(key, str) and (problem := text_problem(key)):
+        if keyed and isinstance(key, str) and (problem := text_problem(key)):
             return here.encode("ascii", "backslashreplace").decode(), f"key: {problem}"
         found = _unstorable(item, here)
         if found is not None:
