@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
 from typing import Any
 
 import click
@@ -20,8 +22,14 @@ from terret.domain.errors import InvalidPayload, InvalidStoreURI, TerretError
 __all__ = ["App", "cli", "default_app", "load_app", "main"]
 
 
+TYPED = re.compile(r"^[A-Z][A-Za-z0-9]*: ")
+"""A message that already names its type (``StoreUnavailable: …``)."""
+
+
 class TerretGroup(click.Group):
-    """Turns Terret's typed errors into one-line messages with exit code 1."""
+    """Every error is one line on stderr, ``Error: <Type>: <message>``: Terret's typed errors
+    (exit 1), click's usage errors (exit 2, with click's usage hint above the line), an unknown
+    projection (``KeyError``, exit 1) and a declined confirmation (``Aborted``, exit 1)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -35,7 +43,32 @@ class TerretGroup(click.Group):
             raise click.ClickException(
                 f"{type(exc).__name__}: {_one_line(ctx, exc)}") from None
         except KeyError as exc:
-            raise click.ClickException(str(exc.args[0] if exc.args else exc)) from None
+            raise click.ClickException(
+                f"KeyError: {exc.args[0] if exc.args else exc}") from None
+
+    def main(self, args: Any = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a group without its command
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            typed = exc.format_message()
+            if not TYPED.match(typed):
+                typed = f"{type(exc).__name__}: {typed}"
+            if isinstance(exc, click.UsageError):
+                click.UsageError(typed, ctx=exc.ctx).show()  # click's usage hint, then the line
+            else:
+                click.ClickException(typed).show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Error: Aborted: not confirmed, or interrupted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def _one_line(ctx: click.Context, exc: Exception) -> str:

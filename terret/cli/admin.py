@@ -204,9 +204,10 @@ def events(obj: CliContext) -> None:
              "commutative": c.commutative, "builtin": catalogue.is_builtin(c.wire_name),
              "fields": sorted(c.model_fields)} for c in types]
     rows = [[c.wire_name, str(c.version), "yes" if c.model_visible else "",
+             "yes" if c.commutative else "",
              "" if catalogue.is_builtin(c.wire_name) else "extension",
              ", ".join(sorted(c.model_fields))] for c in types]
-    obj.emit(data, table(rows, ["WIRE NAME", "V", "VISIBLE", "", "FIELDS"]))
+    obj.emit(data, table(rows, ["WIRE NAME", "V", "VISIBLE", "COMMUTATIVE", "", "FIELDS"]))
 
 
 def register(cli: click.Group) -> None:

@@ -70,11 +70,12 @@ def _line(event: RecordedEvent) -> str:
     return f"{event.seq:>6}  {event.wire_name:<22} {summarize(event)}"
 
 
-def _as_dict(event: RecordedEvent) -> dict[str, Any]:
-    p = event.payload
-    data = p.data if isinstance(p, OpaquePayload) else p.model_dump(mode="json")
-    return {"seq": event.seq, "position": event.position, "type": event.wire_name,
-            "version": event.version, "recorded_at": event.recorded_at, "data": data}
+def _as_dict(record: StoredRecord, event: RecordedEvent) -> dict[str, Any]:
+    """The event as stored: its data exactly as written (no upcast, no defaults filled in,
+    no nulls added) and the schema version it was written with."""
+    return {"seq": record.seq, "position": record.position, "type": record.wire_name,
+            "version": event.version, "recorded_at": record.recorded_at,
+            "data": json.loads(record.data)}
 
 
 @click.command("log")
@@ -96,9 +97,9 @@ def log(obj: CliContext, session_id: UUID, from_seq: int, types: tuple[str, ...]
     def show(record: StoredRecord) -> None:
         if wanted is not None and record.wire_name not in wanted:
             return
-        event = decode(record)
+        event = decode(record)  # a record that cannot be decoded raises CorruptRecord
         if obj.json_output:
-            click.echo(json.dumps(_as_dict(event), default=str))
+            click.echo(json.dumps(_as_dict(record, event), sort_keys=True))
         else:
             click.echo(_line(event))
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 from uuid import UUID
 
 import click
@@ -75,16 +77,28 @@ def show(obj: CliContext, session_id: UUID) -> None:
            if status.turn_open else ""),
         f"events    {summary.events}   created {_when(summary.created)}   "
         f"last activity {_when(summary.last_activity)}",
-        f"usage     {summary.usage.prompt_tokens} prompt + {summary.usage.completion_tokens} "
-        f"completion tokens, cost {summary.usage.cost:.4f}, {summary.usage.steps} steps",
         f"policy    {', '.join(policy) if policy is not None else 'none recorded (agent floor)'}",
         f"models    {', '.join(f'{k}={v}' for k, v in sorted(data['models'].items()))}",
+        f"usage     {_usage(summary.usage.as_dict())}",
     ]
+    for model_spec, used in sorted(data["usage_by_model"].items()):
+        lines.append(f"  {model_spec}: {_usage(used)}")
+    for call in status.owed:
+        lines.append(f"owed      {call['id']}: {call['name']} {json.dumps(call['args'])}")
     if status.inbox:
         lines.append(f"inbox     {status.inbox} queued")
     for p in pending:
-        lines.append(f"approval  {p.call_id}: {p.name} {p.args}  (pending)")
+        lines.append(f"approval  {p.call_id}: {p.name} {json.dumps(p.args)}  (pending)")
+    if status.cancel_requested:
+        lines.append("cancel    requested")
+    if data["resumable"]:
+        lines.append(f"resumable yes (`terret resume {summary.id}`, or `terret serve`)")
     obj.emit(data, "\n".join(lines))
+
+
+def _usage(used: dict[str, Any]) -> str:
+    return (f"{used['prompt_tokens']} prompt + {used['completion_tokens']} completion tokens, "
+            f"cost {used['cost']:.4f}, {used['steps']} steps")
 
 
 @sessions.command("new")

@@ -174,7 +174,7 @@ def test_purge_confirmation_declined(target: Target) -> None:
     sid = target.closed()
     before = target.snapshot()
     result = target.invoke("sessions", "purge", str(sid), input="n\n")
-    assert result.exit_code == 1 and "Aborted!" in result.stderr
+    assert result.exit_code == 1 and "Error: Aborted: " in result.stderr
     assert target.snapshot() == before
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -14,9 +15,10 @@ from uuid import uuid4
 import click
 import pytest
 
+from terret.adapters.stores.uri import open_store
 from terret.cli import cli
 from terret.domain.store import NewRecord, session_stream
-from tests.cli.conftest import DEMO_APP, ROOT, Target
+from tests.cli.conftest import DEMO_APP, MISSING, ROOT, Target, invoke_cli, one_line_error
 
 DOC = ROOT / "docs" / "cli.md"
 HEADING = re.compile(r"^(#{2,4}) (.*)$", re.M)
@@ -176,9 +178,18 @@ def test_conforms_catches_differences() -> None:
     assert conforms([{"a": 1}], [])
 
 
-def test_json_examples_have_the_real_shapes(tmp_path: Path) -> None:
-    target = Target("sqlite", str(tmp_path / "t.db"), str(tmp_path / "v.db"), tmp_path)
-    target.store()
+def sorted_json(text: str, *, indent: int | None) -> bool:
+    """``text`` is JSON written with its keys sorted at every level (and the given indent)."""
+    return text == json.dumps(json.loads(text), indent=indent, sort_keys=True)
+
+
+def test_sorted_json_catches_unsorted_keys() -> None:
+    assert sorted_json('{"a": {"b": 1, "c": 2}}', indent=None)
+    assert not sorted_json('{"a": {"c": 2, "b": 1}}', indent=None)
+    assert not sorted_json('{"b": 1, "a": 2}', indent=None)
+
+
+def test_json_examples_have_the_real_shapes(target: Target) -> None:
     listed, finished, compacted = target.parked(target.finished()), target.finished(), \
         target.finished()
     to_approve, to_deny, to_cancel = target.parked(), target.parked(), target.parked()
@@ -219,13 +230,21 @@ def test_json_examples_have_the_real_shapes(tmp_path: Path) -> None:
         result = target.invoke("--json", *args)
         assert result.exit_code == 0, (name, result.stderr)
         kind, example = documented_examples[name]
+        # "keys sorted": the page's examples, and what the command prints.
+        if json.dumps(example, sort_keys=True) != json.dumps(example):
+            problems.append(f"{name}: the example's keys are not sorted")
         if kind == "jsonl":
+            problems += [f"{name}: keys not sorted in {line}"
+                         for line in result.stdout.splitlines()
+                         if not sorted_json(line, indent=None)]
             # One example per event type: compared with the lines of that type.
             actual = [json.loads(line) for line in result.stdout.splitlines()]
             same = [item for item in actual if item["type"] == example["type"]]
             assert same, f"{name}: no {example['type']} line to compare"
             problems += [f"{name}: {d}" for item in same for d in conforms(example, item)]
         else:
+            if not sorted_json(result.stdout.removesuffix("\n"), indent=2):
+                problems.append(f"{name}: keys not sorted (or not indented)")
             problems += [f"{name}: {d}" for d in conforms(example, json.loads(result.stdout))]
 
     # `projections skip` needs a halted projection: an event no projection can decode.
@@ -243,5 +262,263 @@ def test_json_examples_have_the_real_shapes(tmp_path: Path) -> None:
     assert skipped.exit_code == 0, skipped.stderr
     problems += [f"projections skip: {d}" for d in
                  conforms(documented_examples["projections skip"][1], json.loads(skipped.stdout))]
-    target.close()
     assert not problems, "\n".join(problems)
+
+
+# --- command lines on every page -------------------------------------------------------------
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```([a-z]*)\n(.*?)^```", re.S | re.M)
+SPAN = re.compile(r"`(terret [^`]+)`")
+PLACEHOLDERS = {
+    "SESSION_ID": MISSING, "SESSION": MISSING, "<id>": MISSING, "CALL_ID": "call-1",
+    "CALL": "call-1", "ROLE": "main", "SPEC": "a:b", "TEXT": "hi", "NEW_TITLE": "a title",
+    "PATTERNS": "fs.*", "NAME": "usage", "COMMAND": "sessions", "MODULE:FUNC": "m:f",
+    "SEQ": "1", "N": "1", "SECONDS": "1", "FILE": "x.db", "WIRE_NAME": "turn/start",
+    "STATUS": "idle",
+}
+"""What a placeholder of a usage line stands for, in a value the option's type takes."""
+
+
+def command_lines(page: Path) -> list[str]:
+    """Every ``terret …`` command line of a page: the lines of its ``sh`` blocks and its
+    inline code spans (usage lines included), whitespace collapsed."""
+    text = page.read_text()
+    found = [line.strip() for lang, body in FENCE.findall(text) if lang in ("sh", "")
+             for line in body.splitlines() if line.strip().startswith("terret ")]
+    prose = FENCE.sub("", text)
+    found += [" ".join(span.split()) for span in SPAN.findall(prose)]
+    return found
+
+
+def error_examples() -> list[tuple[str, str]]:
+    """The commands the page shows failing, with the line each prints."""
+    found = re.search(r"\n\n((?:(?!\n\n).)+)\n\n<!-- errors -->\n```\n(.*?)\n```", text(), re.S)
+    assert found, "docs/cli.md has no `<!-- errors -->` example"
+    commands = [" ".join(span.split()) for span in SPAN.findall(found.group(1))]
+    lines = found.group(2).splitlines()
+    assert len(commands) == len(lines), (commands, lines)
+    return list(zip(commands, lines, strict=True))
+
+
+def tokens(line: str) -> list[str]:
+    """A documented line as a command line: a usage line's brackets dropped, its first
+    alternative taken (``model|turn``), its placeholders replaced by values."""
+    line = line.replace("]…", "]").replace("[", "").replace("]", "")
+    out = []
+    for token in shlex.split(line, comments=True)[1:]:
+        token = token.split("|")[0]
+        if "…" in token:  # an abbreviated session id: 6f5d…b558
+            token = MISSING
+        elif re.fullmatch(r"[A-Z][A-Z_:]*|<[a-z]+>", token):
+            assert token in PLACEHOLDERS, f"add the placeholder {token} to PLACEHOLDERS"
+            token = PLACEHOLDERS[token]
+        out.append(token)
+    return out
+
+
+def parse(args: list[str]) -> None:
+    """Parse ``terret ARGS`` as click would run it, without running it: every option must
+    belong to the command it follows and every value must convert."""
+    try:
+        ctx = cli.make_context("terret", list(args))
+        command: click.Command = cli
+        while isinstance(command, click.Group):
+            rest = [*ctx._protected_args, *ctx.args]
+            if not rest:
+                return  # a group named alone: `terret sessions`
+            name, found, rest = command.resolve_command(ctx, rest)
+            assert found is not None and name is not None
+            command = found
+            if not rest:
+                return  # named in prose: `terret approve`, `terret sessions`
+            ctx = command.make_context(name, rest, parent=ctx)
+    except click.exceptions.Exit:
+        return  # --help, --version
+
+
+def test_every_command_line_in_the_docs_parses() -> None:
+    failing = {command for command, _ in error_examples()}
+    problems = []
+    checked = 0
+    for page in PAGES:
+        for line in command_lines(page):
+            if line in failing:
+                continue
+            try:
+                parse(tokens(line))
+                checked += 1
+            except click.ClickException as exc:
+                problems.append(f"{page.name}: `{line}`: {type(exc).__name__}: "
+                                f"{exc.format_message()}")
+    assert checked > 60, checked
+    assert not problems, "\n".join(problems)
+
+
+def test_the_parser_catches_a_misplaced_option() -> None:
+    with pytest.raises(click.NoSuchOption):
+        parse(tokens("terret --app myapp:app serve"))
+    with pytest.raises(click.BadParameter):
+        parse(tokens("terret log SESSION_ID --from 0"))
+    parse(tokens("terret usage [SESSION_ID] [--by model|turn]"))
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+TYPED_ERROR = re.compile(r"^Error: ([A-Z][A-Za-z]+): \S")
+
+
+def documented_error_types() -> set[str]:
+    return set(re.findall(r"`([A-Z][A-Za-z]+)`", sections()["Exit codes and errors"]))
+
+
+def test_the_error_examples_are_what_the_commands_print(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("TERRET_STORE", "TERRET_VIEWS", "TERRET_APP"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.chdir(tmp_path)
+    open_store("terret.db").close()  # the default store, as the examples name it
+    for command, printed in error_examples():
+        result = invoke_cli(*shlex.split(command)[1:])
+        assert result.exit_code in (1, 2), (command, result.stderr)
+        assert result.stdout == "", command
+        assert one_line_error(result.stderr) == printed, (command, result.stderr)
+
+
+def test_every_error_is_one_typed_line(target: Target, tmp_path: Path) -> None:
+    """A sample of every kind of failure prints ``Error: <Type>: <message>``, with a type the
+    page names, and the exit code of its kind; stdout stays empty."""
+    idle, parked, closed = target.finished(), target.parked(), target.closed()
+    i, p, c = str(idle), str(parked), str(closed)
+    cases: list[tuple[list[str], int, str, str | None]] = [
+        (["sessions", "show", MISSING], 1, "SessionNotFound", None),
+        (["approve", p, "call-nope"], 1, "ApprovalNotPending", None),
+        (["cancel", i], 1, "NoOpenTurn", None),
+        (["sessions", "close", p], 1, "TurnAlreadyRunning", None),
+        (["inject", c, "hi"], 1, "SessionClosed", None),
+        (["sessions", "purge", i, "--yes"], 1, "RuleViolation", None),
+        (["compact", p, "--app", DEMO_APP], 1, "CompactionDeclined", None),
+        (["projections", "rebuild", "nope"], 1, "KeyError", None),
+        (["sessions", "purge", c], 1, "Aborted", "n\n"),
+        (["sessions", "show", "x"], 2, "BadParameter", None),
+        (["deny", i, "call-deploy", "--reason", " "], 2, "BadParameter", None),
+        (["resume", p, "--app", "no.such.module:app"], 2, "BadParameter", None),
+        (["approve", i], 2, "MissingParameter", None),
+        (["sessions", "list", "--bogus"], 2, "NoSuchOption", None),
+        (["frobnicate"], 2, "NoSuchCommand", None),
+        (["usage", "--by", "turn"], 2, "UsageError", None),
+    ]
+    named = documented_error_types()
+    problems = []
+    for args, code, kind, answer in cases:
+        result = target.invoke(*args, input=answer)
+        stderr = result.stderr
+        if answer is not None:  # the confirmation prompt went to stderr too
+            stderr = "\n".join(stderr.splitlines()[1:])
+        line = one_line_error(stderr)
+        found = TYPED_ERROR.match(line)
+        if result.exit_code != code or found is None or found.group(1) != kind:
+            problems.append(f"{args}: exit {result.exit_code}, {line!r}; expected exit {code}, "
+                            f"Error: {kind}: …")
+        if kind not in named:
+            problems.append(f"{kind} is not named in 'Exit codes and errors'")
+        if result.stdout.strip() and answer is None:
+            problems.append(f"{args}: wrote to stdout: {result.stdout!r}")
+    # The store itself: a URI no store takes, a SQLite file that is not there.
+    for args, code, kind in ((["--store", "esdb+bogus://x", "sessions", "list"], 2,
+                              "BadParameter"),
+                             (["--store", str(tmp_path / "none.db"), "sessions", "list"], 1,
+                              "StoreUnavailable")):
+        result = invoke_cli(*args)
+        line = one_line_error(result.stderr)
+        if result.exit_code != code or not line.startswith(f"Error: {kind}: "):
+            problems.append(f"{args}: exit {result.exit_code}, {line!r}")
+    assert not problems, "\n".join(problems)
+
+
+# --- text and JSON output as the page describes it -------------------------------------------
+
+
+def test_log_json_is_the_data_as_stored(target: Target) -> None:
+    """`data` is the stored data itself: no nulls added, nothing dropped, an older schema
+    version not upcast; `version` the one it was written with; keys sorted."""
+    finished = target.finished()
+    other = target.new_session()
+    stream = session_stream(other)
+    target.store().append(stream, [
+        NewRecord(uuid4(), "step/end", b'{"turn":1,"step":1,"prompt_tokens":5,'
+                  b'"completion_tokens":1,"cost":null}', b'{"schema_version":1}'),
+        NewRecord(uuid4(), "acme.review/verdict", b'{"score":5,"note":null}',
+                  b'{"schema_version":3}'),
+    ], target.store().stream_version(stream))
+    for sid in (finished, other):
+        result = target.invoke("--json", "log", str(sid))
+        assert result.exit_code == 0, result.stderr
+        records = target.store().read_stream(session_stream(sid))
+        lines = result.stdout.splitlines()
+        assert len(lines) == len(records)
+        for line, record in zip(lines, records, strict=True):
+            assert sorted_json(line, indent=None), line
+            shown = json.loads(line)
+            assert shown["data"] == json.loads(record.data), (shown, record.data)
+            assert shown["version"] == json.loads(record.metadata).get("schema_version", 1)
+            assert (shown["seq"], shown["type"]) == (record.seq, record.wire_name)
+    shown = [json.loads(line) for line in
+             target.invoke("--json", "log", str(other)).stdout.splitlines()]
+    assert shown[-2]["version"] == 1 and "prompt_tokens" in shown[-2]["data"]
+    assert shown[-1]["data"] == {"note": None, "score": 5} and shown[-1]["version"] == 3
+
+
+def test_events_text_shows_commutativity() -> None:
+    from terret.domain.catalogue import catalogue
+
+    lines = invoke_cli("events").stdout.splitlines()
+    header = lines[0]
+    assert "COMMUTATIVE" in header, header
+    start = header.index("COMMUTATIVE")
+    shown = {}
+    for row in lines[1:]:
+        shown[row.split()[0]] = row[start:start + len("COMMUTATIVE")].strip()
+    for event_class in catalogue:
+        assert shown[event_class.wire_name] == ("yes" if event_class.commutative else ""), (
+            event_class.wire_name, shown[event_class.wire_name])
+
+
+def test_sessions_show_text_shows_what_the_page_lists(target: Target) -> None:
+    """Owed calls, usage per model, inbox, approvals, a requested cancel, resumability: the
+    labelled lines of the page's text example, in its order."""
+    sid = target.parked(target.finished())
+    assert target.invoke("inject", str(sid), "also check payments").exit_code == 0
+    assert target.invoke("cancel", str(sid)).exit_code == 0
+    data = target.json("sessions", "show", str(sid))
+    text_out = target.invoke("sessions", "show", str(sid)).stdout.splitlines()
+    for spec, used in data["usage_by_model"].items():
+        assert any(line.startswith(f"  {spec}: {used['prompt_tokens']} prompt + ")
+                   for line in text_out), (spec, text_out)
+    assert len(data["usage_by_model"]) == 2
+    for owed in data["owed_calls"]:
+        assert (f"owed      {owed['id']}: {owed['name']} {json.dumps(owed['args'])}"
+                in text_out), text_out
+    body = documented()["sessions show"]
+    example = re.search(r"```\n(session .*?)\n```", body, re.S)
+    assert example, "the text example of `sessions show`"
+    labels = [line.split()[0] for line in example.group(1).splitlines()
+              if not line.startswith(" ")]
+    assert [line.split()[0] for line in text_out if not line.startswith(" ")] == labels
+    models = [line for line in example.group(1).splitlines() if line.startswith("  ")]
+    assert len(models) == len([line for line in text_out if line.startswith("  ")])
+
+
+# --- README ----------------------------------------------------------------------------------
+
+
+def test_the_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = [body for lang, body in FENCE.findall(readme) if lang == "python"]
+    assert len(blocks) == 1
+    monkeypatch.chdir(tmp_path)
+    exec(compile(blocks[0], "README.md", "exec"), {"__name__": "readme"})
+    printed = capsys.readouterr().out.split()
+    documented_output = re.search(r"\)\.status\)\s+# (\w+)", blocks[0])
+    assert documented_output and printed == [documented_output.group(1)]
