@@ -13,6 +13,7 @@ from uuid import UUID
 
 import click
 
+from terret.adapters.stores.sqlite import SQLiteStore
 from terret.adapters.stores.uri import mask_credentials, open_store, sqlite_path, store_kind
 from terret.domain.errors import SessionNotFound, StoreUnavailable
 from terret.domain.events import Actor
@@ -112,7 +113,7 @@ class CliContext:
         if self._views is None:
             path = self.views_path or default_views_path(self.store_uri)
             try:
-                self._views = ViewStore(path)
+                self._views = ViewStore(path)  # a damaged file or a full disk: typed errors
             except sqlite3.Error as exc:
                 raise click.BadParameter(f"cannot open the views at {path}: {exc}",
                                          param_hint="'--views'") from None
@@ -131,7 +132,12 @@ class CliContext:
         return Views(self.view_store())
 
     def require_session(self, session_id: UUID) -> None:
-        if not SessionRepository(self.store()).exists(session_id):
+        store = self.store()
+        if not SessionRepository(store).exists(session_id):
+            if isinstance(store, SQLiteStore):
+                # A damaged index can hide a session's events without an error: make sure
+                # the file is sound before saying the session does not exist.
+                store.check_integrity()
             raise SessionNotFound(f"no session {session_id} in {self.masked_uri}")
 
     def close(self) -> None:

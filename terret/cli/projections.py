@@ -7,8 +7,9 @@ import sys
 
 import click
 
+from terret.adapters.stores.sqlite import SQLiteStore
 from terret.cli._context import CliContext, default_views_path, note, table
-from terret.domain.errors import InvalidStoreURI, TerretError
+from terret.domain.errors import InvalidStoreURI, StoreUnavailable, TerretError
 
 
 @click.group("projections")
@@ -95,12 +96,15 @@ def doctor(obj: CliContext) -> None:
         store = obj.store()
         head = store.head_position()
         checks.append(f"store {store.describe()} reachable, head position {head}")
+        if isinstance(store, SQLiteStore):
+            store.check_integrity()  # StoreCorrupt: restore it from a backup
+            checks.append("store file sound (SQLite quick_check)")
     except InvalidStoreURI:
         raise  # a usage error (exit 2), as for every other command
     except TerretError as exc:
         message = " ".join(str(exc).split())  # gRPC errors span several lines
-        raise click.ClickException(
-            f"{type(exc).__name__}: {message} — check --store / TERRET_STORE") from None
+        hint = " — check --store / TERRET_STORE" if isinstance(exc, StoreUnavailable) else ""
+        raise click.ClickException(f"{type(exc).__name__}: {message}{hint}") from None
     views_path = obj.views_path or default_views_path(obj.store_uri)
     if views_path != ":memory:" and not os.path.exists(views_path):
         checks.append(f"views {views_path} do not exist yet; they will be built now")

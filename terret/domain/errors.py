@@ -244,3 +244,31 @@ class ProjectionHalted(TerretError):
         self.position = position
         self.error = error
         super().__init__(f"projection {projection!r} halted at position {position}: {error}")
+
+
+# --- store files and views -------------------------------------------------------------------
+
+
+class StoreCorrupt(StoreError):
+    """The store's file is damaged (SQLite: "database disk image is malformed"). Nothing was
+    written; restore the store from a backup."""
+
+
+class StoreFull(StoreError):
+    """The disk holding the store (or the views) is full: the write was refused and nothing
+    was written. Free space and retry."""
+
+
+class NotATerretStore(StoreError):
+    """The file is not a Terret store (another application's SQLite database, or not a SQLite
+    database at all). Terret refuses it and leaves it untouched."""
+
+
+class ViewsCorrupt(TerretError):
+    """The views file is damaged. Views are a cache of the log: delete the file and they are
+    rebuilt."""
+
+
+class ViewsMismatch(TerretError):
+    """The views file no longer holds what this process built from its log: another process
+    rebuilt it from another store (or from a restored copy). This process stops reading it."""

@@ -190,6 +190,14 @@ class EventStore(ABC):
     def read_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """The latest snapshot of a stream, or None."""
 
+    def store_id(self) -> str | None:
+        """The identity of this store's log: written once when the store is created (SQLite:
+        in the file; EventStoreDB: in the metadata of the ``terret-store`` stream), the same
+        for every process that opens it and for a copy of it (a backup), different for another
+        store. Views record it and are rebuilt when opened on another store. None: this store
+        cannot tell (a wrapper that does not delegate); the views then check only positions."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and stop background work."""
 

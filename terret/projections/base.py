@@ -5,6 +5,11 @@ event at a time inside a transaction the runner opens; the runner records the pr
 tracked position in the same transaction. Several processes may share one view file: each
 batch re-reads the tracked positions inside its write transaction and skips what another process
 already applied, so an event is never applied twice.
+
+The view store also records which log the views were built from (``views_log``): the store's
+id, and the position, stream, seq and id of the last event applied. The runner compares them
+with the store when it starts or catches up (``ProjectionRunner.check_log``) and rebuilds views
+built from another store, or from a log that is not the store's (a restored older copy).
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
+from uuid import UUID, uuid4
 
 from terret.domain.codec import RecordedEvent
-from terret.domain.store import SESSION_PREFIX
+from terret.domain.errors import StoreFull, ViewsCorrupt
+from terret.domain.store import SESSION_PREFIX, StoredRecord
 
 _VIEW_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tracking (projection TEXT PRIMARY KEY, position INTEGER NOT NULL);
@@ -30,7 +38,39 @@ CREATE TABLE IF NOT EXISTS projection_faults (
     projection TEXT PRIMARY KEY, position INTEGER NOT NULL, error TEXT NOT NULL,
     recorded_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS views_log (
+    id INTEGER PRIMARY KEY CHECK (id = 0), store_id TEXT, generation TEXT NOT NULL,
+    position INTEGER, stream TEXT, seq INTEGER, event_id BLOB
+);
 """
+
+
+@dataclass(frozen=True)
+class LogMark:
+    """Which log a view file was built from: the store's id (None: the store could not tell),
+    the generation (new each time the views are reset), and the last event applied (None
+    before the first)."""
+
+    store_id: str | None
+    generation: str
+    position: int | None
+    stream: str | None
+    seq: int | None
+    event_id: UUID | None
+
+
+def views_error(exc: sqlite3.Error, path: str) -> Exception | None:
+    """The typed error for a damaged views file or a full disk; None for other failures."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    text = " ".join(str(exc).split())
+    if primary == sqlite3.SQLITE_FULL:
+        return StoreFull(f"the disk holding the views {path} is full ({text}): nothing was "
+                         "written; free some space and retry")
+    if primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return ViewsCorrupt(f"the views file {path} is damaged or not a views file ({text}): "
+                            "delete it; the views are rebuilt from the log")
+    return None
 
 
 PURGED = "session/purged"
@@ -107,12 +147,19 @@ class ViewStore:
         self.db = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=30.0
         )
-        if self.path != ":memory:":
-            self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute(f"PRAGMA synchronous={synchronous}")
         self.lock = threading.RLock()
-        with self.lock:
-            self.db.executescript(_VIEW_SCHEMA)
+        try:
+            if self.path != ":memory:":
+                self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute(f"PRAGMA synchronous={synchronous}")
+            with self.lock:
+                self.db.executescript(_VIEW_SCHEMA)
+        except sqlite3.Error as exc:
+            self.db.close()
+            typed = views_error(exc, self.path)
+            if typed is not None:
+                raise typed from None
+            raise
 
     def ensure(self, projection: Projection) -> bool:
         """Create the projection's tables. A view written by another version of the projection
@@ -138,19 +185,109 @@ class ViewStore:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        with self.lock:
+        with self.lock, self._typed():
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 yield self.db
+                self.db.execute("COMMIT")
             except BaseException:
-                self.db.execute("ROLLBACK")
+                if self.db.in_transaction:  # SQLite rolled back already on SQLITE_FULL
+                    self.db.execute("ROLLBACK")
                 raise
-            self.db.execute("COMMIT")
 
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
-        with self.lock:
+        with self.lock, self._typed():
             yield self.db
+
+    @contextmanager
+    def _typed(self) -> Iterator[None]:
+        """A damaged file or a full disk as a typed error; other failures unchanged."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            typed = views_error(exc, self.path)
+            if typed is None:
+                raise
+            raise typed from None
+
+    # --- which log the views were built from ---------------------------------------------
+
+    def log_mark(self) -> LogMark | None:
+        """None for views that never recorded one (new, or written before views did)."""
+        with self.reading() as db:
+            row = db.execute("SELECT store_id, generation, position, stream, seq, event_id"
+                             " FROM views_log WHERE id = 0").fetchone()
+        if row is None:
+            return None
+        event_id = UUID(bytes=row[5]) if isinstance(row[5], bytes) and len(row[5]) == 16 \
+            else None
+        return LogMark(row[0], row[1], row[2], row[3], row[4], event_id)
+
+    def max_tracked(self) -> int:
+        """The highest tracked position of any projection in the file."""
+        with self.reading() as db:
+            return int(db.execute("SELECT coalesce(max(position), 0) FROM tracking"
+                                  ).fetchone()[0])
+
+    def adopt(self, store_id: str | None, position: int | None = None) -> str:
+        """Record that the views belong to the store ``store_id`` (if they recorded no store
+        yet); ``position``: how far views that had no mark yet got (their event unknown).
+        Returns the views' generation."""
+        query = "SELECT store_id, generation FROM views_log WHERE id = 0"
+        with self.reading() as db:
+            row = db.execute(query).fetchone()
+            if row is None:
+                db.execute("INSERT OR IGNORE INTO views_log (id, store_id, generation, position)"
+                           " VALUES (0, ?, ?, ?)", (store_id, uuid4().hex, position))
+                row = db.execute(query).fetchone()
+            if row[0] is None and store_id is not None:
+                db.execute("UPDATE views_log SET store_id = ? WHERE id = 0 AND store_id IS NULL",
+                           (store_id,))
+            return str(row[1])
+
+    def reset(self, store_id: str | None, expected: str | None) -> str | None:
+        """Empty the file as if it were new — drop every table, the projections' and the
+        bookkeeping — and record ``store_id`` with a new generation. Only if the generation is
+        still ``expected`` (None: no mark): returns None, changing nothing, when another
+        process reset or marked the views meanwhile. The caller re-creates its tables."""
+        generation = uuid4().hex
+        with self.reading() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute("SELECT generation FROM views_log WHERE id = 0").fetchone()
+                if (row[0] if row else None) != expected:
+                    db.execute("ROLLBACK")
+                    return None
+                objects = db.execute("SELECT type, name FROM sqlite_master WHERE type IN"
+                                     " ('table', 'view') AND name NOT LIKE 'sqlite_%'").fetchall()
+                for kind, name in objects:
+                    quoted = name.replace('"', '""')
+                    db.execute(f'DROP {kind.upper()} IF EXISTS "{quoted}"')
+                for statement in _VIEW_SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute("INSERT INTO views_log (id, store_id, generation) VALUES (0, ?, ?)",
+                           (store_id, generation))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        return generation
+
+    @staticmethod
+    def generation_in(db: sqlite3.Connection) -> str | None:
+        row = db.execute("SELECT generation FROM views_log WHERE id = 0").fetchone()
+        return row[0] if row else None
+
+    @staticmethod
+    def note_applied(db: sqlite3.Connection, record: StoredRecord) -> None:
+        """Mark ``record`` as the last event applied (unless one after it already is)."""
+        db.execute("UPDATE views_log SET position = ?, stream = ?, seq = ?, event_id = ?"
+                   " WHERE id = 0 AND (position IS NULL OR position < ?)",
+                   (record.position, record.stream, record.seq, record.event_id.bytes,
+                    record.position))
 
     def tracked(self, name: str) -> int:
         with self.lock:

@@ -6,6 +6,10 @@ subscription delivers smaller pages); live, it commits as soon as the subscripti
 more buffered. ``wait_until(position)`` gives read-your-writes. Projections may keep state in
 memory for the length of a batch (``Projection.begin``/``flush``): a batch of thousands of events
 writes each touched row once.
+
+Before it reads the views, the runner checks that they were built from its store's log
+(``check_log``): views built from another store, or ahead of the log (a store restored from an
+older copy), are emptied and rebuilt from position 0, with a warning.
 """
 
 from __future__ import annotations
@@ -19,10 +23,18 @@ from dataclasses import dataclass
 
 from terret.domain.catalogue import EventCatalogue, catalogue
 from terret.domain.codec import RecordDecoder, RecordedEvent
-from terret.domain.errors import CorruptRecord, ProjectionHalted, StoreError
+from terret.domain.errors import (
+    CorruptRecord,
+    NotATerretStore,
+    ProjectionHalted,
+    StoreCorrupt,
+    StoreError,
+    TerretError,
+)
 from terret.domain.store import CaughtUp, Checkpoint, EventStore, StoredRecord, Subscription
 from terret.projections._collector import collector_paused
-from terret.projections.base import PURGED, Projection, ViewStore
+from terret.projections._logcheck import LogCheck
+from terret.projections.base import PURGED, Projection, ViewStore, views_error
 
 log = logging.getLogger("terret.projections")
 
@@ -82,12 +94,40 @@ class ProjectionRunner:
         self._subscription: Subscription | None = None
         self._stopping = threading.Event()
         self._error: BaseException | None = None
-        with views.lock:
-            views.db.executescript(_SKIPS)
-        for projection in self.projections:
-            views.ensure(projection)
+        self._log = LogCheck(store, views)
+        self._create_tables()
         self._position = self._lowest_tracked()
         self._applied = self._position  # applied to the views (published after the listeners)
+
+    def _create_tables(self) -> None:
+        with self.views.reading() as db:
+            db.executescript(_SKIPS)
+        for projection in self.projections:
+            self.views.ensure(projection)
+
+    # --- which log ---------------------------------------------------------------------------
+
+    def check_log(self) -> bool:
+        """Check that the views were built from this store's log (``_logcheck``); if not,
+        empty them and let them replay from position 0 (a warning says why), and return True.
+        ``start`` and ``catch_up`` call it, so nothing reads views ahead of the log: the
+        allow-list reads the policy view only after one of them."""
+        with self._pause:
+            if not self._log.check():
+                return False
+            self._create_tables()
+            self._applied = 0
+            with self._progress:
+                self._position = 0
+            return True
+
+    def _recheck(self, head: int) -> None:
+        if self._log.needed(head):
+            self.check_log()
+
+    def _checked(self) -> None:
+        if self._log.generation is None:
+            self.check_log()
 
     # --- listeners -----------------------------------------------------------------------
 
@@ -130,6 +170,7 @@ class ProjectionRunner:
         appended after this call (history is for projections only)."""
         if self._thread is not None:
             return self
+        self.check_log()
         self._listen_from = self.store.head_position()
         self._stopping.clear()
         self._thread = threading.Thread(target=self._run, name="terret-projections", daemon=True)
@@ -157,18 +198,30 @@ class ProjectionRunner:
             try:
                 self._follow()
                 delay = 0.05
+            except (StoreCorrupt, NotATerretStore) as exc:  # retrying cannot help
+                log.error("projection runner stopped: %s", exc)
+                self._fail(exc)
+                return
             except StoreError as exc:
                 log.warning("projection subscription failed (%s); resubscribing", exc)
                 self._stopping.wait(delay)
                 delay = min(delay * 2, 2.0)
+            except TerretError as exc:  # the views were reset under us (ViewsMismatch)
+                log.error("projection runner stopped: %s", exc)
+                self._fail(exc)
+                return
             except BaseException as exc:  # pragma: no cover - reported via wait_until
                 log.exception("projection runner stopped")
-                self._error = exc
-                with self._progress:
-                    self._progress.notify_all()
+                self._fail(exc)
                 return
 
+    def _fail(self, exc: BaseException) -> None:
+        self._error = exc
+        with self._progress:
+            self._progress.notify_all()
+
     def _follow(self) -> None:
+        self._recheck(self.store.head_position())
         sub = self.store.subscribe(after=self._lowest_tracked())
         self._subscription = sub
         batch: list[StoredRecord] = []
@@ -196,6 +249,7 @@ class ProjectionRunner:
         """Process everything up to the store's head in this thread (CLI commands use this
         instead of a background runner). Returns the position reached."""
         head = self.store.head_position()
+        self._recheck(head)
         self._each_page(self._lowest_tracked(), head, self._apply, progress)
         self._apply([], head)
         return head
@@ -221,6 +275,8 @@ class ProjectionRunner:
         deadline = time.monotonic() + timeout
         with self._progress:
             while self._position < position:
+                if isinstance(self._error, TerretError):
+                    raise self._error  # typed: the store or the views cannot be used
                 if self._error is not None:
                     raise StoreError(f"projection runner failed: {self._error}")
                 remaining = deadline - time.monotonic()
@@ -271,6 +327,7 @@ class ProjectionRunner:
         append = events.append
         decode = self._decoder
         with self.views.transaction() as db:
+            self._log.guard(db)
             tracked, halted = self._tracking(db, projections)
             live = [p for p in projections if p.name not in halted]
             if records:
@@ -310,6 +367,8 @@ class ProjectionRunner:
             for p in projections:
                 position = tracked[p.name] if p.name in halted else max(tracked[p.name], upto)
                 self.views.set_tracked(db, p.name, position)
+            if records:
+                self.views.note_applied(db, records[-1])
         return events
 
     def _decode(self, record: StoredRecord) -> RecordedEvent | CorruptRecord:
@@ -324,6 +383,7 @@ class ProjectionRunner:
         so the failing projection halts at the failing event and the others carry on."""
         events: list[RecordedEvent] = []
         with self.views.transaction() as db:
+            self._log.guard(db)
             tracked, halted = self._tracking(db, projections)
             skipped = self._skips(db)
             for p in projections:
@@ -348,6 +408,8 @@ class ProjectionRunner:
                                 p.flush(db)
                                 db.execute("RELEASE event")
                             except Exception as exc:
+                                if _not_the_events_fault(db, exc):
+                                    raise  # a full disk, a damaged file: nothing to halt on
                                 db.execute("ROLLBACK TO event")
                                 db.execute("RELEASE event")
                                 p.begin()
@@ -363,6 +425,8 @@ class ProjectionRunner:
                 if p.name not in halted and upto > tracked[p.name]:
                     tracked[p.name] = upto
                 self.views.set_tracked(db, p.name, tracked[p.name])
+            if records:
+                self.views.note_applied(db, records[-1])
         return events
 
     @staticmethod
@@ -386,6 +450,7 @@ class ProjectionRunner:
                        f"{', '.join(p.name for p in self.projections)}")
 
     def states(self) -> list[ProjectionState]:
+        self._checked()
         head = self.store.head_position()
         out = []
         for p in self.projections:
@@ -403,6 +468,7 @@ class ProjectionRunner:
     def skip(self, name: str, *, by: str = "operator") -> int:
         """Skip the event a halted projection stopped at. The skip is recorded in the view
         store and honoured by later rebuilds."""
+        self._checked()
         projection = self.projection(name)
         with self._pause:
             with self.views.transaction() as db:
@@ -424,6 +490,7 @@ class ProjectionRunner:
 
     def rebuild(self, name: str, *, progress: Progress | None = None) -> int:
         """Drop one projection's view and tracked position and replay it from position 0."""
+        self._checked()
         projection = self.projection(name)
         with self._pause:
             with self.views.reading() as db:
@@ -446,6 +513,7 @@ class ProjectionRunner:
     def verify(self, name: str, *, progress: Progress | None = None) -> list[str]:
         """Rebuild one projection into a scratch view and list every difference from the live
         one (empty when they agree)."""
+        self._checked()
         live = self.projection(name)
         with self._pause:
             upto = self.views.tracked(name)
@@ -487,6 +555,13 @@ def _upto(records: list[StoredRecord], head: int) -> list[StoredRecord]:
 
 class _ProcessFailed(Exception):
     pass
+
+
+def _not_the_events_fault(db: sqlite3.Connection, exc: Exception) -> bool:
+    """Whether a failure while applying an event is the view file's (SQLite rolled the batch
+    back, the disk is full, the file is damaged) rather than the event's or projection's."""
+    return not db.in_transaction or (
+        isinstance(exc, sqlite3.Error) and views_error(exc, "") is not None)
 
 
 def _targets(projections: Sequence[Projection], wire_name: str) -> list[Callable[..., None]]:

@@ -283,6 +283,12 @@ class StoreContract:
         """Damage the raw stored record so that the store cannot read it back."""
         pytest.skip(f"{type(self).__name__} cannot damage raw records")
 
+    def other_store_opener(self, request: pytest.FixtureRequest) -> Opener | None:
+        """Opens a second, new store of this kind (another log); every call opens that same
+        second store again. None: the adapter cannot make one (the identity cases that need
+        it are skipped)."""
+        return None
+
     # --- fixtures -------------------------------------------------------------------------
 
     @pytest.fixture(autouse=True)
@@ -973,6 +979,68 @@ class StoreContract:
             i for i in delivered if isinstance(i, StoredRecord) and i.position >= damaged.position
         ]
         assert not [i for i in delivered if isinstance(i, CaughtUp)]
+
+    # --- identity ---------------------------------------------------------------------------
+
+    def test_store_id_is_stable_shared_by_every_opener_and_not_an_event(
+        self, store: EventStore
+    ) -> None:
+        stream = new_stream()
+        before = store.append(stream, records(2), StreamState.NO_STREAM).position
+        store_id = store.store_id()
+        assert isinstance(store_id, str) and store_id
+        assert store.store_id() == store_id
+        # recording it wrote no event: the head and reads of the log do not move
+        assert store.head_position() == before
+        assert [r.stream for r in _read_all(store, before, 100)] == []
+        opener = self.other_process_opener()
+        if opener is not None:  # another instance on the same store (in this process)
+            other = opener()
+            try:
+                assert other.store_id() == store_id
+            finally:
+                self.dispose_store(other)
+
+    def test_another_store_has_another_id(self, store: EventStore,
+                                          request: pytest.FixtureRequest) -> None:
+        opener = self.other_store_opener(request)
+        if opener is None:
+            pytest.skip(f"{type(self).__name__} cannot create a second store")
+        other = opener()
+        try:
+            assert other.store_id() not in (None, store.store_id())
+        finally:
+            self.dispose_store(other)
+
+    def test_racing_openers_of_a_new_store_agree_on_one_id(
+        self, request: pytest.FixtureRequest
+    ) -> None:
+        opener = self.other_store_opener(request)
+        if opener is None:
+            pytest.skip(f"{type(self).__name__} cannot create a second store")
+        opened: list[EventStore] = []
+        ids: list[str | None] = []
+        gate = threading.Barrier(4)
+
+        def open_and_ask() -> None:
+            gate.wait(TIMEOUT)
+            store = opener()
+            opened.append(store)
+            ids.append(store.store_id())
+
+        threads = [threading.Thread(target=open_and_ask) for _ in range(4)]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(TIMEOUT)
+            assert len(ids) == 4 and len(set(ids)) == 1 and ids[0]
+            again = opener()
+            opened.append(again)
+            assert again.store_id() == ids[0]  # written once, read back ever after
+        finally:
+            for store in opened:
+                self.dispose_store(store)
 
     # --- deletion and snapshots -----------------------------------------------------------
 

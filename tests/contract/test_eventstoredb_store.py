@@ -49,6 +49,10 @@ class TestEventStoreDBStore(StoreContract):
     def other_process_opener(self) -> Opener:
         return functools.partial(EventStoreDBStore, self.uri)
 
+    def other_store_opener(self, request: pytest.FixtureRequest) -> Opener:
+        emulator = request.getfixturevalue("esdb_fresh_emulator")  # skipped on a real server
+        return functools.partial(EventStoreDBStore, emulator.uri)
+
     # --- EventStoreDB only --------------------------------------------------------------------
 
     @pytest.fixture

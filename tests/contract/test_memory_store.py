@@ -13,3 +13,6 @@ class TestMemoryStore(StoreContract):
 
     def create_store_with_slow_poll(self) -> EventStore:
         return MemoryStore(poll_interval=5.0)
+
+    def test_each_memory_store_is_a_store_of_its_own(self) -> None:
+        assert MemoryStore().store_id() != MemoryStore().store_id()

@@ -55,6 +55,9 @@ class TestSQLiteStore(StoreContract):
     def other_process_opener(self) -> Opener:
         return functools.partial(SQLiteStore, str(self.db_path))
 
+    def other_store_opener(self, request: pytest.FixtureRequest) -> Opener:
+        return functools.partial(SQLiteStore, str(Path(self.tmp_path) / "other.db"))
+
     def corrupt_record(self, store: EventStore, stored: StoredRecord) -> None:
         # SQLite refuses a wrong type in the STRICT table; a writer can still bypass the
         # CHECK on the id's length.

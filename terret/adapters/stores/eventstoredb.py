@@ -14,6 +14,8 @@ Mapping of the port onto the server:
   event (all but the server's ``$`` system events and Terret's internal types);
 * snapshots live in ``snapshot-<stream>`` (type ``terret-snapshot``, ``$maxCount: 1``), outside
   every filter;
+* the store's identity (``store_id``) is in the metadata of the ``terret-store`` stream,
+  written by the first Terret that asks for it;
 * retention: ``set_max_age`` writes ``$maxAge`` into the stream's metadata; ``delete_stream``
   records the deletion in ``terret-deletions`` and then *tombstones* the stream and its
   snapshot stream. A reaped session can never be written again. ``$all`` keeps a tombstoned
@@ -86,6 +88,9 @@ T = TypeVar("T")
 
 SNAPSHOT_PREFIX = "snapshot-"
 DELETIONS_STREAM = "terret-deletions"
+STORE_STREAM = "terret-store"
+"""Its stream metadata holds the store's id (``STORE_ID_KEY``); the stream has no events."""
+STORE_ID_KEY = "terretStoreId"
 
 _LAST_REVISION = re.compile(r"Stream position of last event is (\d+)")
 
@@ -148,6 +153,7 @@ class EventStoreDBStore(EventStore):
         self._deleted: set[str] = set()
         self._deleted_revision = -1  # the last revision of the deletions stream read
         self._deleted_lock = threading.Lock()
+        self._store_id: str | None = None
 
     # --- description -----------------------------------------------------------------------
 
@@ -156,6 +162,37 @@ class EventStoreDBStore(EventStore):
 
     def __repr__(self) -> str:
         return f"EventStoreDBStore({self._uri.masked!r})"
+
+    # --- identity --------------------------------------------------------------------------
+
+    def store_id(self) -> str:
+        """The id in the metadata of ``terret-store`` (``STORE_ID_KEY``), written by the first
+        Terret to ask (with an expected version, so racing processes agree on one). Stream
+        metadata is a ``$metadata`` event in ``$$terret-store``: a system event, which no read
+        of ``$all`` delivers and which does not move the head. A copy of the database (a
+        backup) keeps it; another server has its own."""
+        if self._store_id is not None:
+            return self._store_id
+
+        def op(client: EventStoreDBClient, timeout: float) -> str | None:
+            metadata, version = client.get_stream_metadata(STORE_STREAM, timeout=timeout)
+            found = metadata.get(STORE_ID_KEY)
+            if isinstance(found, str) and found:
+                return found
+            try:
+                client.set_stream_metadata(
+                    STORE_STREAM, metadata={**metadata, STORE_ID_KEY: uuid4().hex},
+                    current_version=version, timeout=timeout)
+            except WrongCurrentVersion:
+                pass  # another process wrote it first: read theirs
+            return None
+
+        for _ in range(5):
+            found = self._run("read the store id", op)
+            if found is not None:
+                self._store_id = found
+                return found
+        raise StoreError(f"the metadata of {STORE_STREAM!r} kept changing; no store id")
 
     # --- connection and retries ------------------------------------------------------------
 

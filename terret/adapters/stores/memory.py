@@ -6,7 +6,7 @@ import bisect
 import threading
 import time
 from collections.abc import Collection, Sequence
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from terret.adapters.stores._rules import AlreadyWritten, check_size, decide
 from terret.adapters.stores._subscription import PositionalStore
@@ -28,9 +28,13 @@ class MemoryStore(PositionalStore):
         self._signal = threading.Condition()
         self._next_position = 1
         self.poll_interval = poll_interval
+        self._store_id = uuid4().hex  # a new log: every instance is a store of its own
 
     def describe(self) -> str:
         return "memory"
+
+    def store_id(self) -> str:
+        return self._store_id
 
     def append(
         self, stream: str, records: Sequence[NewRecord], expected_version: ExpectedVersion

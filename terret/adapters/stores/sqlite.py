@@ -3,23 +3,36 @@
 Catch-up subscriptions: an append in this process wakes subscribers at once; appends by other
 processes are noticed by polling the head, ``SELECT max(position) FROM events`` (cheap: the
 primary key's last entry), every ``poll_interval`` seconds.
+
+The file's identity (``store_id``) is written once, when the store is created, in the
+``terret_meta`` table. A non-empty file that is not a Terret store is refused before anything
+writes to it (``NotATerretStore``). SQLite's failures become typed errors: a damaged file
+``StoreCorrupt``, a full disk ``StoreFull``, a lock held too long ``StoreUnavailable``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any, Literal
-from uuid import UUID, SafeUUID
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
+from uuid import UUID, SafeUUID, uuid4
 
 from terret.adapters.stores._rules import AlreadyWritten, check_size, decide
 from terret.adapters.stores._subscription import PositionalStore
-from terret.domain.errors import CorruptRecord, StoreUnavailable
+from terret.domain.errors import (
+    CorruptRecord,
+    NotATerretStore,
+    StoreCorrupt,
+    StoreError,
+    StoreFull,
+    StoreUnavailable,
+)
 from terret.domain.store import (
     AppendResult,
     ExpectedVersion,
@@ -52,7 +65,12 @@ CREATE TABLE IF NOT EXISTS snapshots (
     version INTEGER NOT NULL,
     state BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS terret_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+_EVENT_COLUMNS = frozenset(
+    {"position", "stream", "seq", "event_id", "wire_name", "data", "metadata", "recorded_at"})
+"""A file whose ``events`` table has these columns is a Terret store (one created before
+``terret_meta`` existed has no identity yet: it gets one when opened)."""
 
 # The last column says whether the row is sound, so that decoding a sound row (nearly all of
 # them) is a plain constructor call. In a STRICT table only the id's length can be wrong (a
@@ -102,6 +120,79 @@ def _uuid(raw: bytes, _new: Any = object.__new__, _from_bytes: Any = int.from_by
     return value
 
 
+def store_error(exc: sqlite3.Error, path: str) -> StoreError:
+    """The typed error for a failure of SQLite on the file at ``path``."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    text = " ".join(str(exc).split())
+    if primary == sqlite3.SQLITE_FULL or "disk is full" in text:
+        return StoreFull(f"the disk holding {path} is full ({text}): nothing was written; "
+                         "free some space and retry")
+    if primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB) or "malformed" in text:
+        return StoreCorrupt(f"the SQLite store {path} is damaged ({text}): restore it from "
+                            "a backup")
+    if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return StoreUnavailable(f"the SQLite store {path} is locked: {text}")
+    return StoreUnavailable(f"the SQLite store {path} failed: {text}")
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _typed(method: Callable[Concatenate[SQLiteStore, P], R]
+           ) -> Callable[Concatenate[SQLiteStore, P], R]:
+    """Raise SQLite's failures in ``method`` as typed errors (``store_error``)."""
+
+    @functools.wraps(method)
+    def wrapper(self: SQLiteStore, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise store_error(exc, self.path) from None
+
+    return wrapper
+
+
+def refuse_foreign_file(path: str, busy_timeout: float = 30.0) -> None:
+    """Raise ``NotATerretStore`` unless the file at ``path`` is missing, empty (no tables) or
+    a Terret store. The file is read through a read-only connection, so a refused file is left
+    exactly as it was (no table added, no journal mode changed, no ``-wal`` created)."""
+    try:
+        if os.path.getsize(path) == 0:
+            return
+    except OSError:
+        return  # missing: the store creates it (or fails to open it, with a typed error)
+    try:
+        conn = sqlite3.connect(f"{Path(path).as_uri()}?mode=ro", uri=True, timeout=busy_timeout)
+    except sqlite3.Error:
+        return  # opening the store will tell what is wrong
+    try:
+        names = {name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")
+            if not name.startswith("sqlite_")}
+        if not names or "terret_meta" in names:
+            return
+        if "events" in names:
+            if _EVENT_COLUMNS <= {row[1] for row in conn.execute("PRAGMA table_info(events)")}:
+                return
+    except sqlite3.Error as exc:
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code == sqlite3.SQLITE_NOTADB:
+            raise NotATerretStore(f"{path} is not a SQLite database, so not a Terret store "
+                                  "(or one damaged beyond repair); it was left untouched"
+                                  ) from None
+        if isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_CORRUPT:
+            raise store_error(exc, path) from None
+        return  # read-only access failed (no -shm yet, a lock): opening the store will tell
+    finally:
+        conn.close()
+    shown = ", ".join(sorted(names)[:4]) + (", …" if len(names) > 4 else "")
+    hint = " (it looks like a views file: pass it as --views)" if "tracking" in names else ""
+    raise NotATerretStore(f"{path} is not a Terret store: it is another SQLite database "
+                          f"(tables {shown}){hint}; it was left untouched")
+
+
 def _row(row: tuple[Any, ...]) -> StoredRecord:
     stream, seq, position, event_id, wire_name, data, metadata, recorded_at, sound = row
     if sound:
@@ -111,6 +202,15 @@ def _row(row: tuple[Any, ...]) -> StoredRecord:
     if isinstance(event_id, bytes) and len(event_id) == 16:
         reason = "a column holds a value of the wrong type (data and metadata must be blobs)"
     raise CorruptRecord(position, reason)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if SQLite has not already (it does on SQLITE_FULL)."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # the original failure is the one to report
 
 
 class SQLiteStore(PositionalStore):
@@ -135,16 +235,47 @@ class SQLiteStore(PositionalStore):
         # (checked whenever another thread opens one), so short-lived threads leak nothing.
         self._connections: list[tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = []
         self._connections_lock = threading.Lock()
+        refuse_foreign_file(self.path, busy_timeout)  # before anything writes to the file
         try:
             conn = self._conn()
             conn.executescript(_SCHEMA)
+            self._store_id = self._identity(conn)
             strict = _STRICT and conn.execute("PRAGMA table_list(events)").fetchone()[5]
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {exc}") from None
+            self.close()
+            raise store_error(exc, self.path) from None
         self._columns = _STRICT_COLUMNS if strict else _CHECKED_COLUMNS
+
+    @staticmethod
+    def _identity(conn: sqlite3.Connection) -> str:
+        """The store's id, written once: when the file is created (or, for a file created
+        before stores had one, when it is first opened)."""
+        row = conn.execute("SELECT value FROM terret_meta WHERE key = 'store_id'").fetchone()
+        if row is None:
+            conn.execute("INSERT OR IGNORE INTO terret_meta VALUES ('store_id', ?)",
+                         (uuid4().hex,))
+            row = conn.execute("SELECT value FROM terret_meta WHERE key = 'store_id'").fetchone()
+        return str(row[0])
 
     def describe(self) -> str:
         return f"sqlite:{self.path} (WAL, synchronous={self.synchronous})"
+
+    def store_id(self) -> str:
+        return self._store_id
+
+    @_typed
+    def check_integrity(self) -> None:
+        """``PRAGMA quick_check``: raise ``StoreCorrupt`` if the file is damaged. It reads the
+        whole file (about a second per gigabyte), so it runs on demand (``terret doctor``, and
+        before the CLI says a session does not exist), not on every open."""
+        rows = self._conn().execute("PRAGMA quick_check").fetchall()
+        if rows != [("ok",)]:
+            lines = [line for row in rows for line in str(row[0]).splitlines()
+                     if line.strip() and not line.startswith("***")]
+            first = lines[0][:160] if lines else "no answer"
+            more = f", and {len(lines) - 1} more problem(s)" if len(lines) > 1 else ""
+            raise StoreCorrupt(f"the SQLite store {self.path} is damaged ({first}{more}): "
+                               "restore it from a backup")
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -178,6 +309,7 @@ class SQLiteStore(PositionalStore):
 
     # --- writes --------------------------------------------------------------------------
 
+    @_typed
     def append(
         self, stream: str, records: Sequence[NewRecord], expected_version: ExpectedVersion
     ) -> AppendResult:
@@ -186,16 +318,13 @@ class SQLiteStore(PositionalStore):
         with self._write_lock:
             result = self._append_one_at(conn, stream, records, expected_version)
             if result is None:
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                except sqlite3.OperationalError as exc:
-                    raise StoreUnavailable(f"SQLite store is locked: {exc}") from None
+                conn.execute("BEGIN IMMEDIATE")
                 try:
                     result = self._append_locked(conn, stream, records, expected_version)
+                    conn.execute("COMMIT")
                 except BaseException:
-                    conn.execute("ROLLBACK")
+                    _rollback(conn)
                     raise
-                conn.execute("COMMIT")
         self._wake_all()
         return result
 
@@ -216,14 +345,11 @@ class SQLiteStore(PositionalStore):
         if not isinstance(expected, int) or expected < 0:
             return None
         r = records[0]
-        try:
-            cursor = conn.execute(
-                _INSERT_AT_VERSION,
-                (stream, expected + 1, r.event_id.bytes, r.wire_name, r.data, r.metadata,
-                 time.time(), stream, expected),
-            )
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"SQLite store is locked: {exc}") from None
+        cursor = conn.execute(
+            _INSERT_AT_VERSION,
+            (stream, expected + 1, r.event_id.bytes, r.wire_name, r.data, r.metadata,
+             time.time(), stream, expected),
+        )
         if cursor.rowcount != 1 or cursor.lastrowid is None:
             return None
         return AppendResult(position=cursor.lastrowid, version=expected + 1)
@@ -283,21 +409,20 @@ class SQLiteStore(PositionalStore):
         last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
         return AppendResult(position=last, version=seq + len(records) - 1)
 
+    @_typed
     def delete_stream(self, stream: str) -> None:
         conn = self._conn()
         with self._write_lock:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                raise StoreUnavailable(f"SQLite store is locked: {exc}") from None
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 conn.execute("DELETE FROM events WHERE stream = ?", (stream,))
                 conn.execute("DELETE FROM snapshots WHERE stream = ?", (stream,))
+                conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")  # never leave the connection inside a transaction
+                _rollback(conn)  # never leave the connection inside a transaction
                 raise
-            conn.execute("COMMIT")
 
+    @_typed
     def write_snapshot(self, stream: str, version: int, state: bytes) -> None:
         conn = self._conn()
         with self._write_lock:
@@ -310,6 +435,7 @@ class SQLiteStore(PositionalStore):
 
     # --- reads ---------------------------------------------------------------------------
 
+    @_typed
     def read_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         row = (
             self._conn()
@@ -318,6 +444,7 @@ class SQLiteStore(PositionalStore):
         )
         return (row[0], row[1]) if row else None
 
+    @_typed
     def read_stream(
         self,
         stream: str,
@@ -339,16 +466,19 @@ class SQLiteStore(PositionalStore):
             params += (limit,)
         return [_row(r) for r in self._conn().execute(sql, params)]
 
+    @_typed
     def stream_version(self, stream: str) -> int:
         row = self._conn().execute(
             "SELECT max(seq) FROM events WHERE stream = ?", (stream,)
         ).fetchone()
         return row[0] or 0
 
+    @_typed
     def head_position(self) -> int:
         row = self._conn().execute("SELECT max(position) FROM events").fetchone()
         return row[0] or 0
 
+    @_typed
     def _read_range(
         self, after: int, upto: int, limit: int, wire_names: Collection[str] | None
     ) -> list[StoredRecord]:
