@@ -1,24 +1,31 @@
-"""Store URIs: one masker for credentials, one parser shared by ``open_store`` and the CLI, and
-the EventStoreDB adapter's reading of deletion records."""
+"""Store URIs: one masker for credentials (which shows no part of the user-info, also of a URI
+it cannot parse), one parser shared by ``open_store`` and the CLI (a bad port refused when the
+URI is parsed), and the EventStoreDB adapter's reading of deletion records."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import time
 import traceback
 from pathlib import Path
 from uuid import uuid4
 
 import pytest
 from esdbclient import RecordedEvent
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from terret.adapters.stores.eventstoredb import DELETIONS_STREAM, EventStoreDBStore
 from terret.adapters.stores.memory import MemoryStore
 from terret.adapters.stores.sqlite import SQLiteStore
 from terret.adapters.stores.uri import (
     DEFAULT_SQLITE_PATH,
+    check_esdb_uri,
     mask_credentials,
     open_store,
+    secret_uri,
     sqlite_path,
     store_kind,
 )
@@ -183,3 +190,180 @@ def test_note_deletion_ignores_a_malformed_record(
         assert "malformed deletion record at 104" in caplog.text
     finally:
         esdb_store.close()
+
+
+# --- no part of the user-info, whatever the URI -----------------------------------------------
+
+# Passwords written without percent-encoding, holding each character that ends a part of a URI
+# or starts one: the masker cannot know where they end, so it must hide as much as they might.
+PASSWORDS = [
+    "hunter2?x=SECRET",
+    "hunter2?Tls=SECRET",
+    "SECRET?",
+    "SEC?RET=x",
+    "SECRET#frag",
+    "SEC#RET?x=y",
+    "SEC/RET",
+    "SEC/RET?x=y",
+    "SEC@RET",
+    "SEC@RET?x=y",
+    "SEC:RET",
+    "SEC=RET",
+    "SEC=RET&x=y",
+    "123?x=SECRET",
+    "2113/SECRET",
+    "2113#SECRET",
+    "a?b@c/d#e=SECRET:f",
+]
+SHAPES = [
+    "esdb://admin:{pw}@host:2113?Tls=false",
+    "esdb://admin:{pw}@host:2113",
+    "esdb://admin:{pw}@host",
+    "esdb+discover://admin:{pw}@cluster.example:2113?Tls=true",
+    "esdb://admin:{pw}@a:2113,b:2113,c:2113?Tls=true",
+    "esdb://admin:{pw}@host:2113?Tls=true&TlsCaFile=/certs/ca@2024.pem",
+    "esdb://admin:{pw}@host:2113/?Tls=false",
+    "esdb:admin:{pw}@host:2113?Tls=false",
+    "postgres://admin:{pw}@db:5432/x?sslmode=require",
+]
+MALFORMED = [(shape.format(pw=pw), pw) for shape in SHAPES for pw in PASSWORDS]
+
+
+def _fragments(uri: str, password: str) -> list[str]:
+    """The words of the user-info ("admin", "hunter2", "SECRET", "RET", ...) that the rest of
+    the URI does not hold as well."""
+    rest = uri.replace(f"admin:{password}", "")
+    return [w for w in re.findall(r"[A-Za-z0-9]{3,}", f"admin:{password}") if w not in rest]
+
+
+def _shown_by_every_reader(uri: str) -> str:
+    """What each parser and adapter shows of ``uri``: the masked URI, the refusal (and its
+    chain), or the store's description and repr."""
+    shown = [mask_credentials(uri), repr(secret_uri(uri)), secret_uri(uri).scrub(f"at {uri}: x")]
+    for parse in (store_kind, sqlite_path):
+        try:
+            parse(uri)
+        except InvalidStoreURI as exc:
+            shown.append(_chain_text(exc))
+    try:
+        store = open_store(uri)  # nothing connects before the first call
+    except InvalidStoreURI as exc:
+        shown.append(_chain_text(exc))
+    else:
+        try:
+            shown += [store.describe(), repr(store)]
+        finally:
+            store.close()
+    return "\n".join(shown)
+
+
+def test_the_reported_uri_shows_no_part_of_its_password() -> None:
+    uri = "esdb://admin:hunter2?x=SECRET@host:2113?Tls=false"
+    assert mask_credentials(uri) == "esdb://***@host:2113?Tls=false"
+    with pytest.raises(InvalidStoreURI) as caught:
+        open_store(uri)
+    assert str(caught.value) == (
+        "invalid EventStoreDB URI 'esdb://***@host:2113?Tls=false': the user name or password "
+        "contains '?', which esdbclient cannot parse; choose credentials without '@', '/', '?' "
+        "or '#'"
+    )
+
+
+@pytest.mark.parametrize("uri, password", MALFORMED)
+def test_no_reader_shows_any_part_of_a_malformed_user_info(uri: str, password: str) -> None:
+    shown = _shown_by_every_reader(uri)
+    assert "***@" in mask_credentials(uri)
+    for word in _fragments(uri, password):
+        assert word not in shown, f"{word!r} of {uri!r} shown in {shown!r}"
+
+
+# Marker letters appear nowhere else in the generated URIs, nor in any message: one showing is
+# a piece of the user-info showing.
+MARKERS = "XZJKVWY"
+_PIECES = ["Z", "JK", "VW", "XY", "2113", "7", "?", "@", "/", "#", "=", ":", "&", "%40", "+",
+           "?X=", "?tls=", "=Z@", "/certs/", "host", ".", "-", "~"]
+_CREDENTIAL = st.lists(st.sampled_from(_PIECES), min_size=1, max_size=8).map("".join) | st.text(
+    alphabet=MARKERS + "0123456789?@/#=:&%+-._~", min_size=1, max_size=16
+)
+_HOSTS = st.sampled_from(["host", "host:2113", "a:2113,b:2113", "db.example.com:1113"])
+_TAILS = st.sampled_from(
+    ["", "/", "?tls=false", "?tls=true&tlsCaFile=/certs/a@b.pem", "/?tls=false", "#frag",
+     "?connectionName=ops@team", "?tls=false&bogus=1"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    scheme=st.sampled_from(["esdb://", "esdb+discover://", "esdb:", "postgres://"]),
+    user=_CREDENTIAL,
+    password=st.none() | _CREDENTIAL,
+    hosts=_HOSTS,
+    tail=_TAILS,
+)
+def test_no_reader_shows_a_marker_of_the_user_info(
+    scheme: str, user: str, password: str | None, hosts: str, tail: str
+) -> None:
+    userinfo = user if password is None else f"{user}:{password}"
+    assume(any(ch in MARKERS for ch in userinfo))
+    uri = f"{scheme}{userinfo}@{hosts}{tail}"
+    shown = _shown_by_every_reader(uri)
+    assert not any(ch in MARKERS for ch in shown), (uri, shown)
+
+
+@pytest.mark.parametrize(
+    "uri, shown",
+    [
+        ("esdb://u:pw@host?Tls=true&TlsCaFile=/certs/a@b.pem",
+         "esdb://***@host?Tls=true&TlsCaFile=/certs/a@b.pem"),
+        ("esdb://host?Tls=false&TlsCaFile=/certs/a@b.pem",
+         "esdb://host?Tls=false&TlsCaFile=/certs/a@b.pem"),
+        ("esdb://host?Tls=false&x=a@b", "esdb://***@b"),  # an "@" no option explains
+        ("esdb://u:1/x@host", "esdb://***@host"),
+        ("esdb://host:notaport", "esdb://host:***"),  # a password, its "@host" forgotten?
+        ("esdb://a:2113,b:99999?Tls=false", "esdb://a:2113,b:***?Tls=false"),
+    ],
+)
+def test_what_the_masker_keeps(uri: str, shown: str) -> None:
+    assert mask_credentials(uri) == shown
+
+
+# --- ports ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "uri, host",
+    [
+        ("esdb://host:notaport?Tls=false", "host"),
+        ("esdb://host:0?Tls=false", "host"),
+        ("esdb://host:65536?Tls=false", "host"),
+        ("esdb://host:-1?Tls=false", "host"),
+        ("esdb://host:２１１３?Tls=false", "host"),  # digits, but not ASCII ones
+        ("esdb://admin:changeit@host:21x3?Tls=true", "host"),
+        ("esdb://a:2113,b:x,c:2113?Tls=false", "b"),
+        ("esdb+discover://cluster:port?Tls=false", "cluster"),
+    ],
+)
+def test_a_bad_port_is_refused_when_the_uri_is_parsed(uri: str, host: str) -> None:
+    started = time.monotonic()
+    for parse in (open_store, EventStoreDBStore, check_esdb_uri):
+        with pytest.raises(InvalidStoreURI, match=f"the port of host '{host}' is not a number"):
+            parse(uri)
+    assert time.monotonic() - started < 2.0  # refused, not retried as an unreachable server
+
+
+FORGOTTEN_HOST = "esdb://admin:hunter2?Tls=false"
+
+
+def test_a_bad_port_without_credentials_is_not_shown() -> None:
+    with pytest.raises(InvalidStoreURI) as caught:
+        open_store(FORGOTTEN_HOST)
+    assert "hunter2" not in _chain_text(caught.value)
+    assert "esdb://admin:***?Tls=false" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "uri", ["esdb://host:2113?Tls=false", "esdb://host:?Tls=false", "esdb://host?Tls=false",
+            "esdb://a:1,b:65535?Tls=false", "esdb://u:p@host:2113?Tls=true"]
+)
+def test_good_ports_pass(uri: str) -> None:
+    check_esdb_uri(uri)

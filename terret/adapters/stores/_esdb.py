@@ -1,4 +1,4 @@
-"""Support for the EventStoreDB adapter: URI handling (masked by ``uri.mask_credentials``),
+"""Support for the EventStoreDB adapter: URI handling (parsed and masked by ``uri``),
 the server-side filter regexes, how esdbclient's exceptions are classified, and the bounded
 retry loop.
 
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import grpc
 from esdbclient import RecordedEvent
@@ -31,7 +31,8 @@ from esdbclient.exceptions import (
     UnknownError,
 )
 
-from terret.adapters.stores.uri import mask_credentials, userinfo_bounds
+from terret.adapters.secret import Secret
+from terret.adapters.stores.uri import check_esdb_uri, mask_credentials, secret_uri
 from terret.domain.errors import CorruptRecord, InvalidStoreURI, StoreUnavailable
 from terret.domain.store import StoredRecord
 
@@ -51,53 +52,7 @@ DEFAULT_URI_OPTIONS = {"MaxDiscoverAttempts": "1"}
 # --- URIs and secrets -------------------------------------------------------------------------
 
 
-class SecretURI:
-    """A connection URI whose ``repr``/``str`` never show the credentials. ``reveal()`` is
-    called in exactly one place: when an ``EventStoreDBClient`` is constructed."""
-
-    __slots__ = ("_uri", "masked", "secrets")
-
-    def __init__(self, uri: str, display: str | None = None) -> None:
-        self._uri = uri
-        self.masked = display if display is not None else mask_credentials(uri)
-        self.secrets = _secrets_of(uri)
-
-    def reveal(self) -> str:
-        return self._uri
-
-    def scrub(self, text: str) -> str:
-        """``text`` with every occurrence of the URI or its credentials masked."""
-        if self._uri and self._uri in text:
-            text = text.replace(self._uri, self.masked)
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    def __repr__(self) -> str:
-        return f"SecretURI({self.masked!r})"
-
-    __str__ = __repr__
-
-
-def _secrets_of(uri: str) -> list[str]:
-    bounds = userinfo_bounds(uri)
-    if bounds is None:
-        return []
-    userinfo = uri[bounds[0] : bounds[1]]
-    user, _, password = userinfo.partition(":")
-    found = {userinfo, unquote(userinfo)}
-    # Short fragments would mask ordinary words in error texts ("a", "ok"); a password that
-    # short is not worth protecting from an error message anyway.
-    # A client that splits the user-info differently may quote a piece of it (esdbclient
-    # takes the host list from after the *first* "@"): mask the pieces as well.
-    pieces = [password, user, *userinfo.split("@")]
-    for part in pieces + [unquote(p) for p in pieces]:
-        if len(part) >= 3:
-            found.add(part)
-    return sorted((s for s in found if s), key=len, reverse=True)
-
-
-def prepare_uri(uri: str) -> SecretURI:
+def prepare_uri(uri: str) -> Secret:
     """Validate a URI for the adapter and add Terret's defaults; raises ``InvalidStoreURI``
     with the credentials masked."""
     masked = mask_credentials(uri)
@@ -109,17 +64,7 @@ def prepare_uri(uri: str) -> SecretURI:
         raise InvalidStoreURI(
             f"invalid EventStoreDB URI {masked!r}: the scheme must be esdb:// or esdb+discover://"
         )
-    bounds = userinfo_bounds(uri)
-    bad = sorted(set("@/?#") & set(uri[bounds[0] : bounds[1]])) if bounds else []
-    if bad:
-        # esdbclient splits the URI with urlparse (which ends the host part at "/", "?" or
-        # "#") and takes the hosts from after the *first* "@"; it passes the password on
-        # without percent-decoding, so such credentials cannot work in any spelling.
-        raise InvalidStoreURI(
-            f"invalid EventStoreDB URI {masked!r}: the user name or password contains "
-            f"{' '.join(repr(c) for c in bad)}, which esdbclient cannot parse; "
-            "choose credentials without '@', '/', '?' or '#'"
-        )
+    check_esdb_uri(uri)  # credentials esdbclient cannot parse, a port that is no port
     given = {key.lower() for key, _ in parse_qsl(parts.query, keep_blank_values=True)}
     extra = [f"{k}={v}" for k, v in DEFAULT_URI_OPTIONS.items() if k.lower() not in given]
     if extra:
@@ -127,7 +72,7 @@ def prepare_uri(uri: str) -> SecretURI:
         joiner = "&" if parts.query else ("" if base.endswith("?") else "?")
         uri = base + joiner + "&".join(extra) + (f"#{fragment}" if fragment else "")
     # Shown as the operator wrote it (credentials masked), without the options added here.
-    secret = SecretURI(uri, display=masked)
+    secret = secret_uri(uri, display=masked)
     # Let esdbclient's own parser judge the rest now, so a bad URI fails at construction and
     # not at the first append. Its messages quote the whole URI: scrub them.
     from esdbclient.connection_spec import ConnectionSpec
@@ -251,7 +196,7 @@ class Failure:
     reconnect: bool = False
 
 
-def classify(exc: BaseException, uri: SecretURI) -> Failure | None:
+def classify(exc: BaseException, uri: Secret) -> Failure | None:
     """How to react to an exception raised by esdbclient (or grpc under it). ``None``: it is
     not a transport or server failure (a programming error, or something the caller maps)."""
     reason = f"{type(exc).__name__}: {uri.scrub(str(exc)) or 'no details'}"

@@ -49,13 +49,13 @@ from esdbclient.exceptions import (
     WrongCurrentVersion,
 )
 
+from terret.adapters.secret import Secret
 from terret.adapters.stores._esdb import (
     DELETION_EVENT_TYPE,
     SNAPSHOT_EVENT_TYPE,
     Failure,
     Retrier,
     RetryPolicy,
-    SecretURI,
     TypeFilter,
     classify,
     default_wire_names,
@@ -131,7 +131,7 @@ class EventStoreDBStore(EventStore):
         max_append_bytes: int = MAX_RECORD_BYTES,
         root_certificates: bytes | None = None,
     ) -> None:
-        self._uri: SecretURI = prepare_uri(uri)
+        self._uri: Secret = prepare_uri(uri)
         self.retry = RetryPolicy(
             timeout=retry_timeout,
             call_timeout=call_timeout,

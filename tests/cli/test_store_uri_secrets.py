@@ -1,0 +1,56 @@
+"""``--store`` URIs the CLI cannot use are usage errors (exit 2, one ``Error: <Type>:`` line) at
+once: a bad port is not retried as an unreachable server, and a password the URI cannot hold
+unencoded shows in no part."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.cli.conftest import invoke_cli, one_line_error
+
+BAD_PORTS = [
+    ("esdb://host:notaport?Tls=false", "esdb://host:***?Tls=false", "host"),
+    ("esdb://admin:changeit@host:21x3?Tls=true", "esdb://***@host:21x3?Tls=true", "host"),
+    ("esdb://a:2113,b:99999?Tls=false", "esdb://a:2113,b:***?Tls=false", "b"),
+]
+
+
+@pytest.mark.parametrize("uri, masked, host", BAD_PORTS)
+def test_a_bad_port_is_a_usage_error_at_once(uri: str, masked: str, host: str) -> None:
+    started = time.monotonic()
+    result = invoke_cli("--store-timeout", "30", "--store", uri, "sessions", "list")
+    assert result.exit_code == 2, result.stderr
+    assert time.monotonic() - started < 5.0  # not retried for --store-timeout
+    line = one_line_error(result.stderr)
+    assert line == (
+        f"Error: BadParameter: Invalid value for '--store': invalid EventStoreDB URI "
+        f"{masked!r}: the port of host {host!r} is not a number from 1 to 65535"
+        + ("" if "@" in uri else " (not shown: it may be a password, '@host' forgotten)")
+        + "; write host:port, e.g. localhost:2113"
+    )
+    assert "changeit" not in result.stdout + result.stderr
+
+
+PASSWORDS = ["hunter2?x=SECRET", "SEC#RET?x=y", "SEC/RET?x=y", "SEC@RET", "123?x=SECRET",
+             "2113/SECRET", "a?b@c/d#e=SECRET:f"]
+SHAPES = ["esdb://admin:{pw}@host:2113?Tls=false",
+          "esdb+discover://admin:{pw}@cluster.example:2113?Tls=true",
+          "esdb://admin:{pw}@host:2113?Tls=true&TlsCaFile=/certs/ca@2024.pem"]
+
+
+@pytest.mark.parametrize("password", PASSWORDS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_no_part_of_an_unencoded_password_is_shown(shape: str, password: str) -> None:
+    uri = shape.format(pw=password)
+    result = invoke_cli("--store-timeout", "30", "--store", uri, "sessions", "list")
+    assert result.exit_code == 2, result.stderr
+    line = one_line_error(result.stderr)
+    assert line.startswith("Error: BadParameter: Invalid value for '--store': invalid EventStoreDB")
+    assert "***@" in line
+    rest = uri.replace(f"admin:{password}", "")
+    for word in re.findall(r"[A-Za-z0-9]{3,}", f"admin:{password}"):
+        if word not in rest:
+            assert word not in result.stdout + result.stderr, (uri, result.stderr)
