@@ -187,6 +187,12 @@ class CompactionDeclined(RuleViolation):
     rule = "R18"
 
 
+class SessionOwned(RuleViolation):
+    """Another live worker owns the session (R28): it runs the session's turns."""
+
+    rule = "R28"
+
+
 class LostOwnership(RuleViolation):
     """Another writer appended non-commutative events to the session (R5)."""
 

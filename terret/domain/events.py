@@ -291,20 +291,43 @@ class ModelSet(EventPayload):
 
 @event_type
 class AgentAttached(EventPayload):
+    """Ownership taken (R28): the agent, the worker process it runs in, the fencing ``epoch``
+    (one more than the log's last) and the lease's first expiry (wall-clock seconds). The lease
+    is then renewed by the worker's heartbeats outside the session's log. Version 1 had no
+    worker, epoch or lease."""
+
     wire_name = "agent/attached"
+    version = 2
     agent_id: str = Field(min_length=1)
     host: str
     pid: int
     reason: str | None = None
+    worker: str | None = None
+    epoch: int = Field(default=0, ge=0)
+    lease_until: float | None = None
 
 
 @event_type
 class AgentDetached(EventPayload):
+    """Ownership released (R25, R29): the reason, the epoch it ends, and who forced it when
+    the owner did not let go itself (``by``: a ``supervisor`` taking over an expired lease, an
+    ``operator``). Version 1 had no worker, epoch or ``by``."""
+
     wire_name = "agent/detached"
+    version = 2
     agent_id: str = Field(min_length=1)
     host: str
     pid: int
     reason: str | None = None
+    worker: str | None = None
+    epoch: int = Field(default=0, ge=0)
+    by: Actor | None = None
+
+
+@catalogue.upcaster("agent/attached", 1)
+@catalogue.upcaster("agent/detached", 1)
+def _ownership_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    return data  # the new fields have defaults: a version 1 owner has no worker and epoch 0
 
 
 @event_type

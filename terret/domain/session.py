@@ -76,6 +76,10 @@ class SessionState:
     last_visible_seq: int = 0
     inbox: dict[str, dict[str, Any]] = field(default_factory=dict)
     attached: str | None = None
+    owner: dict[str, Any] | None = None
+    """The owning agent's ``agent_id``, ``worker``, ``host``, ``pid`` and ``epoch`` (R28)."""
+    epoch: int = 0
+    """The log's last fencing epoch: each ``agent/attached`` takes the next."""
     roles: dict[str, str] = field(default_factory=dict)
     policy_seq: int = 0
     policy: list[str] | None = None
@@ -221,16 +225,20 @@ class Session(Aggregate):
         self._record(payload)
         return payload.inbox_id
 
-    def start_turn(self, *, trigger: str = "user", text: str | None = None,
-                   inbox_id: str | None = None) -> int:
-        """R4: refused while the log holds an open turn. The input is logged with the start."""
-        self._storable("turn/start", trigger=trigger)
-        self._storable("user/message", text=text, inbox_id=inbox_id)
+    def require_no_open_turn(self) -> None:
+        """R4: a new turn needs an open session whose log holds no open turn."""
         self._require_open()
         if self.state.turn_open:
             raise errors.TurnOpenInLog(
                 f"session {self.id} has open turn {self.state.turn}; resume it instead"
             )
+
+    def start_turn(self, *, trigger: str = "user", text: str | None = None,
+                   inbox_id: str | None = None) -> int:
+        """R4: refused while the log holds an open turn. The input is logged with the start."""
+        self._storable("turn/start", trigger=trigger)
+        self._storable("user/message", text=text, inbox_id=inbox_id)
+        self.require_no_open_turn()
         turn = self.state.turn + 1
         # Both payloads are validated before either is recorded: a refusal leaves nothing.
         started = TurnStarted(turn=turn, trigger=trigger)
@@ -393,12 +401,38 @@ class Session(Aggregate):
         self._require_open()
         self._record(payload)
 
-    def attach(self, agent_id: str, host: str, pid: int, reason: str | None = None) -> None:
+    def attach(self, agent_id: str, host: str, pid: int, reason: str | None = None, *,
+               worker: str | None = None, lease_until: float | None = None,
+               taking_over: Actor | None = None) -> int:
+        """Take ownership (R28) with the next fencing epoch, which is returned. A session owned
+        by another worker is refused with ``SessionOwned`` unless ``taking_over`` names who
+        forces the move (the caller has found the owner's lease expired, or the session idle):
+        the old ownership is then ended first, attributed (R25)."""
         self._require_open()
-        self._record(AgentAttached(agent_id=agent_id, host=host, pid=pid, reason=reason))
+        owner = self.state.owner
+        if owner is not None and owner.get("worker") != worker:
+            if taking_over is None:
+                raise errors.SessionOwned(
+                    f"session {self.id} is owned by worker {owner.get('worker')} "
+                    f"(agent {owner['agent_id']}, pid {owner['pid']} on {owner['host']})")
+            self._record(AgentDetached(
+                agent_id=owner["agent_id"], host=owner["host"], pid=owner["pid"],
+                worker=owner.get("worker"), epoch=owner.get("epoch", 0), by=taking_over,
+                reason=reason or "taken over"))
+        epoch = self.state.epoch + 1
+        self._record(AgentAttached(agent_id=agent_id, host=host, pid=pid, reason=reason,
+                                   worker=worker, epoch=epoch, lease_until=lease_until))
+        return epoch
 
-    def detach(self, agent_id: str, host: str, pid: int, reason: str | None = None) -> None:
-        self._record(AgentDetached(agent_id=agent_id, host=host, pid=pid, reason=reason))
+    def detach(self, agent_id: str, host: str, pid: int, reason: str | None = None, *,
+               worker: str | None = None, by: Actor | None = None) -> None:
+        """Release ownership; only the owner's own release is recorded (a stale agent that
+        lost the session releases nothing)."""
+        owner = self.state.owner
+        if owner is not None and owner["agent_id"] != agent_id:
+            return
+        self._record(AgentDetached(agent_id=agent_id, host=host, pid=pid, reason=reason,
+                                   worker=worker, epoch=self.state.epoch, by=by))
 
     def close(self, *, by: Actor, reason: str | None = None) -> None:
         payload = SessionClosed(reason=reason, by=by)
@@ -525,11 +559,15 @@ def _on_compacted(s: SessionState, p: Any, seq: int) -> None:
 
 def _on_attached(s: SessionState, p: Any, seq: int) -> None:
     s.attached = p.agent_id
+    s.epoch = max(s.epoch, p.epoch)
+    s.owner = {"agent_id": p.agent_id, "worker": p.worker, "host": p.host, "pid": p.pid,
+               "epoch": p.epoch}
 
 
 def _on_detached(s: SessionState, p: Any, seq: int) -> None:
     if s.attached == p.agent_id:
         s.attached = None
+        s.owner = None
 
 
 _APPLY: dict[str, Callable[[SessionState, Any, int], None]] = {

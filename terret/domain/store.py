@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import NamedTuple, Self
 from uuid import UUID
 
+from terret.domain.workers import MemoryWorkers, WorkerRegistry
+
 MAX_RECORD_BYTES = 1024 * 1024
 """EventStoreDB's limit on one record; every adapter refuses larger payloads before writing."""
 
@@ -197,6 +199,16 @@ class EventStore(ABC):
         store. Views record it and are rebuilt when opened on another store. None: this store
         cannot tell (a wrapper that does not delegate); the views then check only positions."""
         return None
+
+    def workers(self) -> WorkerRegistry:
+        """Where the workers serving this store's sessions beat (R28): shared by every process
+        that opens the store. The default keeps beats in this object's memory, which is right
+        only when one process uses the store; the shipped adapters keep them in the store."""
+        registry: WorkerRegistry | None = getattr(self, "_terret_workers", None)
+        if registry is None:
+            registry = MemoryWorkers()
+            self._terret_workers = registry
+        return registry
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and stop background work."""

@@ -24,6 +24,7 @@ from terret.runtime.allowlist import AllowList
 from terret.runtime.approvals import ApprovalGate, TurnCancelled, TurnSuspended
 from terret.runtime.hooks import PreStepHook, StepClaim
 from terret.runtime.model import ModelReply, ModelRequest, TextSink
+from terret.runtime.ownership import SessionLease
 from terret.runtime.tools import CallContext, Tool, ToolContext, ToolPipeline
 
 if TYPE_CHECKING:
@@ -70,12 +71,14 @@ class Agent:
         self.allowlist = AllowList(definition.allow,
                                    lambda sid: runtime.writer.load(sid).state.policy)
         self.context.pre_execute.append(self.allowlist)
+        self.ownership = SessionLease(runtime.lease, agent_id)
         self.gate = ApprovalGate(
             runtime.writer, runtime.signals,
             max_wait=runtime.config.approval_max_wait,
             on_park=self._parked,
             on_unpark=lambda: self._set_status("running"),
             stopping=runtime.stopping,
+            fence=self.ownership.fence,
         )
         self.pipeline = ToolPipeline(definition.tools, self.context, self.gate,
                                      timeout=runtime.config.tool_timeout,
@@ -143,17 +146,21 @@ class Agent:
         self._lock.release()
 
     def run_turn(self, text: str | None, *, trigger: str = "user",
-                 inbox_id: str | None = None) -> TurnResult:
+                 inbox_id: str | None = None, take_idle: bool = True) -> TurnResult:
         """R4: refused with ``TurnOpenInLog`` if the log holds an open turn, with
-        ``TurnAlreadyRunning`` if this agent is mid-turn. Failures are recorded as
-        ``turn/end failed`` and re-raised."""
+        ``TurnAlreadyRunning`` if this agent is mid-turn, with ``SessionOwned`` if another live
+        worker owns the session (an idle one is moved here when ``take_idle``). Failures are
+        recorded as ``turn/end failed`` and re-raised."""
         self._claim()
         try:
+            def start(s: Session) -> int:
+                s.require_no_open_turn()  # R4 before R28: an open turn is resumed, not fought
+                self.ownership.take(s, take_idle=take_idle)  # the attach rides with the start
+                return s.start_turn(trigger=trigger, text=text or None, inbox_id=inbox_id)
+
             # Not yet the turn's owner: the start is validated on the store's latest state (and
             # again on a conflict), so a turn another process opened is refused, not fought.
-            turn = self._write(
-                lambda s: s.start_turn(trigger=trigger, text=text or None, inbox_id=inbox_id),
-                owner=False)
+            turn = self._write(start, owner=False)
             log.info("session %s turn %d started (%s)", self.session_id, turn, trigger)
             return self._drive(turn, resumed=False)
         finally:
@@ -167,6 +174,9 @@ class Agent:
             session = self.runtime.writer.load(self.session_id)
             if not session.turn_open:
                 raise errors.NoOpenTurn(f"session {self.session_id} has no open turn to resume")
+            if not self.ownership.held(session):
+                # Taken over from an owner whose lease expired (never from a live one).
+                self._write(lambda s: self.ownership.take(s, take_idle=False), owner=False)
             log.info("session %s turn %d resumed", self.session_id, session.current_turn)
             return self._drive(session.current_turn, resumed=True)
         finally:
@@ -197,6 +207,8 @@ class Agent:
         attempt: list[Any] = []
 
         def run(s: Session) -> Any:
+            if owner:
+                self.ownership.fence(s)  # R28: only the lease holder's writes land
             attempt[:] = [s.version]  # the version this attempt appends after
             if carry is not None:
                 carry(s)
@@ -414,6 +426,7 @@ class Agent:
         return None
 
     def _ask(self, spec: str, messages: list[Message]) -> ModelReply:
+        self.ownership.check()  # R28: no model request on a lease that may have run out
         provider, model = self.runtime.resolver.resolve(spec)
         system = [Message(role="system", text=self.definition.instructions)] \
             if self.definition.instructions else []
@@ -426,6 +439,10 @@ class Agent:
         """Run the step's calls in order, each result appended as it comes; the last result
         and the step's ``step/end`` (with ``usage``) are carried into the next append."""
         for i, call in enumerate(calls):
+            # R28: confirm the lease before each call: no tool runs for a worker that may have
+            # lost the session (frozen past its lease, taken over meanwhile).
+            self.ownership.check()
+            self.ownership.fence(self.runtime.writer.load(self.session_id))
             ctx = CallContext(self.session_id, call.id, call.name, dict(call.args), turn)
             outcome = self.pipeline.run(ctx)
             self._record_result(call, outcome.content, outcome.is_error,

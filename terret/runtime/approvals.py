@@ -76,6 +76,7 @@ class ApprovalGate:
         on_unpark: Callable[[], None] = lambda: None,
         poll: float = 1.0,
         stopping: threading.Event | None = None,
+        fence: Callable[[Session], None] = lambda s: None,
     ) -> None:
         self.stopping = stopping or threading.Event()
         self.writer = writer
@@ -84,15 +85,18 @@ class ApprovalGate:
         self.on_park = on_park
         self.on_unpark = on_unpark
         self.poll = poll
+        self.fence = fence
 
     def __call__(self, tool: Tool, ctx: CallContext) -> ToolOutcome | None:
         sid = ctx.session_id
         seen, session = self._read(sid)
+        self.fence(session)
         if session.state.cancel_requested:
             raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled")
         verdict = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
         if verdict is None and ctx.call_id not in session.state.pending:
             def request(s: Session) -> Session:
+                self.fence(s)
                 s.request_approval(ctx.call_id, ctx.name, ctx.args)
                 return s
 
@@ -140,6 +144,7 @@ class ApprovalGate:
                     timeout = self.poll if remaining is None else min(self.poll, remaining)
                     self.signals.wait(sid, seen, timeout)
                 seen, session = self._read(sid)
+                self.fence(session)  # a takeover (this worker was frozen past its lease) ends it
         finally:
             self.on_unpark()
 

@@ -8,18 +8,16 @@ and a small worker pool for between-turn upkeep.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from uuid import UUID, uuid4
 
 from terret.domain import errors
-from terret.domain.codec import RecordedEvent
 from terret.domain.events import Actor
 from terret.domain.repository import SessionRepository
 from terret.domain.session import MAX_STEPS, Session
@@ -28,11 +26,13 @@ from terret.projections.base import ViewStore
 from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views, default_projections
 from terret.runtime.agent import Agent, AgentDefinition, TurnResult
-from terret.runtime.approvals import ApprovalSignals, TurnSuspended
+from terret.runtime.approvals import ApprovalSignals
 from terret.runtime.hooks import BudgetGuard, PreStepHook
 from terret.runtime.maintenance import AutoTitler, Compactor, Titler
 from terret.runtime.model import ModelResolver
+from terret.runtime.ownership import WorkerLease
 from terret.runtime.retention import purge_session
+from terret.runtime.serving import Supervisor
 from terret.runtime.summarizer import Summarizer
 from terret.runtime.tools import ToolContext
 from terret.runtime.writer import SessionWriter
@@ -52,9 +52,16 @@ class RuntimeConfig:
     approval_max_wait: float | None = None
     spend_cap: float | None = None
     wait_timeout: float = 30.0
+    lease_ttl: float = 15.0
+    """Seconds a worker's ownership of a session outlives its last heartbeat (R28, R29): after
+    a crash another worker takes the open turn over this long after the last beat."""
     tool_timeout: float | None = None
     """Seconds a tool's handler may run, for tools without their own ``timeout``; None: no
     limit."""
+
+
+def _release(agent: Agent, reason: str, s: Session) -> None:
+    agent.ownership.release(s, reason)
 
 
 class Runtime:
@@ -93,11 +100,12 @@ class Runtime:
         self._by_session: dict[UUID, Agent] = {}
         self._registry_lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="terret-upkeep")
-        self._serving = False
         self._started = False
-        self._wakers: set[threading.Thread] = set()
         self.stopping = threading.Event()
-        self.host = socket.gethostname()
+        self.lease = WorkerLease(store.workers(), ttl=self.config.lease_ttl,
+                                 sessions=lambda: [str(s) for s in list(self._by_session)])
+        self.supervisor = Supervisor(self)
+        self.host = self.lease.host
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -105,28 +113,30 @@ class Runtime:
         if self._started:
             return self
         r = self.runner
-        r.add_listener(self.signals.on_event,
-                       {"approval/resolved", "turn/cancel_requested", "turn/end"})
+        r.add_listener(self.signals.on_event, {"approval/resolved", "turn/cancel_requested",
+                                               "turn/end", "agent/attached"})
         r.add_listener(self.compactor.on_turn_end, {"turn/end"})
         r.add_listener(self.titler.on_turn_end, {"turn/end"})
-        r.add_listener(self._on_inbox, {"inbox/queued"})
+        r.add_listener(self.supervisor.on_inbox, {"inbox/queued"})
+        r.add_listener(self.supervisor.on_detached, {"agent/detached"})
         r.start()
         self._started = True
         return self
 
     def close(self, *, grace: float = 10.0) -> None:
         """Stop: running turns stop at their next step boundary (parked ones at once) and stay
-        open and resumable; nothing is lost. Closing twice is harmless."""
+        open and resumable; nothing is lost. Then the sessions this worker owns are released
+        (``agent/detached``, reason ``shutdown``), so another live worker takes their open turns
+        over at once (R29). Closing twice is harmless."""
         if self.stopping.is_set():
             return
-        self._serving = False
+        self.supervisor.stop()
         self.stopping.set()
         for sid in list(self._by_session):
             self.signals.signal(sid)
         deadline = time.monotonic() + grace
         threads = [a._thread for a in list(self._agents.values()) if a._thread is not None]
-        with self._registry_lock:
-            threads += list(self._wakers)
+        threads += self.supervisor.waiting_threads()
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         if self._started:
@@ -138,6 +148,8 @@ class Runtime:
             except (TimeoutError, errors.TerretError):
                 log.warning("stopping before the views caught up; upkeep resumes at next start")
         self._pool.shutdown(wait=True)
+        self._release_all("shutdown")
+        self.lease.stop()
         self.runner.stop()
         self.view_store.close()
 
@@ -208,7 +220,10 @@ class Runtime:
     # --- the agent registry (R22) --------------------------------------------------------
 
     def spawn_agent(self, session_id: UUID, *, agent_id: str | None = None,
-                    _for_new_turn: bool = False) -> Agent:
+                    take_idle: bool = True, _for_new_turn: bool = False) -> Agent:
+        """Create this process's agent for the session and take ownership of it (R22, R28):
+        ``SessionOwned`` if another live worker owns it (an idle one is moved here when
+        ``take_idle``); a session whose owner's lease expired is taken over, attributed."""
         with self._registry_lock:
             agent_id = agent_id or f"agent-{uuid4().hex[:12]}"
             if agent_id in self._agents:
@@ -222,17 +237,16 @@ class Runtime:
             session = self.writer.load(session_id)
             if session.closed:
                 raise errors.SessionClosed(f"session {session_id} is closed")
-            if _for_new_turn and session.turn_open:
+            if _for_new_turn:
                 # R4: a refusal appends nothing, not even the attach it would have needed.
-                raise errors.TurnOpenInLog(
-                    f"session {session_id} has open turn {session.current_turn}; resume it "
-                    "instead")
+                session.require_no_open_turn()
             agent = Agent(self, agent_id, session_id,
                           self._definition(session.state.agent))
             self._agents[agent_id] = agent
             self._by_session[session_id] = agent
         try:
-            self.writer.execute(session_id, lambda s: s.attach(agent_id, self.host, os.getpid()))
+            self.writer.execute(session_id,
+                                lambda s: agent.ownership.take(s, take_idle=take_idle))
         except BaseException:
             self._forget_agent(agent)
             raise
@@ -248,7 +262,19 @@ class Runtime:
                                        "can be disposed")
             self._forget_agent(agent)
         self.writer.execute(agent.session_id,
-                            lambda s: s.detach(agent_id, self.host, os.getpid(), reason))
+                            lambda s: agent.ownership.release(s, reason or "disposed"))
+
+    def _release_all(self, reason: str) -> None:
+        """Release every session this worker still owns (a graceful stop): nothing is written
+        for a session it lost meanwhile."""
+        for agent in list(self._agents.values()):
+            if agent.busy:
+                continue  # a turn that did not stop in time keeps its lease until it expires
+            try:
+                self.writer.execute(agent.session_id, partial(_release, agent, reason))
+            except errors.TerretError as exc:
+                log.warning("session %s not released (%s); its lease expires instead",
+                            agent.session_id, exc)
 
     def _forget_agent(self, agent: Agent) -> None:
         with self._registry_lock:
@@ -264,20 +290,36 @@ class Runtime:
     def agents(self) -> list[Agent]:
         return list(self._agents.values())
 
-    def _agent(self, session_id: UUID, *, for_new_turn: bool = False) -> Agent:
+    def agent_for(self, session_id: UUID, *, take_idle: bool = False,
+                  for_new_turn: bool = False) -> Agent:
+        """This process's agent for the session, spawned (and owning it) if there is none."""
         # Under the registry lock: two racing callers must share one agent, not collide on a
         # spawn (the loser would see AgentExists instead of TurnAlreadyRunning).
         with self._registry_lock:
             return self.agent_for_session(session_id) or self.spawn_agent(
-                session_id, _for_new_turn=for_new_turn)
+                session_id, take_idle=take_idle, _for_new_turn=for_new_turn)
+
+    def drive(self, agent: Agent, turn: Callable[[], TurnResult]) -> TurnResult:
+        """Run one of the agent's turn methods; an agent that lost its session is dropped
+        from this process (it wrote nothing after losing it)."""
+        try:
+            return turn()
+        except errors.LostOwnership:
+            self._forget_agent(agent)
+            raise
 
     # --- turns ---------------------------------------------------------------------------
 
     def run_turn(self, session_id: UUID, text: str | None) -> TurnResult:
-        return self._agent(session_id, for_new_turn=True).run_turn(text)
+        """Start a turn here; an idle session another worker owns moves to this one (the
+        caller chose this process), a running one is refused with ``SessionOwned``."""
+        agent = self.agent_for(session_id, take_idle=True, for_new_turn=True)
+        return self.drive(agent, lambda: agent.run_turn(text))
 
     def resume_turn(self, session_id: UUID) -> TurnResult:
-        return self._agent(session_id).resume_turn()
+        """Resume the open turn here (``SessionOwned`` while a live worker owns it)."""
+        agent = self.agent_for(session_id)
+        return self.drive(agent, agent.resume_turn)
 
     def resumable(self, session_id: UUID) -> bool:
         """R14: the log holds a ``turn/start`` with no ``turn/end`` after it."""
@@ -316,56 +358,9 @@ class Runtime:
         inbox_id, _ = self.writer.execute(session_id, lambda s: s.queue(text, wake=wake))
         return str(inbox_id)
 
-    def _on_inbox(self, event: RecordedEvent) -> None:
-        sid = event.session_id
-        if sid is None or not getattr(event.payload, "wake", False):
-            return
-        if self.agent_for_session(sid) is None and not self._serving:
-            return
-        self._wake_later(sid)
-
-    def _wake_later(self, session_id: UUID) -> None:
-        """Wake on a thread of its own: a woken turn may park on an approval for days, so it
-        must not hold a worker of the upkeep pool."""
-
-        def run() -> None:
-            try:
-                self._agent(session_id)
-            except errors.TerretError as exc:
-                # Another app's agent, a closed session, the agent cap: not ours to serve
-                # (one line, as serve_start says it of the open turns it leaves).
-                log.warning("not waking session %s: %s", session_id, exc)
-                return
-            try:
-                self.wake(session_id)
-            except TurnSuspended:
-                pass
-            except Exception:
-                log.exception("waking session %s failed", session_id)
-
-        thread = threading.Thread(target=run, name=f"terret-wake-{session_id}", daemon=True)
-        with self._registry_lock:
-            self._wakers = {t for t in self._wakers if t.is_alive()} | {thread}
-        thread.start()
-
     def wake(self, session_id: UUID) -> TurnResult | None:
-        """Start a turn with the pending inbox if the agent is idle (the loser of a race leaves
-        its text in the inbox: it rides the winner's next step). A session whose log holds an
-        open turn is resumed instead."""
-        agent = self._agent(session_id)
-        session = self.writer.load(session_id)
-        if session.closed:
-            return None
-        try:
-            if session.turn_open:
-                return agent.resume_turn()
-            inbox = session.pending_inbox()
-            if not inbox:
-                return None
-            inbox_id, entry = next(iter(inbox.items()))
-            return agent.run_turn(entry["text"], trigger="wake", inbox_id=inbox_id)
-        except (errors.TurnAlreadyRunning, errors.TurnOpenInLog):
-            return None
+        """Resume the session's open turn, or start one with its pending inbox, here."""
+        return self.supervisor.wake(session_id)
 
     # --- compaction, titles, policy, models ----------------------------------------------
 
@@ -393,34 +388,6 @@ class Runtime:
     # --- serving -------------------------------------------------------------------------
 
     def serve_start(self) -> list[UUID]:
-        """Resume every open turn (the rolling-deploy case) and wake sessions with a pending
-        waking inbox; then keep waking sessions as ``inbox/queued`` with wake arrives."""
-        self.start()
-        self._serving = True
-        self.catch_up_views()
-        resumed = []
-        for sid in self.views.resumable_sessions():
-            try:
-                agent = self.agent_for_session(sid) or self.spawn_agent(sid)
-            except errors.TerretError as exc:
-                # Another app's agent, a closed session, the agent cap: not ours to serve.
-                log.warning("not resuming session %s: %s", sid, exc)
-                continue
-            agent.start_in_background(agent.resume_turn)
-            resumed.append(sid)
-        for sid in self.views.sessions_to_wake():
-            self._wake_later(sid)
-        self._title_untitled()
-        return resumed
-
-    def _title_untitled(self) -> None:
-        """R20 catch-up: a process that ended a session's first turn and died before its titler
-        ran leaves it untitled; title it now (the aggregate refuses a second automatic title)."""
-        for summary in self.views.sessions():
-            if summary.title is None and not summary.closed:
-                status = self.views.status(summary.session)
-                if status is not None and status.last_turn_status is not None:
-                    self._title_later(UUID(summary.id))
-
-    def _title_later(self, session_id: UUID) -> None:
-        self.background(lambda: self.titler.title_now(session_id))
+        """Serve the store's sessions from this worker (see ``terret.runtime.serving``):
+        returns the open turns it resumed at start."""
+        return self.supervisor.serve_start()

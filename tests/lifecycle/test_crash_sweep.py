@@ -48,6 +48,7 @@ APPENDS = len([
     "tool/result step/end step/start",
     "assistant/message step/end turn/end",  # a final reply closes step and turn at once
     "session/titled",
+    "agent/detached",  # the graceful stop releases the session (R29)
 ])
 POINTS = 2 * APPENDS
 
@@ -152,5 +153,5 @@ def test_crash_sweep_every_append_point_before_and_after_the_write(
 
     print(f"crash points exercised on {opened.kind}: {exercised} "
           f"({APPENDS} appends x before/after; takeovers: {dict(actions)})")
-    assert exercised == POINTS == 22
+    assert exercised == POINTS == 24
     assert actions["resume"] > 0 and actions["run"] > 0 and actions["none"] > 0

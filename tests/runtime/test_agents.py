@@ -315,11 +315,14 @@ def test_r26_lost_ownership_releases_the_agent_too(make_runtime: MakeRuntime, st
     wait_until(lambda: provider.requests, what="the model request")
     LogBuilder(store, sid).do(lambda s: s.record_assistant("someone else"))
     gate.set()
+    agent = agent_of(rt, sid)
     with pytest.raises(LostOwnership):
         job.join()
-    agent = agent_of(rt, sid)
-    assert agent.status == "idle"
-    rt.dispose_agent(agent.id)
+    # The agent that lost its session is gone from this process, its listeners with it; it
+    # wrote nothing (no detach: the session is not its to release).
+    assert rt.agent_for_session(sid) is None and agent not in rt.agents
+    assert agent.status == "idle" and not agent._listeners
+    assert names(read_log(store, sid))[-1] == "assistant/message"
 
 
 def test_r26_a_tool_result_for_a_closed_turn_is_rejected_not_written(

@@ -210,7 +210,8 @@ def test_r16_a_failed_resume_leaves_the_turn_open(make_runtime: MakeRuntime, kit
     assert not only(log, "turn/end")  # never closed failed
     assert fresh.resumable(sid)
     assert agent_of(fresh, sid).status == "idle"
-    later = make_runtime([final("back up")])  # the next stimulus, in the next process
+    fresh.close()  # the next stimulus comes in the next process, once this one is gone
+    later = make_runtime([final("back up")])
     assert later.resume_turn(sid).status == "completed"
     log = read_log(store, sid)
     assert [e.data["status"] for e in only(log, "turn/end")] == ["completed"]

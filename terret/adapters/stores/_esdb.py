@@ -127,7 +127,10 @@ DELETION_EVENT_TYPE = "terret-stream-deleted"
 """A record of ``delete_stream`` (in the deletions stream). Subscriptions and reads of ``$all``
 receive it to learn which streams are gone; they never deliver it."""
 
-INTERNAL_EVENT_TYPES = frozenset({SNAPSHOT_EVENT_TYPE, DELETION_EVENT_TYPE})
+WORKER_EVENT_TYPE = "terret-worker-beat"
+"""Worker heartbeats (in ``terret-workers``): never delivered by reads of ``$all``."""
+
+INTERNAL_EVENT_TYPES = frozenset({SNAPSHOT_EVENT_TYPE, DELETION_EVENT_TYPE, WORKER_EVENT_TYPE})
 
 # Types the server writes for itself: "$metadata", "$streamDeleted", "$>", projections'
 # "$…" housekeeping, and the persistent subscriptions' "PersistentConfig1"
@@ -149,7 +152,8 @@ class TypeFilter:
 
     def server_filter(self, with_deletions: bool = True) -> dict[str, Any]:
         if self.names is None:
-            excluded = [*_SYSTEM_PATTERNS, dotnet_escape(SNAPSHOT_EVENT_TYPE)]
+            excluded = [*_SYSTEM_PATTERNS, dotnet_escape(SNAPSHOT_EVENT_TYPE),
+                        dotnet_escape(WORKER_EVENT_TYPE)]
             if not with_deletions:
                 excluded.append(dotnet_escape(DELETION_EVENT_TYPE))
             return {"filter_exclude": excluded, "filter_include": ()}

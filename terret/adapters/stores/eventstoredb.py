@@ -83,6 +83,7 @@ from terret.domain.store import (
     StreamState,
     Subscription,
 )
+from terret.domain.workers import WorkerRegistry
 
 T = TypeVar("T")
 
@@ -154,6 +155,7 @@ class EventStoreDBStore(EventStore):
         self._deleted_revision = -1  # the last revision of the deletions stream read
         self._deleted_lock = threading.Lock()
         self._store_id: str | None = None
+        self._workers: WorkerRegistry | None = None
 
     # --- description -----------------------------------------------------------------------
 
@@ -431,6 +433,22 @@ class EventStoreDBStore(EventStore):
         # The snapshot stream expires with its session, or it would outlive the events.
         for name in (stream, _snapshot_stream(stream)):
             self._update_metadata(name, {"$maxAge": int(seconds)})
+
+    def run(self, what: str, op: Callable[[EventStoreDBClient, float], T]) -> T:
+        """Run ``op(client, timeout)`` with this store's retries and error mapping (for the
+        adapters beside the store that keep streams of their own, like the worker registry)."""
+        return self._run(what, op)
+
+    def update_metadata(self, stream: str, changes: dict[str, Any]) -> None:
+        """Merge ``changes`` into a stream's metadata (``$maxCount``, ``$maxAge``, …)."""
+        self._update_metadata(stream, changes)
+
+    def workers(self) -> WorkerRegistry:
+        if self._workers is None:
+            from terret.adapters.stores.workers import EsdbWorkers
+
+            self._workers = EsdbWorkers(self)
+        return self._workers
 
     def _update_metadata(self, stream: str, changes: dict[str, Any]) -> None:
         """Merge ``changes`` into a stream's metadata, with optimistic concurrency on the

@@ -41,6 +41,7 @@ from terret.domain.store import (
     StreamState,
     Subscription,
 )
+from terret.domain.workers import WorkerRegistry
 
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 
@@ -235,6 +236,7 @@ class SQLiteStore(PositionalStore):
         # (checked whenever another thread opens one), so short-lived threads leak nothing.
         self._connections: list[tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = []
         self._connections_lock = threading.Lock()
+        self._workers: WorkerRegistry | None = None
         refuse_foreign_file(self.path, busy_timeout)  # before anything writes to the file
         try:
             conn = self._conn()
@@ -262,6 +264,15 @@ class SQLiteStore(PositionalStore):
 
     def store_id(self) -> str:
         return self._store_id
+
+    def workers(self) -> WorkerRegistry:
+        """The worker registry in this file (the ``terret_workers`` table)."""
+        with self._connections_lock:
+            if self._workers is None:
+                from terret.adapters.stores.workers import SQLiteWorkers
+
+                self._workers = SQLiteWorkers(self.path, busy_timeout=self._busy_timeout)
+            return self._workers
 
     @_typed
     def check_integrity(self) -> None:
@@ -507,6 +518,8 @@ class SQLiteStore(PositionalStore):
 
     def close(self) -> None:
         self._wake_all()
+        if self._workers is not None:
+            self._workers.close()
         with self._connections_lock:
             for _, conn in self._connections:
                 try:

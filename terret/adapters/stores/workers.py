@@ -1,0 +1,161 @@
+"""Worker registries (``terret.domain.workers``) for the three stores.
+
+* memory — ``terret.domain.workers.MemoryWorkers``, shared by every runtime on one store object;
+* SQLite — the ``terret_workers`` table in the store's file: one row per worker, replaced at
+  each beat (workers silent for an hour are dropped);
+* EventStoreDB — the ``terret-workers`` stream, capped with ``$maxCount`` (``WORKERS_MAX_COUNT``
+  beats: at the default TTL of 15 s and a beat every TTL/5, enough for 50 workers); beats are of
+  an internal event type that no read of ``$all`` delivers.
+
+None of them writes to a session stream: an idle session's log never grows with time.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from terret.domain.errors import StoreError
+from terret.domain.workers import MemoryWorkers, WorkerBeat, WorkerRegistry
+
+__all__ = ["EsdbWorkers", "MemoryWorkers", "SQLiteWorkers"]
+
+if TYPE_CHECKING:
+    from esdbclient import EventStoreDBClient, RecordedEvent
+
+    from terret.adapters.stores.eventstoredb import EventStoreDBStore
+
+FORGET_AFTER = 3600.0
+"""Seconds after its last beat that a silent worker is dropped from the SQLite registry."""
+
+WORKERS_STREAM = "terret-workers"
+WORKERS_MAX_COUNT = 256
+_LEFT = -1.0  # the ttl of the beat a worker writes when it stops: gone at once
+
+
+_SQLITE_SCHEMA = """CREATE TABLE IF NOT EXISTS terret_workers (
+    worker TEXT PRIMARY KEY, at REAL NOT NULL, beat TEXT NOT NULL) WITHOUT ROWID;"""
+
+
+class SQLiteWorkers(WorkerRegistry):
+    """Rows in the store's own file, so every process on the host that opens the store sees
+    them. One connection, serialised by a lock: a beat is one small write every few seconds."""
+
+    def __init__(self, path: str, *, busy_timeout: float = 30.0) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+        self._busy_timeout = busy_timeout
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                 timeout=self._busy_timeout)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(_SQLITE_SCHEMA)
+            self._db = db
+        return self._db
+
+    def _run(self, what: str, sql: str, *params: object) -> list[tuple[object, ...]]:
+        with self._lock:
+            try:
+                return self._conn().execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"the worker registry in {self.path}: {what} failed: {exc}") \
+                    from None
+
+    def beat(self, beat: WorkerBeat) -> None:
+        with self._lock:
+            try:
+                db = self._conn()
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.execute("INSERT OR REPLACE INTO terret_workers VALUES (?, ?, ?)",
+                               (beat.worker, beat.at, beat.to_json().decode()))
+                    db.execute("DELETE FROM terret_workers WHERE at < ?",
+                               (beat.at - FORGET_AFTER,))
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise StoreError(f"the worker registry in {self.path}: beat failed: {exc}") \
+                    from None
+
+    def leave(self, worker: str) -> None:
+        self._run("leave", "DELETE FROM terret_workers WHERE worker = ?", worker)
+
+    def latest(self, worker: str) -> WorkerBeat | None:
+        rows = self._run("read", "SELECT beat FROM terret_workers WHERE worker = ?", worker)
+        return WorkerBeat.from_json(str(rows[0][0])) if rows else None
+
+    def beats(self) -> list[WorkerBeat]:
+        rows = self._run("read", "SELECT beat FROM terret_workers ORDER BY worker")
+        return [WorkerBeat.from_json(str(r[0])) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+
+class EsdbWorkers(WorkerRegistry):
+    """Beats appended to one capped stream; the latest beat of each worker is found by reading
+    the stream backwards (at most ``WORKERS_MAX_COUNT`` events)."""
+
+    def __init__(self, store: EventStoreDBStore) -> None:
+        self.store = store
+        self._capped = False
+
+    def beat(self, beat: WorkerBeat) -> None:
+        self._append(beat)
+
+    def leave(self, worker: str) -> None:
+        gone = WorkerBeat(worker=worker, host="", pid=0, started=0.0, at=time.time(), ttl=_LEFT)
+        self._append(gone)
+
+    def _append(self, beat: WorkerBeat) -> None:
+        from esdbclient import NewEvent, StreamState
+
+        from terret.adapters.stores._esdb import WORKER_EVENT_TYPE
+
+        if not self._capped:
+            self.store.update_metadata(WORKERS_STREAM, {"$maxCount": WORKERS_MAX_COUNT})
+            self._capped = True
+        event = NewEvent(type=WORKER_EVENT_TYPE, data=beat.to_json(),
+                         content_type="application/json")
+
+        def op(client: EventStoreDBClient, timeout: float) -> None:
+            client.append_to_stream(WORKERS_STREAM, current_version=StreamState.ANY,
+                                    events=[event], timeout=timeout)
+
+        self.store.run(f"beat {beat.worker}", op)
+
+    def _read(self) -> Sequence[RecordedEvent]:
+        from esdbclient.exceptions import NotFound
+
+        def op(client: EventStoreDBClient, timeout: float) -> Sequence[RecordedEvent]:
+            try:
+                return client.get_stream(WORKERS_STREAM, backwards=True,
+                                         limit=WORKERS_MAX_COUNT, timeout=timeout)
+            except NotFound:
+                return ()
+
+        return self.store.run(f"read {WORKERS_STREAM}", op)
+
+    def beats(self) -> list[WorkerBeat]:
+        latest: dict[str, WorkerBeat] = {}
+        for event in self._read():  # newest first: the first beat of a worker is its latest
+            try:
+                beat = WorkerBeat.from_json(event.data)
+            except (ValueError, KeyError, TypeError):
+                continue
+            latest.setdefault(beat.worker, beat)
+        return sorted((b for b in latest.values() if b.ttl != _LEFT), key=lambda b: b.worker)
+
+    def latest(self, worker: str) -> WorkerBeat | None:
+        return next((b for b in self.beats() if b.worker == worker), None)

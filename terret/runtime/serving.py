@@ -1,0 +1,196 @@
+"""Serving (``Runtime.serve_start``, ``terret serve``): which sessions this worker runs, and when.
+
+Several workers may serve one store (a rolling deploy, a pool on one EventStoreDB, several
+``serve`` on one SQLite host). Correctness comes from the fenced lease (``ownership``): a turn is
+run only by the worker whose ``agent/attached`` is the log's latest, while its lease holds.
+This module decides who *tries*:
+
+* a session owned by a live worker is left to it (its wakes, verdicts and cancels reach it
+  through its own subscription);
+* a free session — never owned, released (``agent/detached``: a worker that stopped hands its
+  turns off), or owned by a worker whose lease expired — is claimed first by its *preferred*
+  worker (rendezvous hashing over the live workers, which spreads sessions evenly and moves only
+  a leaving worker's), and by any other live worker once it has stayed free for ``grace``;
+* every ``interval`` (a fifth of the TTL) the supervisor scans the sessions that need a worker
+  (open turns, waking inbox entries): that is how an expired lease is noticed (failover) and
+  how a session whose preferred worker did not act is picked up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from functools import partial
+from typing import TYPE_CHECKING
+from uuid import UUID
+
+from terret.domain import errors
+from terret.domain.codec import RecordedEvent
+from terret.runtime.approvals import TurnSuspended
+
+if TYPE_CHECKING:
+    from terret.runtime.agent import TurnResult
+    from terret.runtime.runtime import Runtime
+
+log = logging.getLogger("terret.serving")
+
+
+class Supervisor:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.serving = False
+        self._free_since: dict[UUID, float] = {}
+        self._wakers: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def grace(self) -> float:
+        return 2 * self.runtime.lease.interval
+
+    # --- serving -------------------------------------------------------------------------
+
+    def serve_start(self) -> list[UUID]:
+        """Claim and resume the open turns this worker should run (the rolling-deploy case:
+        those of a live worker are left to it), wake sessions with a pending waking inbox;
+        then keep serving as events arrive and the scan finds free sessions."""
+        rt = self.runtime
+        rt.start()
+        self.serving = True
+        rt.catch_up_views()
+        rt.lease.ensure_beating()
+        resumed = [sid for sid in rt.views.resumable_sessions() if self._offer(sid, now=True)]
+        for sid in rt.views.sessions_to_wake():
+            self._offer(sid, now=True)
+        self._title_untitled()
+        self._thread = threading.Thread(target=self._scan_loop, name="terret-supervisor",
+                                        daemon=True)
+        self._thread.start()
+        return resumed
+
+    def stop(self) -> None:
+        self.serving = False
+
+    def waiting_threads(self) -> list[threading.Thread]:
+        with self._lock:
+            return [t for t in self._wakers if t.is_alive()]
+
+    def _scan_loop(self) -> None:
+        rt = self.runtime
+        while not rt.stopping.wait(rt.lease.interval):
+            try:
+                self.scan()
+            except Exception:  # a store outage: the next scan tries again
+                log.warning("the serving scan failed; retrying", exc_info=True)
+
+    def scan(self) -> None:
+        rt = self.runtime
+        wanted = set(rt.views.resumable_sessions()) | set(rt.views.sessions_to_wake())
+        with self._lock:
+            self._free_since = {s: t for s, t in self._free_since.items() if s in wanted}
+        for sid in wanted:
+            self._offer(sid, now=False)
+
+    def _offer(self, sid: UUID, *, now: bool) -> bool:
+        """Start serving ``sid`` on a thread of its own if this worker should, now; True if
+        it did."""
+        rt = self.runtime
+        agent = rt.agent_for_session(sid)
+        if agent is not None and agent.busy:
+            return False
+        try:
+            session = rt.writer.load(sid)
+        except errors.TerretError:
+            return False
+        if session.closed:
+            return False
+        owner = session.state.owner
+        mine = owner is not None and owner.get("worker") == rt.lease.worker
+        if owner is not None and not mine and rt.lease.alive(owner.get("worker")):
+            return False  # a live worker owns it: its turns are its own
+        if not mine and not self._first_to_try(sid, now=now):
+            return False
+        self.wake_later(sid)
+        return True
+
+    def _first_to_try(self, sid: UUID, *, now: bool) -> bool:
+        rt = self.runtime
+        if rt.lease.preferred(str(sid), rt.lease.live_workers()) == rt.lease.worker:
+            return True
+        with self._lock:
+            first = self._free_since.setdefault(sid, time.monotonic())
+        return not now and time.monotonic() - first >= self.grace
+
+    # --- events ----------------------------------------------------------------------------
+
+    def on_inbox(self, event: RecordedEvent) -> None:
+        sid = event.session_id
+        if sid is None or not getattr(event.payload, "wake", False):
+            return
+        if self.runtime.agent_for_session(sid) is not None:
+            self.wake_later(sid)
+        elif self.serving:
+            self._offer(sid, now=True)
+
+    def on_detached(self, event: RecordedEvent) -> None:
+        """A worker let a session go (a graceful stop hands its open turn off here)."""
+        sid = event.session_id
+        if sid is not None and self.serving and not self.runtime.stopping.is_set():
+            self._offer(sid, now=True)
+
+    # --- waking ----------------------------------------------------------------------------
+
+    def wake_later(self, session_id: UUID) -> None:
+        """Wake on a thread of its own: a woken turn may park on an approval for days, so it
+        must not hold a worker of the upkeep pool."""
+        rt = self.runtime
+
+        def run() -> None:
+            try:
+                self.wake(session_id)
+            except (TurnSuspended, errors.SessionOwned, errors.LostOwnership):
+                pass
+            except errors.TerretError as exc:
+                # Another app's agent, a closed session, the agent cap: not ours to serve.
+                log.warning("not serving session %s: %s", session_id, exc)
+            except Exception:
+                log.exception("waking session %s failed", session_id)
+
+        if rt.stopping.is_set():
+            return
+        thread = threading.Thread(target=run, name=f"terret-wake-{session_id}", daemon=True)
+        with self._lock:
+            self._wakers = {t for t in self._wakers if t.is_alive()} | {thread}
+        thread.start()
+
+    def wake(self, session_id: UUID) -> TurnResult | None:
+        """Resume the session's open turn, or start one with its pending inbox (the loser of a
+        race leaves its text in the inbox: it rides the winner's next step). A session a live
+        worker owns is left to it (``SessionOwned``)."""
+        rt = self.runtime
+        session = rt.writer.load(session_id)
+        if session.closed:
+            return None
+        agent = rt.agent_for(session_id)
+        try:
+            if session.turn_open:
+                return rt.drive(agent, agent.resume_turn)
+            inbox = session.pending_inbox()
+            if not inbox:
+                return None
+            inbox_id, entry = next(iter(inbox.items()))
+            return rt.drive(agent, lambda: agent.run_turn(
+                entry["text"], trigger="wake", inbox_id=inbox_id, take_idle=False))
+        except (errors.TurnAlreadyRunning, errors.TurnOpenInLog):
+            return None
+
+    def _title_untitled(self) -> None:
+        """R20 catch-up: a process that ended a session's first turn and died before its titler
+        ran leaves it untitled; title it now (the aggregate refuses a second automatic title)."""
+        rt = self.runtime
+        for summary in rt.views.sessions():
+            if summary.title is None and not summary.closed:
+                status = rt.views.status(summary.session)
+                if status is not None and status.last_turn_status is not None:
+                    rt.background(partial(rt.titler.title_now, UUID(summary.id)))

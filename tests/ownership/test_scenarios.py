@@ -1,0 +1,128 @@
+"""One session, one executor (R28, R29), tried as a user would: ``terret serve`` workers as real
+processes on one store, a tool that takes seconds and records every execution in a side file.
+Each scenario runs on the SQLite store and on the EventStoreDB adapter (emulator)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+
+from tests.ownership.conftest import Pool, wait_until
+
+
+def _owners(pool: Pool, sid: object) -> list[int]:
+    """The pids of the successive owners, as the log records them."""
+    return [data["pid"] for name, data in pool.log(sid) if name == "agent/attached"]  # type: ignore[arg-type]
+
+
+def _starts(pool: Pool, call_id: str) -> list[int]:
+    return [pid for what, c, pid in pool.executions() if what == "start" and c == call_id]
+
+
+def _check_closed_once(pool: Pool, sid: object) -> None:
+    names = pool.names(sid)  # type: ignore[arg-type]
+    assert names.count("turn/start") == 1 and names.count("turn/end") == 1, names
+    (end,) = [d for n, d in pool.log(sid) if n == "turn/end"]  # type: ignore[arg-type]
+    assert end["status"] == "completed", end
+
+
+def test_rolling_deploy_hands_the_turn_off_and_no_tool_runs_twice(pool: Pool) -> None:
+    a = pool.serve("a", OWNERSHIP_TOOL_SECONDS="3")
+    sid = pool.new_session()
+    pool.runtime().inject(sid, "deploy", wake=True)
+    wait_until(lambda: _starts(pool, "c-1"), "the tool to start in a", pool.stderr)
+    b = pool.serve("b", OWNERSHIP_TOOL_SECONDS="3")  # the new release starts beside it
+    time.sleep(1.0)
+    assert _owners(pool, sid) == [a.pid]  # b leaves a session a live worker owns alone
+    a.signal(signal.SIGTERM)  # a finishes the step it is in, then lets the session go
+    assert a.wait(30) == 0, pool.stderr()
+    log = pool.wait_for(sid, "turn/end")
+    _check_closed_once(pool, sid)
+    assert _owners(pool, sid) == [a.pid, b.pid]
+    detached = [d for n, d in log if n == "agent/detached"]
+    assert detached[0]["reason"] == "shutdown" and detached[0]["pid"] == a.pid
+    assert "by" not in detached[0]  # released, not forced
+    assert Counter(_starts(pool, "c-1")) == {a.pid: 1}  # it ran once, in a, and only there
+
+
+def test_two_workers_and_one_wake_start_one_turn(pool: Pool) -> None:
+    a = pool.serve("a", OWNERSHIP_TOOL_SECONDS="0.5")
+    b = pool.serve("b", OWNERSHIP_TOOL_SECONDS="0.5")
+    sessions = [pool.new_session() for _ in range(6)]
+    for sid in sessions:
+        pool.runtime().inject(sid, "go", wake=True)
+    for sid in sessions:
+        pool.wait_for(sid, "turn/end")
+        _check_closed_once(pool, sid)
+        assert len(_owners(pool, sid)) == 1
+    starts = [pid for what, _, pid in pool.executions() if what == "start"]
+    assert len(starts) == len(sessions)  # one execution per session, none twice
+    assert set(starts) <= {a.pid, b.pid}
+
+
+def test_failover_after_the_owner_is_killed_resumes_the_turn(pool: Pool) -> None:
+    workers = {w.pid: w for w in (pool.serve("a", OWNERSHIP_TOOL_SECONDS="3"),
+                                  pool.serve("b", OWNERSHIP_TOOL_SECONDS="3"))}
+    sid = pool.new_session()
+    pool.runtime().inject(sid, "go", wake=True)
+    (first,) = wait_until(lambda: _starts(pool, "c-1"), "the tool to start", pool.stderr)
+    owner = workers.pop(first)
+    (survivor,) = workers.values()
+    owner.signal(signal.SIGKILL)
+    owner.wait(10)
+    log = pool.wait_for(sid, "turn/end", timeout=30)
+    _check_closed_once(pool, sid)
+    assert _owners(pool, sid) == [owner.pid, survivor.pid]
+    (forced,) = [d for n, d in log if n == "agent/detached"]
+    assert forced["pid"] == owner.pid and forced["by"]["actor"] == "supervisor"
+    assert "expired" in forced["reason"]
+    # At least once for the call the dead worker was executing: once more, by the survivor.
+    assert Counter(_starts(pool, "c-1")) == {owner.pid: 1, survivor.pid: 1}
+
+
+def test_a_frozen_owner_loses_the_session_and_writes_nothing_when_it_wakes(pool: Pool) -> None:
+    workers = {w.pid: w for w in (pool.serve("a", OWNERSHIP_TOOL_SECONDS="2"),
+                                  pool.serve("b", OWNERSHIP_TOOL_SECONDS="2"))}
+    sid = pool.new_session()
+    pool.runtime().inject(sid, "go", wake=True)
+    (first,) = wait_until(lambda: _starts(pool, "c-1"), "the tool to start", pool.stderr)
+    zombie = workers.pop(first)
+    (survivor,) = workers.values()
+    zombie.signal(signal.SIGSTOP)  # frozen mid-tool, its process alive: only the TTL tells
+    frozen_at = time.monotonic()
+    pool.wait_for(sid, "turn/end", timeout=30)
+    took = time.monotonic() - frozen_at
+    _check_closed_once(pool, sid)
+    assert _owners(pool, sid) == [zombie.pid, survivor.pid]
+    assert took >= 3.0 - 0.5  # not before the zombie's lease (TTL 3 s) ran out
+    settled = pool.log(sid)
+    zombie.signal(signal.SIGCONT)
+    time.sleep(3.0)  # its tool call finishes; it must notice and let go
+    assert pool.log(sid) == settled  # nothing written by the zombie
+    assert zombie.popen.poll() is None  # alive and well, just not serving that session
+    assert _starts(pool, "c-1") == [zombie.pid, survivor.pid]  # no new execution by it
+    # It serves again: a new session can go to either worker.
+    other = pool.new_session()
+    pool.runtime().inject(other, "again", wake=True)
+    pool.wait_for(other, "turn/end")
+    _check_closed_once(pool, other)
+
+
+def test_an_idle_session_log_does_not_grow_while_workers_beat(pool: Pool) -> None:
+    a = pool.serve("a", OWNERSHIP_TOOL_SECONDS="0.2")
+    pool.serve("b", OWNERSHIP_TOOL_SECONDS="0.2")
+    sid = pool.new_session()
+    pool.runtime().inject(sid, "go", wake=True)
+    pool.wait_for(sid, "turn/end")
+    settled = pool.log(sid)
+    time.sleep(4.0)  # more than a TTL of beats (every 0.6 s) from both workers
+    assert pool.log(sid) == settled
+    registry = pool.store.workers()
+    beats = registry.beats()
+    assert {b.pid for b in beats} == {w.pid for w in pool.workers}  # one entry per worker
+    owner = next(b for b in beats if b.pid == _owners(pool, sid)[0])
+    assert owner.sessions == (str(sid),)  # what it serves, for operators
+    a.signal(signal.SIGTERM)
+    assert a.wait(30) == 0
+    assert a.pid not in {b.pid for b in registry.beats()}  # a stopped worker leaves at once
