@@ -174,7 +174,7 @@ def _bodies(key: str) -> dict[str, Reply]:
 PATHS = [*STREAMS, *_bodies("k")]
 
 
-def _reply(path: str, key: str) -> Reply:
+def reply_for(path: str, key: str) -> Reply:
     if path in STREAMS:
         return Reply.sse(STREAMS[path](key))
     return _bodies(key)[path]
@@ -189,7 +189,7 @@ def test_an_echoed_key_never_shows(
     make_provider: ProviderFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    server.repeat(CHAT, _reply(path, key))
+    server.repeat(CHAT, reply_for(path, key))
     provider = make_provider(api_key=key)
     caplog.set_level(logging.DEBUG)
 
