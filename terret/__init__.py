@@ -1,38 +1,80 @@
 """Terret: long-lived LLM agent sessions on an event store.
 
 The public surface is re-exported here; modules behind it are private unless documented.
-"""
 
-from terret.adapters.stores import MemoryStore, SQLiteStore, open_store
-from terret.domain import (
-    MAX_STEPS,
-    EventPayload,
-    OpaquePayload,
-    RecordedEvent,
-    Session,
-    SessionRepository,
-    StreamState,
-    catalogue,
-    event_type,
-    upcaster,
-)
-from terret.domain import errors as errors
-from terret.domain.events import Actor
-from terret.domain.messages import Message, ToolCall, Usage
-from terret.runtime import (
-    AgentDefinition,
-    CallContext,
-    FixedSummarizer,
-    Reply,
-    Runtime,
-    RuntimeConfig,
-    ScriptedProvider,
-    StaticResolver,
-    Tool,
-    TurnResult,
-    call,
-    tool,
-)
+Names are imported on first use (PEP 562), so ``import terret`` (and the ``terret`` command
+line, which starts from it) loads nothing it does not use."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from terret.adapters.stores import MemoryStore, SQLiteStore, open_store
+    from terret.domain import (
+        MAX_STEPS,
+        EventPayload,
+        OpaquePayload,
+        RecordedEvent,
+        Session,
+        SessionRepository,
+        StreamState,
+        catalogue,
+        event_type,
+        upcaster,
+    )
+    from terret.domain import errors as errors
+    from terret.domain.events import Actor
+    from terret.domain.messages import Message, ToolCall, Usage
+    from terret.runtime import (
+        AgentDefinition,
+        CallContext,
+        FixedSummarizer,
+        Reply,
+        Runtime,
+        RuntimeConfig,
+        ScriptedProvider,
+        StaticResolver,
+        Tool,
+        TurnResult,
+        call,
+        tool,
+    )
+
+_LAZY: dict[str, str] = {
+    "MemoryStore": "terret.adapters.stores:MemoryStore",
+    "SQLiteStore": "terret.adapters.stores:SQLiteStore",
+    "open_store": "terret.adapters.stores:open_store",
+    "MAX_STEPS": "terret.domain:MAX_STEPS",
+    "EventPayload": "terret.domain:EventPayload",
+    "OpaquePayload": "terret.domain:OpaquePayload",
+    "RecordedEvent": "terret.domain:RecordedEvent",
+    "Session": "terret.domain:Session",
+    "SessionRepository": "terret.domain:SessionRepository",
+    "StreamState": "terret.domain:StreamState",
+    "catalogue": "terret.domain.catalogue:catalogue",
+    "event_type": "terret.domain:event_type",
+    "upcaster": "terret.domain:upcaster",
+    "errors": "terret.domain.errors",
+    "Actor": "terret.domain.events:Actor",
+    "Message": "terret.domain.messages:Message",
+    "ToolCall": "terret.domain.messages:ToolCall",
+    "Usage": "terret.domain.messages:Usage",
+    "AgentDefinition": "terret.runtime:AgentDefinition",
+    "CallContext": "terret.runtime:CallContext",
+    "FixedSummarizer": "terret.runtime:FixedSummarizer",
+    "Reply": "terret.runtime:Reply",
+    "Runtime": "terret.runtime:Runtime",
+    "RuntimeConfig": "terret.runtime:RuntimeConfig",
+    "ScriptedProvider": "terret.runtime:ScriptedProvider",
+    "StaticResolver": "terret.runtime:StaticResolver",
+    "Tool": "terret.runtime:Tool",
+    "TurnResult": "terret.runtime:TurnResult",
+    "call": "terret.runtime:call",
+    "tool": "terret.runtime:tool",
+}
+"""Each public name and where it lives: ``module:attribute``, or a submodule."""
 
 __all__ = [
     "MAX_STEPS",
@@ -66,3 +108,19 @@ __all__ = [
     "event_type",
     "upcaster",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = target.partition(":")
+    value = importlib.import_module(module)
+    if attr:
+        value = getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -99,7 +99,10 @@ class EventPayload(BaseModel):
     any string of the payload, nested ones included).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Terret's own payload classes build their validators when first used (a command that
+    # reads five kinds of event does not pay for thirty at start-up); an extension registered
+    # later is built at once, so a mistake in its definition shows where it is made.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     wire_name: ClassVar[str] = ""
     version: ClassVar[int] = 1
@@ -169,6 +172,8 @@ class EventCatalogue:
                     f"wire name {name!r} is already registered to {existing.__qualname__}"
                 )
         self._types[name] = cls
+        if self._builtin:  # Terret's own are registered: this is an extension
+            cls.model_rebuild()
         return cls
 
     def mark_builtin(self) -> None:
@@ -234,7 +239,8 @@ class EventCatalogue:
 
 
 catalogue = EventCatalogue()
-"""The process-wide catalogue. Terret's events are registered on import of ``terret.domain``."""
+"""The process-wide catalogue. Terret's events are registered when this module is first imported
+(see the end of the module), so whoever reads the catalogue finds them."""
 
 
 def event_type(cls: P) -> P:
@@ -245,3 +251,8 @@ def event_type(cls: P) -> P:
 def upcaster(wire_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
     """Decorator: register an upcaster in the process-wide catalogue."""
     return catalogue.upcaster(wire_name, from_version)
+
+
+# Terret's own events register themselves on import; importing them here (they import this
+# module, which is complete by now) means nobody can read the catalogue before they are in it.
+import terret.domain.events  # noqa: E402,F401

@@ -33,7 +33,7 @@ _PATTERN_CHARS = re.compile(rf"^[{_NAME_CHARS}*?\[\]!]+\Z")
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class Actor(_Part):

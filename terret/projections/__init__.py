@@ -1,12 +1,36 @@
-"""Read models fed by the store's catch-up subscription, and the runner that feeds them."""
+"""Read models fed by the store's catch-up subscription, and the runner that feeds them.
 
-from terret.projections.approvals import PendingApproval, RecordedVerdict
-from terret.projections.base import Projection, ViewStore
-from terret.projections.runner import ListenerHandle, ProjectionRunner, ProjectionState
-from terret.projections.sessions import SessionSummary
-from terret.projections.status import SessionStatus
-from terret.projections.usage import UsageTotals
-from terret.projections.views import Views, default_projections
+Names are imported on first use (PEP 562): importing the package costs nothing."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from terret.projections.approvals import PendingApproval, RecordedVerdict
+    from terret.projections.base import Projection, ViewStore
+    from terret.projections.runner import ListenerHandle, ProjectionRunner, ProjectionState
+    from terret.projections.sessions import SessionSummary
+    from terret.projections.status import SessionStatus
+    from terret.projections.usage import UsageTotals
+    from terret.projections.views import Views, default_projections
+
+_LAZY: dict[str, str] = {
+    "PendingApproval": "terret.projections.approvals:PendingApproval",
+    "RecordedVerdict": "terret.projections.approvals:RecordedVerdict",
+    "Projection": "terret.projections.base:Projection",
+    "ViewStore": "terret.projections.base:ViewStore",
+    "ListenerHandle": "terret.projections.runner:ListenerHandle",
+    "ProjectionRunner": "terret.projections.runner:ProjectionRunner",
+    "ProjectionState": "terret.projections.runner:ProjectionState",
+    "SessionSummary": "terret.projections.sessions:SessionSummary",
+    "SessionStatus": "terret.projections.status:SessionStatus",
+    "UsageTotals": "terret.projections.usage:UsageTotals",
+    "Views": "terret.projections.views:Views",
+    "default_projections": "terret.projections.views:default_projections",
+}
+"""Each public name and where it lives: ``module:attribute``, or a submodule."""
 
 __all__ = [
     "ListenerHandle",
@@ -22,3 +46,19 @@ __all__ = [
     "Views",
     "default_projections",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = target.partition(":")
+    value = importlib.import_module(module)
+    if attr:
+        value = getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from terret.domain.codec import RecordedEvent
 from terret.projections.base import Projection
+
+if TYPE_CHECKING:  # importing the codec loads every payload class
+    from terret.domain.codec import RecordedEvent
 
 
 @dataclass(frozen=True)

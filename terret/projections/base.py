@@ -22,12 +22,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 from uuid import UUID, uuid4
 
-from terret.domain.codec import RecordedEvent
 from terret.domain.errors import StoreFull, ViewsCorrupt
 from terret.domain.store import SESSION_PREFIX, StoredRecord
+
+if TYPE_CHECKING:  # importing the codec loads every payload class
+    from terret.domain.codec import RecordedEvent
 
 _VIEW_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tracking (projection TEXT PRIMARY KEY, position INTEGER NOT NULL);

@@ -12,12 +12,13 @@ size, which is most of the cost of writing a message row during a rebuild.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from terret.domain.catalogue import catalogue
-from terret.domain.codec import RecordedEvent
 from terret.domain.messages import Message, ToolCall
 from terret.projections.base import Projection
+
+if TYPE_CHECKING:  # importing the codec loads every payload class
+    from terret.domain.codec import RecordedEvent
 
 
 def message_of(payload: Any) -> Message | None:
@@ -113,6 +114,8 @@ def _key(db: sqlite3.Connection, session: str) -> int:
 
 
 def read_messages(db: sqlite3.Connection, stream: str) -> list[Message]:
+    from terret.domain.catalogue import catalogue  # the payload classes: only when read
+
     summary = db.execute(
         "SELECT upto_seq, summary FROM message_summaries WHERE session = ?", (stream,)
     ).fetchone()

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from terret.domain.catalogue import catalogue
-from terret.domain.codec import RecordedEvent
 from terret.domain.store import SESSION_PREFIX
 from terret.projections.base import Projection
 from terret.projections.status import status_name
 from terret.projections.usage import UsageTotals
+
+if TYPE_CHECKING:  # importing the codec loads every payload class
+    from terret.domain.codec import RecordedEvent
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class _EveryKnownEvent(frozenset[str]):
     """Matches every wire name registered in the catalogue, extensions included."""
 
     def __contains__(self, name: object) -> bool:
+        from terret.domain.catalogue import catalogue  # loads the payload classes: on first use
+
         return name in catalogue
 
 

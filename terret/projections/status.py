@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from terret.domain.codec import RecordedEvent
-from terret.domain.session import EVOLVING, SessionState, evolve
 from terret.projections.base import Projection
+
+if TYPE_CHECKING:  # the aggregate and the codec load every payload class: on first use
+    from terret.domain.codec import RecordedEvent
+    from terret.domain.session import SessionState
 
 
 @dataclass(frozen=True)
@@ -40,13 +42,23 @@ _COLUMNS = ("session, state, turn, turn_open, step, step_open, owed, pending, ca
             " inbox, closed, last_turn_status")
 
 
+class _Evolving(frozenset[str]):
+    """The wire names the aggregate's state evolves on (``terret.domain.session.EVOLVING``),
+    looked up when first asked: importing this module does not load the aggregate."""
+
+    def __contains__(self, name: object) -> bool:
+        from terret.domain.session import EVOLVING
+
+        return name in EVOLVING
+
+
 class StatusProjection(Projection):
     """Each session's state is the ``Session`` aggregate's own (``SessionState``, evolved by
     the same ``evolve``), kept as JSON beside the columns operators and queries read."""
 
     name = "status"
     version = 2  # 2: the aggregate's state is the row's truth
-    handles = EVOLVING
+    handles = _Evolving()
     tables = ("status",)
     schema = """
     CREATE TABLE IF NOT EXISTS status (
@@ -65,6 +77,8 @@ class StatusProjection(Projection):
         self._states = {}
 
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        from terret.domain.session import SessionState, evolve
+
         state = self._states.get(event.stream)
         if state is None:
             row = db.execute("SELECT state FROM status WHERE session = ?",
@@ -99,6 +113,8 @@ def status_name(turn_open: bool, waiting: bool, closed: bool) -> str:
 
 
 def read_status(db: sqlite3.Connection, stream: str) -> SessionStatus | None:
+    from terret.domain.session import SessionState
+
     row = db.execute("SELECT state FROM status WHERE session = ?", (stream,)).fetchone()
     if row is None:
         return None

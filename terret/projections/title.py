@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from terret.domain.codec import RecordedEvent
 from terret.projections.base import Projection
+
+if TYPE_CHECKING:  # importing the codec loads every payload class
+    from terret.domain.codec import RecordedEvent
 
 
 class TitleProjection(Projection):

@@ -1,22 +1,64 @@
 """The runtime: turns and steps, tools, durable approvals, resume, compaction, titles, cost,
-allow-list, wake-on-stimulus and the agent registry."""
+allow-list, wake-on-stimulus and the agent registry.
 
-from terret.runtime.agent import Agent, AgentDefinition, TurnResult
-from terret.runtime.allowlist import AllowList
-from terret.runtime.approvals import ApprovalGate, TurnCancelled
-from terret.runtime.hooks import BudgetGuard, PreStepHook, Refusal, StepClaim
-from terret.runtime.model import (
-    ModelProvider,
-    ModelReply,
-    ModelRequest,
-    ModelResolver,
-    StaticResolver,
-    ToolSpec,
-)
-from terret.runtime.runtime import Runtime, RuntimeConfig
-from terret.runtime.scripted import Reply, ScriptedProvider, call
-from terret.runtime.summarizer import FixedSummarizer, Summarizer, render_history
-from terret.runtime.tools import CallContext, Tool, ToolContext, ToolOutcome, Veto, tool
+Names are imported on first use (PEP 562): importing the package costs nothing."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from terret.runtime.agent import Agent, AgentDefinition, TurnResult
+    from terret.runtime.allowlist import AllowList
+    from terret.runtime.approvals import ApprovalGate, TurnCancelled
+    from terret.runtime.hooks import BudgetGuard, PreStepHook, Refusal, StepClaim
+    from terret.runtime.model import (
+        ModelProvider,
+        ModelReply,
+        ModelRequest,
+        ModelResolver,
+        StaticResolver,
+        ToolSpec,
+    )
+    from terret.runtime.runtime import Runtime, RuntimeConfig
+    from terret.runtime.scripted import Reply, ScriptedProvider, call
+    from terret.runtime.summarizer import FixedSummarizer, Summarizer, render_history
+    from terret.runtime.tools import CallContext, Tool, ToolContext, ToolOutcome, Veto, tool
+
+_LAZY: dict[str, str] = {
+    "Agent": "terret.runtime.agent:Agent",
+    "AgentDefinition": "terret.runtime.agent:AgentDefinition",
+    "TurnResult": "terret.runtime.agent:TurnResult",
+    "AllowList": "terret.runtime.allowlist:AllowList",
+    "ApprovalGate": "terret.runtime.approvals:ApprovalGate",
+    "TurnCancelled": "terret.runtime.approvals:TurnCancelled",
+    "BudgetGuard": "terret.runtime.hooks:BudgetGuard",
+    "PreStepHook": "terret.runtime.hooks:PreStepHook",
+    "Refusal": "terret.runtime.hooks:Refusal",
+    "StepClaim": "terret.runtime.hooks:StepClaim",
+    "ModelProvider": "terret.runtime.model:ModelProvider",
+    "ModelReply": "terret.runtime.model:ModelReply",
+    "ModelRequest": "terret.runtime.model:ModelRequest",
+    "ModelResolver": "terret.runtime.model:ModelResolver",
+    "StaticResolver": "terret.runtime.model:StaticResolver",
+    "ToolSpec": "terret.runtime.model:ToolSpec",
+    "Runtime": "terret.runtime.runtime:Runtime",
+    "RuntimeConfig": "terret.runtime.runtime:RuntimeConfig",
+    "Reply": "terret.runtime.scripted:Reply",
+    "ScriptedProvider": "terret.runtime.scripted:ScriptedProvider",
+    "call": "terret.runtime.scripted:call",
+    "FixedSummarizer": "terret.runtime.summarizer:FixedSummarizer",
+    "Summarizer": "terret.runtime.summarizer:Summarizer",
+    "render_history": "terret.runtime.summarizer:render_history",
+    "CallContext": "terret.runtime.tools:CallContext",
+    "Tool": "terret.runtime.tools:Tool",
+    "ToolContext": "terret.runtime.tools:ToolContext",
+    "ToolOutcome": "terret.runtime.tools:ToolOutcome",
+    "Veto": "terret.runtime.tools:Veto",
+    "tool": "terret.runtime.tools:tool",
+}
+"""Each public name and where it lives: ``module:attribute``, or a submodule."""
 
 __all__ = [
     "Agent",
@@ -50,3 +92,19 @@ __all__ = [
     "render_history",
     "tool",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = target.partition(":")
+    value = importlib.import_module(module)
+    if attr:
+        value = getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
