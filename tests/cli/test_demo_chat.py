@@ -45,7 +45,8 @@ def test_demo(tmp_path: Path) -> None:
 def test_demo_bad_path(tmp_path: Path) -> None:
     result = invoke_cli("demo", "--path", str(tmp_path / "no" / "such" / "dir.db"))
     assert result.exit_code == 1
-    assert "cannot open SQLite store" in one_line_error(result.stderr)
+    line = one_line_error(result.stderr)
+    assert line.startswith("Error: StoreUnavailable: the SQLite store") and "dir.db" in line
     assert list(tmp_path.iterdir()) == []
 
 
