@@ -27,11 +27,11 @@ from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views, default_projections
 from terret.runtime.agent import Agent, AgentDefinition, TurnResult
 from terret.runtime.approvals import ApprovalSignals
+from terret.runtime.commands import SessionCommands
 from terret.runtime.hooks import BudgetGuard, PreStepHook
 from terret.runtime.maintenance import AutoTitler, Compactor, Titler
 from terret.runtime.model import ModelResolver
 from terret.runtime.ownership import WorkerLease
-from terret.runtime.retention import purge_session
 from terret.runtime.serving import Supervisor
 from terret.runtime.summarizer import Summarizer
 from terret.runtime.tools import ToolContext
@@ -85,6 +85,8 @@ class Runtime:
         self.runner = ProjectionRunner(store, self.view_store, default_projections())
         self.repository = SessionRepository(store)
         self.writer = SessionWriter(self.repository)
+        self.commands = SessionCommands(self.writer)
+        """Every domain command on a session (the CLI and other front ends call it too)."""
         self.signals = ApprovalSignals()
         self.tool_context = ToolContext()
         self.definitions: dict[str, AgentDefinition] = {}
@@ -182,12 +184,9 @@ class Runtime:
     def create_session(self, *, agent: str = "default", roles: dict[str, str] | None = None,
                        session_id: UUID | None = None) -> UUID:
         definition = self._definition(agent)
-        session = Session.start(session_id, agent=definition.name,
-                                agent_revision=definition.revision,
-                                roles={**self.config.roles, **(roles or {})},
-                                policy_floor=list(definition.allow))
-        self.writer.create(session)
-        return session.id
+        return self.commands.create(agent=definition.name, agent_revision=definition.revision,
+                                    roles={**self.config.roles, **(roles or {})},
+                                    policy_floor=list(definition.allow), session_id=session_id)
 
     def _definition(self, name: str) -> AgentDefinition:
         if name not in self.definitions:
@@ -206,7 +205,7 @@ class Runtime:
         return spec
 
     def close_session(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
-        self.writer.execute(session_id, lambda s: s.close(by=by, reason=reason))
+        self.commands.close(session_id, by=by, reason=reason)
         agent = self._by_session.get(session_id)
         if agent is not None and not agent.busy:
             self.dispose_agent(agent.id, reason="session closed")
@@ -214,8 +213,7 @@ class Runtime:
     def purge(self, session_id: UUID, *, by: Actor, reason: str | None = None,
               max_age: int | None = None) -> None:
         """Retention (R27): delete a closed session's stream; the deletion is recorded."""
-        purge_session(self.repository, session_id, by=by, reason=reason, max_age=max_age)
-        self.writer.forget(session_id)
+        self.commands.purge(session_id, by=by, reason=reason, max_age=max_age)
 
     # --- the agent registry (R22) --------------------------------------------------------
 
@@ -328,7 +326,7 @@ class Runtime:
     def cancel(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
         """R13: record the cancel first; the turn's owner then denies standing approvals and
         closes the turn ``cancelled`` at its next boundary (a parked turn at once)."""
-        self.writer.execute(session_id, lambda s: s.request_cancel(by=by, reason=reason))
+        self.commands.cancel(session_id, by=by, reason=reason)
         agent = self.agent_for_session(session_id)
         if agent is not None:
             agent.cancel_event.set()
@@ -349,14 +347,12 @@ class Runtime:
 
     def _resolve(self, session_id: UUID, call_id: str, verdict: str, by: Actor,
                  reason: str | None) -> None:
-        self.writer.execute(session_id, lambda s: s.resolve_approval(
-            call_id, verdict, by=by, reason=reason))
+        self.commands.resolve(session_id, call_id, verdict, by=by, reason=reason)
 
     # --- inbox and wake (R24) ------------------------------------------------------------
 
     def inject(self, session_id: UUID, text: str, *, wake: bool = False) -> str:
-        inbox_id, _ = self.writer.execute(session_id, lambda s: s.queue(text, wake=wake))
-        return str(inbox_id)
+        return self.commands.inject(session_id, text, wake=wake)
 
     def wake(self, session_id: UUID) -> TurnResult | None:
         """Resume the session's open turn, or start one with its pending inbox, here."""
@@ -368,14 +364,13 @@ class Runtime:
         return self.compactor.compact(session_id)
 
     def set_title(self, session_id: UUID, title: str, *, by: Actor) -> str:
-        value, _ = self.writer.execute(session_id, lambda s: s.title(title, by=by))
-        return str(value)
+        return self.commands.set_title(session_id, title, by=by)
 
     def set_policy(self, session_id: UUID, patterns: Sequence[str], *, by: Actor) -> None:
-        self.writer.execute(session_id, lambda s: s.update_policy(patterns, by=by))
+        self.commands.set_policy(session_id, patterns, by=by)
 
     def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor) -> None:
-        self.writer.execute(session_id, lambda s: s.set_model(role, spec, by=by))
+        self.commands.set_model(session_id, role, spec, by=by)
 
     def usage(self, session_id: UUID) -> dict[str, Any]:
         self.catch_up_views()
