@@ -1,10 +1,12 @@
 """The app the ownership tests serve: ``terret serve --app tests.ownership.app:app``.
 
-A scripted model that, for each user message, calls the ``work`` tool once and then answers;
-``work`` sleeps ``OWNERSHIP_TOOL_SECONDS`` (default 2) and appends one line per execution to
-``OWNERSHIP_RUNS`` (``<call id> <pid>``), so a test can count executions across processes.
-``OWNERSHIP_TTL`` sets the lease TTL (default 3 s), ``OWNERSHIP_APPROVAL=1`` makes ``work``
-ask for approval."""
+A scripted model that, for each user message, calls a tool ``OWNERSHIP_CALLS`` times (default
+1), one call per step, then answers; the first call is to ``gated`` (which asks for approval)
+when the message says "gated". The tools sleep ``OWNERSHIP_TOOL_SECONDS`` (default 2) and append
+one line per execution to ``OWNERSHIP_RUNS`` (``start|end <session> <call id> <pid>``), so a test
+can count executions across processes; their results and the model's texts name the pid that
+produced them, so a test can tell which worker wrote what. ``OWNERSHIP_TTL`` sets the lease TTL
+(default 3 s)."""
 
 from __future__ import annotations
 
@@ -31,30 +33,48 @@ class NoArgs(BaseModel):
     pass
 
 
-APPROVAL = "always" if os.environ.get("OWNERSHIP_APPROVAL") == "1" else "never"
+def _record(what: str, ctx: CallContext) -> None:
+    with open(os.environ["OWNERSHIP_RUNS"], "a") as f:
+        f.write(f"{what} {ctx.session_id} {ctx.call_id} {os.getpid()}\n")
 
 
-@tool(args=NoArgs, approval=APPROVAL)  # type: ignore[arg-type]
+def _work(ctx: CallContext) -> str:
+    _record("start", ctx)
+    time.sleep(float(os.environ.get("OWNERSHIP_TOOL_SECONDS", "2")))
+    _record("end", ctx)
+    return f"worked by {os.getpid()}"
+
+
+@tool(args=NoArgs)
 def work(args: NoArgs, ctx: CallContext) -> str:
     """Takes a while, and records each execution."""
-    with open(os.environ["OWNERSHIP_RUNS"], "a") as f:
-        f.write(f"start {ctx.call_id} {os.getpid()}\n")
-    time.sleep(float(os.environ.get("OWNERSHIP_TOOL_SECONDS", "2")))
-    with open(os.environ["OWNERSHIP_RUNS"], "a") as f:
-        f.write(f"end {ctx.call_id} {os.getpid()}\n")
-    return "worked"
+    return _work(ctx)
+
+
+@tool(args=NoArgs, approval="always")
+def gated(args: NoArgs, ctx: CallContext) -> str:
+    """Takes a while once a human approved it, and records each execution."""
+    return _work(ctx)
 
 
 def _reply(request: ModelRequest) -> Reply:
-    users = sum(1 for m in request.messages if m.role == "user")
-    if request.messages and request.messages[-1].role == "tool":
-        return Reply(text=f"done {users}")
-    return Reply(tool_calls=[call("work", {}, f"c-{users}")])
+    users = [m.text for m in request.messages if m.role == "user"]
+    turn = len(users)
+    done = 0  # the calls of this turn already answered
+    for m in reversed(request.messages):
+        if m.role == "user":
+            break
+        done += m.role == "tool"
+    if done >= int(os.environ.get("OWNERSHIP_CALLS", "1")):
+        return Reply(text=f"done {turn} by {os.getpid()}")
+    name = "gated" if done == 0 and "gated" in users[-1] else "work"
+    return Reply(text=f"step by {os.getpid()}",
+                 tool_calls=[call(name, {}, f"c-{turn}" + (f"-{done + 1}" if done else ""))])
 
 
 def app() -> App:
     provider = ScriptedProvider(name="scripted", default=_reply)
     ttl = float(os.environ.get("OWNERSHIP_TTL", "3"))
     return App(resolver=StaticResolver({"scripted": provider}),
-               agents=[AgentDefinition(tools=[work], allow=["*"])],
+               agents=[AgentDefinition(tools=[work, gated], allow=["*"])],
                config=RuntimeConfig(roles={"main": "scripted:default"}, lease_ttl=ttl))

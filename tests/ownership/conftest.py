@@ -91,14 +91,15 @@ class Pool:
     def names(self, sid: UUID) -> list[str]:
         return [name for name, _ in self.log(sid)]
 
-    def executions(self) -> list[tuple[str, str, int]]:
-        """``(start|end, call id, pid)`` per line the tool wrote."""
+    def executions(self, session: UUID | None = None) -> list[tuple[str, str, int]]:
+        """``(start|end, call id, pid)`` per line the tools wrote (of one session, or all)."""
         if not self.runs.exists():
             return []
         out = []
         for line in self.runs.read_text().splitlines():
-            what, call_id, pid = line.split()
-            out.append((what, call_id, int(pid)))
+            what, sid, call_id, pid = line.split()
+            if session is None or sid == str(session):
+                out.append((what, call_id, int(pid)))
         return out
 
     def wait_for(self, sid: UUID, name: str, count: int = 1,
