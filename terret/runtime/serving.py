@@ -11,9 +11,12 @@ This module decides who *tries*:
   turns off), or owned by a worker whose lease expired — is claimed first by its *preferred*
   worker (rendezvous hashing over the live workers, which spreads sessions evenly and moves only
   a leaving worker's), and by any other live worker once it has stayed free for ``grace``;
-* every ``interval`` (a fifth of the TTL) the supervisor scans the sessions that need a worker
-  (open turns, waking inbox entries): that is how an expired lease is noticed (failover) and
-  how a session whose preferred worker did not act is picked up.
+* every ``scan_interval`` (a fifth of the TTL, at most a second) the supervisor scans the
+  sessions that need a worker (open turns, waking inbox entries): that is how an expired lease
+  is noticed (failover) and how a session whose preferred worker did not act is picked up.
+
+A worker claims (appends ``agent/attached``) before it starts the turn on a thread of its own,
+so the others see the session owned within milliseconds, however long the turn takes to start.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Supervisor:
         self.runtime = runtime
         self.serving = False
         self._free_since: dict[UUID, float] = {}
+        self._refused: set[UUID] = set()
         self._wakers: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -76,9 +80,14 @@ class Supervisor:
         with self._lock:
             return [t for t in self._wakers if t.is_alive()]
 
+    @property
+    def scan_interval(self) -> float:
+        """A fifth of the TTL, at most a second: a dead owner on this host is seen within it."""
+        return min(self.runtime.lease.interval, 1.0)
+
     def _scan_loop(self) -> None:
         rt = self.runtime
-        while not rt.stopping.wait(rt.lease.interval):
+        while not rt.stopping.wait(self.scan_interval):
             try:
                 self.scan()
             except Exception:  # a store outage: the next scan tries again
@@ -92,7 +101,7 @@ class Supervisor:
         for sid in wanted:
             self._offer(sid, now=False)
 
-    def _offer(self, sid: UUID, *, now: bool) -> bool:
+    def _offer(self, sid: UUID, *, now: bool, leaving: str | None = None) -> bool:
         """Start serving ``sid`` on a thread of its own if this worker should, now; True if
         it did."""
         rt = self.runtime
@@ -109,14 +118,26 @@ class Supervisor:
         mine = owner is not None and owner.get("worker") == rt.lease.worker
         if owner is not None and not mine and rt.lease.alive(owner.get("worker")):
             return False  # a live worker owns it: its turns are its own
-        if not mine and not self._first_to_try(sid, now=now):
+        if not mine and not self._first_to_try(sid, now=now, leaving=leaving):
+            return False
+        try:
+            rt.agent_for(sid)  # the claim, now; the turn on a thread of its own
+        except errors.SessionOwned:
+            return False  # another worker was quicker
+        except errors.TerretError as exc:
+            # Another app's agent, a closed session, the agent cap: not ours to serve. Said for
+            # every event that asks, but once only by the scan.
+            if now or sid not in self._refused:
+                log.warning("not serving session %s: %s", sid, exc)
+            self._refused.add(sid)
             return False
         self.wake_later(sid)
         return True
 
-    def _first_to_try(self, sid: UUID, *, now: bool) -> bool:
+    def _first_to_try(self, sid: UUID, *, now: bool, leaving: str | None = None) -> bool:
         rt = self.runtime
-        if rt.lease.preferred(str(sid), rt.lease.live_workers()) == rt.lease.worker:
+        live = [w for w in rt.lease.live_workers() if w != leaving]
+        if rt.lease.preferred(str(sid), live) == rt.lease.worker:
             return True
         with self._lock:
             first = self._free_since.setdefault(sid, time.monotonic())
@@ -137,7 +158,8 @@ class Supervisor:
         """A worker let a session go (a graceful stop hands its open turn off here)."""
         sid = event.session_id
         if sid is not None and self.serving and not self.runtime.stopping.is_set():
-            self._offer(sid, now=True)
+            # The worker that let go is leaving (or handing off): prefer among the others.
+            self._offer(sid, now=True, leaving=getattr(event.payload, "worker", None))
 
     # --- waking ----------------------------------------------------------------------------
 
