@@ -2,34 +2,69 @@
 
 Exit codes: 0 ok, 1 a domain error (not found, conflict, refused by a rule, unreachable store),
 2 a usage error. Messages go to stderr; credentials in store URIs are masked.
+
+The entry point is light: the command modules import the runtime, the aggregate and the
+projection runner only inside the commands that use them (``bench/cli.py`` measures it).
 """
 
 from __future__ import annotations
 
-import logging
+import json
 import os
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from terret.adapters.stores.uri import mask_credentials
-from terret.cli._app import App, default_app, load_app
 from terret.cli._context import DEFAULT_STORE, CliContext
 from terret.domain.errors import InvalidPayload, InvalidStoreURI, TerretError
 
+if TYPE_CHECKING:
+    from terret.cli._app import App, default_app, load_app
+
 __all__ = ["App", "cli", "default_app", "load_app", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("App", "default_app", "load_app"):  # the app loads the runtime: on first use
+        from terret.cli import _app
+
+        return getattr(_app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 TYPED = re.compile(r"^[A-Z][A-Za-z0-9]*: ")
 """A message that already names its type (``StoreUnavailable: …``)."""
 
 
+def _hoist_json(args: list[str]) -> list[str]:
+    """``--json`` is a global option, also accepted after the command (``terret sessions list
+    --json``): moved before it. Nothing after a ``--`` is touched."""
+    end = args.index("--") if "--" in args else len(args)
+    if "--json" not in args[1:end]:
+        return args
+    rest = [a for a in args[:end] if a != "--json"]
+    return ["--json", *rest, *args[end:]]
+
+
+def _wants_json(args: list[str]) -> bool:
+    end = args.index("--") if "--" in args else len(args)
+    return "--json" in args[:end]
+
+
 class TerretGroup(click.Group):
     """Every error is one line on stderr, ``Error: <Type>: <message>``: Terret's typed errors
     (exit 1), click's usage errors (exit 2, with click's usage hint above the line), an unknown
-    projection (``KeyError``, exit 1) and a declined confirmation (``Aborted``, exit 1)."""
+    projection (``KeyError``, exit 1) and a declined confirmation (``Aborted``, exit 1). With
+    ``--json`` the error is also printed on stdout as ``{"error": {"type", "message",
+    "exit_code"}}``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if ctx.parent is None:
+            args = _hoist_json(list(args))
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -51,6 +86,7 @@ class TerretGroup(click.Group):
              **extra: Any) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
+        argv = list(sys.argv[1:] if args is None else args)
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
         except click.exceptions.NoArgsIsHelpError as exc:  # a group without its command
@@ -64,11 +100,22 @@ class TerretGroup(click.Group):
                 click.UsageError(typed, ctx=exc.ctx).show()  # click's usage hint, then the line
             else:
                 click.ClickException(typed).show()
+            _json_error(argv, typed, exc.exit_code)
             sys.exit(exc.exit_code)
         except click.Abort:
-            click.echo("Error: Aborted: not confirmed, or interrupted", err=True)
+            typed = "Aborted: not confirmed, or interrupted"
+            click.echo(f"Error: {typed}", err=True)
+            _json_error(argv, typed, 1)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _json_error(argv: list[str], typed: str, code: int) -> None:
+    """With ``--json``, the error as a JSON document on stdout too (scripts read one place)."""
+    if _wants_json(argv):
+        kind, _, message = typed.partition(": ")
+        click.echo(json.dumps({"error": {"exit_code": code, "message": message, "type": kind}},
+                              indent=2, sort_keys=True))
 
 
 def _one_line(ctx: click.Context, exc: Exception) -> str:
@@ -101,6 +148,8 @@ def cli(ctx: click.Context, store_uri: str, views_path: str | None,
     durable per-session log; the store is the bus, so a command here acts on a session served
     by another process. Start with `terret demo`.
     """
+    import logging
+
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
     ctx.obj = CliContext(store_uri, views_path, json_output, store_timeout=store_timeout)
@@ -121,7 +170,8 @@ from terret.cli import (  # noqa: E402
     projections,
     serve,
     sessions,
+    workers,
 )
 
-for _module in (sessions, approvals, logcmd, admin, projections, serve, chat, demo):
+for _module in (sessions, approvals, logcmd, admin, projections, serve, chat, demo, workers):
     _module.register(cli)

@@ -1,30 +1,44 @@
-"""Shared CLI plumbing: opening the store and views, typed errors → exit codes, output."""
+"""Shared CLI plumbing: opening the store and views, typed errors → exit codes, output.
+
+Everything heavy (the aggregate, the payload classes, the projection runner) is imported when a
+command needs it, so ``terret --help`` and a ``sessions list`` on views that are up to date
+start in a fraction of the time a full import takes (``bench/cli.py``).
+"""
 
 from __future__ import annotations
 
 import getpass
 import json
 import os
+import re
 import sqlite3
+import sys
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import click
+from click.shell_completion import CompletionItem
 
-from terret.adapters.stores.sqlite import SQLiteStore
-from terret.adapters.stores.uri import mask_credentials, open_store, sqlite_path, store_kind
+from terret.adapters.stores.uri import mask_credentials, sqlite_path, store_kind
 from terret.domain.errors import SessionNotFound, StoreUnavailable
-from terret.domain.events import Actor
-from terret.domain.repository import SessionRepository
-from terret.domain.store import EventStore
-from terret.projections.base import ViewStore
-from terret.projections.runner import ProjectionRunner
-from terret.projections.views import Views, default_projections
-from terret.runtime.writer import SessionWriter
+
+if TYPE_CHECKING:
+    from terret.domain.events import Actor
+    from terret.domain.store import EventStore
+    from terret.projections.base import ViewStore
+    from terret.projections.runner import ProjectionRunner
+    from terret.projections.views import Views
+    from terret.runtime.commands import SessionCommands
 
 DEFAULT_STORE = "terret.db"
+PREFIX_MIN = 4
+"""The shortest session-id prefix accepted (as git accepts 4 hex digits of an object id)."""
+
+_HEXISH = re.compile(r"[0-9a-f-]+\Z")
 
 
 def default_views_path(store_uri: str) -> str:
@@ -40,7 +54,10 @@ def default_views_path(store_uri: str) -> str:
 
 
 class SessionIdType(click.ParamType):
-    """A session id: a UUID, or ``session-<uuid>``. Malformed ids are usage errors (exit 2)."""
+    """A session id: a UUID, ``session-<uuid>``, or a unique prefix of one (4 or more hex
+    digits, as ``git`` takes object ids). Malformed ids and ambiguous prefixes are usage errors
+    (exit 2); a prefix no session has is ``SessionNotFound`` (exit 1). Completes session ids in
+    the shell."""
 
     name = "SESSION"
 
@@ -48,11 +65,41 @@ class SessionIdType(click.ParamType):
                 ctx: click.Context | None) -> UUID:
         if isinstance(value, UUID):
             return value
-        text = str(value).strip().removeprefix("session-")
+        text = str(value).strip().lower().removeprefix("session-")
         try:
             return UUID(text)
         except ValueError:
+            pass
+        if len(text.replace("-", "")) < PREFIX_MIN or not _HEXISH.match(text):
+            self.fail(f"{value!r} is not a session id (a UUID, or a unique prefix of one: "
+                      f"{PREFIX_MIN} or more hex digits)", param, ctx)
+        obj = ctx.find_object(CliContext) if ctx is not None else None
+        if obj is None:
             self.fail(f"{value!r} is not a session id (expected a UUID)", param, ctx)
+        found = obj.sessions_with_prefix(text, limit=6)
+        if not found:
+            raise SessionNotFound(f"no session id starts with {text} in {obj.masked_uri}")
+        if len(found) > 1:
+            shown = ", ".join(str(s) for s in found[:5]) + (", …" if len(found) > 5 else "")
+            self.fail(f"{value!r} is ambiguous: it starts {len(found)} session ids ({shown}); "
+                      "give more of it", param, ctx)
+        return found[0]
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter,
+                       incomplete: str) -> list[CompletionItem]:
+        """Session ids from the views (most recently active first), for ``terret … <TAB>``."""
+        root = ctx.find_root()
+        params = root.params
+        obj = CliContext(params.get("store_uri") or os.environ.get("TERRET_STORE")
+                         or DEFAULT_STORE, params.get("views_path"), False)
+        try:
+            text = incomplete.lower().removeprefix("session-")
+            return [CompletionItem(str(s.id), help=s.title or s.status)
+                    for s in obj.views(reads=()).sessions() if s.id.startswith(text)][:200]
+        except Exception:  # noqa: BLE001 - completion must never print a traceback
+            return []
+        finally:
+            obj.close()
 
 
 SESSION = SessionIdType()
@@ -77,6 +124,42 @@ MODEL_SPEC = ModelSpecType()
 
 
 @dataclass
+class Staleness:
+    """How far the views a command read are behind the log: positions behind its head, and
+    the projections halted on an event they could not process (they stay behind until it is
+    skipped or their reader fixed)."""
+
+    head: int
+    behind: dict[str, int]
+    halted: dict[str, tuple[int, str]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"head": self.head, "behind": max(self.behind.values(), default=0),
+                "projections": {name: {"behind": lag,
+                                       "halted": ({"position": self.halted[name][0],
+                                                   "error": self.halted[name][1]}
+                                                  if name in self.halted else None)}
+                                for name, lag in sorted(self.behind.items())}}
+
+    def line(self) -> str:
+        parts = []
+        for name, lag in sorted(self.behind.items()):
+            if name in self.halted:
+                position, error = self.halted[name]
+                parts.append(f"{name} halted at position {position} ({_cut(error, 80)}), "
+                             f"{lag} behind")
+            else:
+                parts.append(f"{name} {lag} behind")
+        return (f"warning: what follows is behind the log (head {self.head}): "
+                f"{'; '.join(parts)} — see `terret doctor`")
+
+
+def _cut(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+@dataclass
 class CliContext:
     store_uri: str
     views_path: str | None
@@ -85,6 +168,10 @@ class CliContext:
     _store: EventStore | None = None
     _views: ViewStore | None = None
     _runner: ProjectionRunner | None = None
+    _commands: SessionCommands | None = None
+    _caught_up: bool = False
+    stale: Staleness | None = None
+    """Set by ``views`` when what the views hold is behind the log (``emit`` reports it)."""
     closers: list[Any] = field(default_factory=list)
 
     @property
@@ -93,6 +180,8 @@ class CliContext:
 
     def store(self, *, create: bool = False) -> EventStore:
         if self._store is None:
+            from terret.adapters.stores.uri import open_store
+
             path = sqlite_path(self.store_uri)  # None for the other stores
             if path is not None and not create and not os.path.exists(path):
                 raise StoreUnavailable(
@@ -105,12 +194,19 @@ class CliContext:
             self.closers.append(self._store.close)
         return self._store
 
-    def writer(self, *, create: bool = False) -> SessionWriter:
-        """Commands that append go through the ``Session`` aggregate, like the runtime does."""
-        return SessionWriter(SessionRepository(self.store(create=create)))
+    def commands(self, *, create: bool = False) -> SessionCommands:
+        """The domain's commands (``terret.runtime.commands``), on this store: the CLI issues
+        every command through them, as the runtime does."""
+        if self._commands is None:
+            from terret.runtime.commands import SessionCommands
+
+            self._commands = SessionCommands.on(self.store(create=create))
+        return self._commands
 
     def view_store(self) -> ViewStore:
         if self._views is None:
+            from terret.projections.base import ViewStore
+
             path = self.views_path or default_views_path(self.store_uri)
             try:
                 self._views = ViewStore(path)  # a damaged file or a full disk: typed errors
@@ -122,16 +218,64 @@ class CliContext:
 
     def runner(self) -> ProjectionRunner:
         if self._runner is None:
+            from terret.projections.runner import ProjectionRunner
+            from terret.projections.views import default_projections
+
             self._runner = ProjectionRunner(self.store(), self.view_store(),
                                             default_projections())
         return self._runner
 
-    def views(self) -> Views:
-        """The views, caught up with the store's head (read-your-writes for one-shot commands)."""
-        self.runner().catch_up()
+    def views(self, *, reads: Iterable[str] | None = None) -> Views:
+        """The views, caught up with the store's head (read-your-writes for one-shot commands).
+        ``reads`` names the projections the command shows: if any of them is behind the log
+        (halted on an event it cannot process), ``stale`` says so and ``emit`` reports it.
+        Views already at the head are used as they are, without loading the runner."""
+        from terret.projections.views import Views
+
+        if not self._caught_up:
+            if not self._fresh():
+                self.runner().catch_up()
+            self._caught_up = True
+        if self._runner is not None and (reads is None or reads):
+            self.stale = self._staleness(reads)  # the fresh path leaves nothing behind
         return Views(self.view_store())
 
+    def _fresh(self) -> bool:
+        """Whether the views belong to this store's log and every projection is at its head,
+        of its current version and not halted: then nothing is left to catch up."""
+        if self._runner is not None:
+            return False
+        from terret.projections._logcheck import LogCheck
+        from terret.projections.views import default_projections
+
+        store, views = self.store(), self.view_store()
+        if LogCheck(store, views).check():
+            return False  # emptied: they replay from position 0
+        with views.reading() as db:
+            tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())
+            versions = dict(db.execute(
+                "SELECT projection, version FROM projection_versions").fetchall())
+            halted = db.execute("SELECT 1 FROM projection_faults LIMIT 1").fetchone()
+        if halted is not None:
+            return False
+        head = store.head_position()  # after the views (another process may move both)
+        return all(tracked.get(p.name) == head and versions.get(p.name) == p.version
+                   for p in default_projections())
+
+    def _staleness(self, reads: Iterable[str] | None) -> Staleness | None:
+        runner = self.runner()
+        wanted = None if reads is None else set(reads)
+        states = [s for s in runner.states() if wanted is None or s.name in wanted]
+        behind = {s.name: s.lag for s in states if s.lag or s.fault}
+        if not behind:
+            return None
+        head = self.store().head_position()
+        return Staleness(head, behind, {s.name: s.fault for s in states if s.fault})
+
     def require_session(self, session_id: UUID) -> None:
+        from terret.adapters.stores.sqlite import SQLiteStore
+        from terret.domain.repository import SessionRepository
+
         store = self.store()
         if not SessionRepository(store).exists(session_id):
             if isinstance(store, SQLiteStore):
@@ -139,6 +283,17 @@ class CliContext:
                 # the file is sound before saying the session does not exist.
                 store.check_integrity()
             raise SessionNotFound(f"no session {session_id} in {self.masked_uri}")
+
+    def sessions_with_prefix(self, prefix: str, *, limit: int) -> list[UUID]:
+        """The session ids that start with ``prefix`` (from the sessions view, caught up)."""
+        from terret.domain.store import SESSION_PREFIX
+
+        views = self.views(reads=())
+        pattern = SESSION_PREFIX + prefix.replace("\\", "").replace("%", "").replace("_", "")
+        with views.store.reading() as db:
+            rows = db.execute("SELECT session FROM sessions WHERE session LIKE ? ORDER BY"
+                              " session LIMIT ?", (pattern + "%", limit)).fetchall()
+        return [UUID(row[0].removeprefix(SESSION_PREFIX)) for row in rows]
 
     def close(self) -> None:
         for close in reversed(self.closers):
@@ -150,8 +305,15 @@ class CliContext:
 
     # --- output --------------------------------------------------------------------------
 
-    def emit(self, data: Any, text: str | None = None) -> None:
-        """Print ``data`` as JSON with --json, else ``text`` (or a readable rendering)."""
+    def emit(self, data: Any, text: str | None = None, *, rows: bool = False) -> None:
+        """Print ``data`` as JSON with --json, else ``text`` (or a readable rendering). When
+        the views the command read are behind the log, one warning line goes to stderr and
+        the JSON carries ``stale`` (in each item of a list, in each row of a table keyed by
+        name, at the top of an object)."""
+        if self.stale is not None:
+            note(self.stale.line())
+            if self.json_output:
+                data = with_stale(data, self.stale.as_dict(), rows=rows)
         if self.json_output:
             click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
         elif text is not None:
@@ -160,7 +322,21 @@ class CliContext:
             click.echo(json.dumps(data, indent=2, default=str))
 
 
+def with_stale(data: Any, stale: dict[str, Any], *, rows: bool = False) -> Any:
+    """``data`` with the ``stale`` field: in each item of a list, in each row of a table keyed
+    by name (``rows``), else at the top of an object."""
+    if isinstance(data, list):
+        return [{**item, "stale": stale} if isinstance(item, dict) else item for item in data]
+    if isinstance(data, dict) and rows:
+        return {k: {**v, "stale": stale} if isinstance(v, dict) else v for k, v in data.items()}
+    if isinstance(data, dict):
+        return {**data, "stale": stale}
+    return data
+
+
 def operator() -> Actor:
+    from terret.domain.events import Actor
+
     try:
         user = getpass.getuser()
     except Exception:
@@ -173,8 +349,96 @@ def note(message: str) -> None:
     click.echo(message, err=True)
 
 
+def colour() -> bool:
+    """Colour only on a terminal, and never with ``NO_COLOR`` set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
 def table(rows: list[list[str]], headers: list[str]) -> str:
     """Left-aligned columns two spaces apart (linear in the cells: 10,000 rows in ~20 ms)."""
     widths = [max(map(len, column)) for column in zip(headers, *rows, strict=False)]
     line = "  ".join(f"{{:<{w}}}" for w in widths).format
     return "\n".join([line(*headers).rstrip(), *(line(*row).rstrip() for row in rows)])
+
+
+# --- how values read ---------------------------------------------------------------------
+
+
+def when(ts: float | None) -> str:
+    """A timestamp as local date and time."""
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    """How long ago ``ts`` was, as people say it: ``just now``, ``42 s ago``, ``5 min ago``,
+    ``3 h ago``, ``2 days ago`` (``in 3 s`` for a time ahead)."""
+    if ts is None:
+        return "never"
+    delta = (time.time() if now is None else now) - ts
+    future = delta < 0
+    delta = abs(delta)
+    if delta < 1:
+        return "just now"
+    for size, unit in ((86400 * 365, "y"), (86400, "days"), (3600, "h"), (60, "min"),
+                       (1, "s")):
+        if delta >= size:
+            count = int(delta // size)
+            if unit == "days" and count == 1:
+                unit = "day"
+            return f"in {count} {unit}" if future else f"{count} {unit} ago"
+    return "just now"
+
+
+CURRENCY = "$"
+"""Costs are what the providers report: OpenRouter and OpenAI-compatible endpoints report US
+dollars."""
+
+
+def money(cost: float | None) -> str:
+    """A cost, always the same way: dollars with six decimals (LLM calls cost fractions of a
+    cent)."""
+    return f"{CURRENCY}{(cost or 0.0):.6f}"
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def as_json(value: Any) -> str:
+    """A value shown inline as JSON (arguments of a call), keys sorted."""
+    return json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def parse_when(text: str, now: float | None = None) -> float:
+    """``--since``/``--until``: an ISO date or date and time (local time unless it names its
+    offset), or a duration back from now: ``30s``, ``15m``, ``2h``, ``3d``, ``1w``."""
+    from datetime import datetime
+
+    now = time.time() if now is None else now
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text.strip())
+    if found:
+        size = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[found.group(2)]
+        return now - float(found.group(1)) * size
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise ValueError(f"{text!r} is neither a date (2026-12-01, 2026-12-01T09:30) nor a "
+                         "duration (30s, 15m, 2h, 3d, 1w)") from None
+
+
+class WhenType(click.ParamType):
+    name = "WHEN"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_when(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+WHEN = WhenType()

@@ -3,7 +3,8 @@ line is parsed, so a bad value is a usage error (exit 2) before the store is eve
 
 Bytes that are not UTF-8 in an argument reach Python as lone surrogates (``surrogateescape``);
 stored text is UTF-8, so they are refused here as the domain refuses them (``InvalidPayload``).
-Values quoted in messages are cut short (``terret.domain.errors.shown``).
+Values quoted in messages are cut short (``terret.domain.errors.shown``). The domain's rules are
+imported when a value needs them, so parsing a command line loads nothing heavy.
 """
 
 from __future__ import annotations
@@ -14,9 +15,17 @@ from typing import Any
 import click
 from click.types import StringParamType
 
-from terret.domain.catalogue import text_problem
 from terret.domain.errors import shown
-from terret.domain.events import validate_agent_name, validate_pattern
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored (``terret.domain.catalogue.text_problem``); ASCII always
+    can, without loading the catalogue."""
+    if text.isascii():
+        return None
+    from terret.domain.catalogue import text_problem as problem
+
+    return problem(text)
 
 
 class TextType(StringParamType):
@@ -40,6 +49,8 @@ class AgentNameType(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> str:
+        from terret.domain.events import validate_agent_name
+
         try:
             return validate_agent_name(str(value))
         except ValueError as exc:
@@ -53,6 +64,8 @@ class PatternType(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> str:
+        from terret.domain.events import validate_pattern
+
         try:
             return validate_pattern(str(value))
         except ValueError as exc:

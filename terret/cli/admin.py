@@ -1,29 +1,50 @@
-"""Session administration: inject, cancel, resume, policy, model, compact, title, usage, events."""
+"""Session administration: inject, cancel, resume, policy, model, compact, title, usage, events.
+
+Every command that changes a session goes through the command service
+(``terret.runtime.commands.SessionCommands``), as the runtime's own do; the ones that need code
+(a turn, a summarizer) build a ``Runtime`` from the app."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import click
 
-from terret.cli._app import load_app
-from terret.cli._context import MODEL_SPEC, SESSION, CliContext, note, operator, table
+from terret.cli._context import (
+    MODEL_SPEC,
+    SESSION,
+    CliContext,
+    money,
+    note,
+    operator,
+    table,
+)
 from terret.cli._params import PATTERN, TEXT
-from terret.domain.catalogue import catalogue
-from terret.domain.errors import ConfigurationError, InvalidPayload, NoOpenTurn
-from terret.runtime.runtime import Runtime
+
+if TYPE_CHECKING:
+    from terret.cli._app import App
+    from terret.runtime.runtime import Runtime
 
 APP_OPTION = click.option(
     "--app", "app_spec", envvar="TERRET_APP", default=None, metavar="MODULE:FUNC",
     help="Function returning a terret.cli.App (agents, tools, providers). Env TERRET_APP.")
 
 
+def app_for(app_spec: str | None) -> App:
+    from terret.cli._app import load_app
+    from terret.domain.errors import ConfigurationError
 
-def runtime_for(obj: CliContext, app_spec: str | None) -> Runtime:
     try:
-        app = load_app(app_spec)
+        return load_app(app_spec)
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc), param_hint="'--app'") from None
+
+
+def runtime_for(obj: CliContext, app_spec: str | None) -> Runtime:
+    from terret.runtime.runtime import Runtime
+
+    app = app_for(app_spec)
     runtime = Runtime(obj.store(), resolver=app.resolver, views=obj.view_store(),
                       config=app.config, agents=app.agents, summarizer=app.summarizer,
                       titler=app.titler)
@@ -41,7 +62,7 @@ def inject(obj: CliContext, session_id: UUID, text: str, wake: bool) -> None:
     if not text.strip():
         raise click.BadParameter("the text cannot be empty", param_hint="TEXT")
     obj.require_session(session_id)
-    inbox_id, _ = obj.writer().execute(session_id, lambda s: s.queue(text, wake=wake))
+    inbox_id = obj.commands().inject(session_id, text, wake=wake)
     obj.emit({"session": str(session_id), "inbox_id": inbox_id, "wake": wake},
              f"queued {inbox_id}" + (" (wake)" if wake else ""))
 
@@ -54,7 +75,7 @@ def cancel(obj: CliContext, session_id: UUID, reason: str | None) -> None:
     """Cancel the open turn: recorded first; its serving process then denies standing
     approvals and closes the turn (or the next resume does)."""
     obj.require_session(session_id)
-    obj.writer().execute(session_id, lambda s: s.request_cancel(by=operator(), reason=reason))
+    obj.commands().cancel(session_id, by=operator(), reason=reason)
     obj.emit({"session": str(session_id), "cancel_requested": True},
              f"cancel recorded for {session_id}")
 
@@ -65,6 +86,8 @@ def cancel(obj: CliContext, session_id: UUID, reason: str | None) -> None:
 @click.pass_obj
 def resume(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
     """Resume the session's open turn in this process (after a crash)."""
+    from terret.domain.errors import NoOpenTurn
+
     obj.require_session(session_id)
     runtime = runtime_for(obj, app_spec).start()
     # The owed calls run first: the allow-list and approvals read the views, which must know
@@ -75,8 +98,10 @@ def resume(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
     pending = runtime.views.pending(session_id)
     if pending:
         calls = ", ".join(p.call_id for p in pending)
-        note(f"turn parked on {calls}: waiting for a verdict (`terret approve|deny "
-             f"{session_id} CALL_ID` from another shell; Ctrl-C leaves the turn open)")
+        first = pending[0].call_id
+        note(f"turn parked on {calls}: waiting for a verdict (`terret approve {session_id} "
+             f"{first}` or `terret deny {session_id} {first} --reason …` from another shell; "
+             "Ctrl-C leaves the turn open)")
     result = runtime.resume_turn(session_id)
     obj.emit({"session": str(session_id), "turn": result.turn, "status": result.status},
              f"turn {result.turn} {result.status}")
@@ -91,27 +116,72 @@ def policy() -> None:
 @click.argument("session_id", type=SESSION)
 @click.pass_obj
 def policy_show(obj: CliContext, session_id: UUID) -> None:
-    """The patterns in force: the last policy/updated, else the agent's floor."""
+    """The patterns in force (the last policy/updated, else the agent's floor) and the floor
+    the session recorded when it started."""
     obj.require_session(session_id)
-    patterns = obj.views().policy(session_id)
-    obj.emit({"session": str(session_id), "patterns": patterns},
-             "\n".join(patterns) if patterns else
-             ("(deny all)" if patterns is not None else "none recorded (the agent's floor)"))
+    patterns = obj.views(reads=("policy",)).policy(session_id)
+    floor = obj.commands().policy_floor(session_id)
+    if patterns is None:
+        shown = "none recorded: the agent's floor applies"
+    else:
+        shown = "\n".join(patterns) if patterns else "(deny all)"
+    floor_line = (f"floor: {', '.join(floor) or '(deny all)'} (recorded at the session's start)"
+                  if floor is not None else
+                  "floor: not recorded (the serving app's agent definition's allow-list)")
+    obj.emit({"session": str(session_id), "patterns": patterns, "floor": floor},
+             f"{shown}\n{floor_line}")
 
 
 @policy.command("set")
 @click.argument("session_id", type=SESSION)
 @click.argument("patterns", nargs=-1, type=PATTERN)
+@click.option("--deny-all", is_flag=True, help="Allow no tool at all (instead of PATTERNS).")
 @click.pass_obj
-def policy_set(obj: CliContext, session_id: UUID, patterns: tuple[str, ...]) -> None:
+def policy_set(obj: CliContext, session_id: UUID, patterns: tuple[str, ...],
+               deny_all: bool) -> None:
     """Replace the allow-list; takes effect on the very next tool call."""
+    from terret.domain.errors import InvalidPayload
+
+    if not patterns and not deny_all:
+        raise click.UsageError("give the patterns to allow, or --deny-all to allow no tool "
+                               "(`terret policy reset` goes back to the agent's floor)")
+    if patterns and deny_all:
+        raise click.UsageError("--deny-all allows no tool: give it without PATTERNS")
     obj.require_session(session_id)
     try:
-        obj.writer().execute(session_id, lambda s: s.update_policy(patterns, by=operator()))
+        obj.commands().set_policy(session_id, patterns, by=operator())
     except InvalidPayload as exc:
         raise click.BadParameter(str(exc), param_hint="PATTERN") from None
     obj.emit({"session": str(session_id), "patterns": list(patterns)},
              f"policy of {session_id}: {', '.join(patterns) or '(deny all)'}")
+
+
+@policy.command("reset")
+@click.argument("session_id", type=SESSION)
+@APP_OPTION
+@click.pass_obj
+def policy_reset(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
+    """Go back to the agent's floor: the allow-list the session recorded when it started, or
+    (a session that recorded none) the app's agent definition's."""
+    from terret.domain.errors import ConfigurationError
+
+    obj.require_session(session_id)
+    commands = obj.commands()
+    floor = commands.policy_floor(session_id)
+    source = "session/started"
+    if floor is None:
+        agent = commands.writer.load(session_id).state.agent
+        app = app_for(app_spec)
+        definition = next((d for d in app.agents if d.name == agent), None)
+        if definition is None and agent != "default":
+            raise ConfigurationError(
+                f"session {session_id} recorded no floor and the app defines no agent "
+                f"{agent!r}: name the app that serves it (--app)")
+        floor = list(definition.allow) if definition is not None else []
+        source = "app"
+    commands.set_policy(session_id, floor, by=operator())
+    obj.emit({"session": str(session_id), "patterns": floor, "floor_from": source},
+             f"policy of {session_id} reset to the floor: {', '.join(floor) or '(deny all)'}")
 
 
 @click.group("model")
@@ -123,15 +193,55 @@ def model() -> None:
 @click.argument("session_id", type=SESSION)
 @click.argument("role", type=TEXT)
 @click.argument("spec", type=MODEL_SPEC)
+@APP_OPTION
+@click.option("--force", is_flag=True,
+              help="Record SPEC even if the app here cannot resolve it (a provider configured "
+                   "only where the session is served).")
 @click.pass_obj
-def model_set(obj: CliContext, session_id: UUID, role: str, spec: str) -> None:
-    """Point ROLE at SPEC (provider:model); the next step uses it."""
+def model_set(obj: CliContext, session_id: UUID, role: str, spec: str, app_spec: str | None,
+              force: bool) -> None:
+    """Point ROLE at SPEC (provider:model); the next step uses it. SPEC is checked against
+    the app's providers first."""
+    from terret.domain.errors import InvalidPayload
+
     obj.require_session(session_id)
+    app = None if force else app_for(app_spec)
     try:
-        obj.writer().execute(session_id, lambda s: s.set_model(role, spec, by=operator()))
+        # The app's check runs after the session's rules (a closed session, a bad role) and
+        # before anything is written.
+        obj.commands().set_model(session_id, role, spec, by=operator(), check=None
+                                 if app is None else lambda spec: _check_resolves(app, spec))
     except InvalidPayload as exc:
         raise click.BadParameter(str(exc)) from None
     obj.emit({"session": str(session_id), "role": role, "spec": spec}, f"{role} = {spec}")
+
+
+def _check_resolves(app: App, spec: str) -> None:
+    """A spec naming a provider the app does not have would fail the session's next step:
+    refuse it. A provider it has but cannot build here (its API key is not in this shell's
+    environment) is recorded with a warning: the serving process may have what it needs."""
+    try:
+        app.resolver.resolve(spec)
+    except Exception as exc:  # noqa: BLE001 - any failure to resolve, typed or not
+        message = " ".join(str(exc).split())
+        if _knows_provider(app.resolver, spec.partition(":")[0]):
+            note(f"warning: {spec!r} cannot be used from here ({message}); recorded: the "
+                 "process serving the session needs it configured")
+            return
+        raise click.BadParameter(
+            f"the app cannot resolve {spec!r}: {message} (check the provider's name, or "
+            "record it anyway with --force)", param_hint="SPEC") from None
+
+
+def _knows_provider(resolver: object, name: str) -> bool:
+    """Whether the resolver has a provider of that name (configured or registered), built or
+    not. A resolver of another kind does not say: then only resolving counts."""
+    config = getattr(resolver, "config", None)
+    endpoints = getattr(config, "endpoints", None)
+    if isinstance(endpoints, dict):
+        return (name in endpoints or name in getattr(resolver, "_registered", ())
+                or name == "openai-compatible")  # an endpoint the spec itself names
+    return False
 
 
 @click.command("compact")
@@ -159,10 +269,10 @@ def title(obj: CliContext, session_id: UUID, new_title: str | None) -> None:
     if new_title is not None:
         if not new_title.strip():
             raise click.BadParameter("a title cannot be empty", param_hint="NEW_TITLE")
-        value, _ = obj.writer().execute(session_id, lambda s: s.title(new_title, by=operator()))
-        obj.emit({"session": str(session_id), "title": value}, str(value))
+        value = obj.commands().set_title(session_id, new_title, by=operator())
+        obj.emit({"session": str(session_id), "title": value}, value)
         return
-    current = obj.views().title(session_id)
+    current = obj.views(reads=("title",)).title(session_id)
     obj.emit({"session": str(session_id), "title": current}, current or "(untitled)")
 
 
@@ -173,13 +283,15 @@ def title(obj: CliContext, session_id: UUID, new_title: str | None) -> None:
 @click.pass_obj
 def usage(obj: CliContext, session_id: UUID | None, by: str | None) -> None:
     """Tokens and cost, for one session or all."""
+    if by == "turn" and session_id is None:
+        raise click.UsageError("--by turn needs a SESSION")
     if session_id is not None:
         obj.require_session(session_id)
-    views = obj.views()
-    rows: dict[str, dict[str, object]]
+    views = obj.views(reads=("usage", "sessions") if by is None and session_id is None
+                      else ("usage",))
+    rows: dict[str, dict[str, Any]]
     if by == "turn":
-        if session_id is None:
-            raise click.UsageError("--by turn needs a SESSION")
+        assert session_id is not None
         rows = {str(k): v.as_dict() for k, v in views.usage_by_turn(session_id).items()}
     elif by == "model":
         rows = {k: v.as_dict() for k, v in views.usage_by_model(session_id).items()}
@@ -188,17 +300,18 @@ def usage(obj: CliContext, session_id: UUID | None, by: str | None) -> None:
     else:
         rows = {s.id: s.usage.as_dict() for s in views.sessions()}
     key = {"turn": "TURN", "model": "MODEL"}.get(by or "", "SESSION")
-    text = table([[k, str(v["prompt_tokens"]), str(v["completion_tokens"]),
-                   f"{float(v['cost']):.6f}", str(v["steps"])]  # type: ignore[arg-type]
-                  for k, v in rows.items()],
+    text = table([[k, str(v["prompt_tokens"]), str(v["completion_tokens"]), money(v["cost"]),
+                   str(v["steps"])] for k, v in rows.items()],
                  [key, "PROMPT", "COMPLETION", "COST", "STEPS"])
-    obj.emit(rows, text)
+    obj.emit(rows, text, rows=True)
 
 
 @click.command("events")
 @click.pass_obj
 def events(obj: CliContext) -> None:
     """The event catalogue: Terret's events and registered extensions."""
+    from terret.domain.catalogue import catalogue
+
     types = list(catalogue)
     data = [{"wire_name": c.wire_name, "version": c.version, "model_visible": c.model_visible,
              "commutative": c.commutative, "builtin": catalogue.is_builtin(c.wire_name),

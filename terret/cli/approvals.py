@@ -7,7 +7,7 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import SESSION, CliContext, operator, table
+from terret.cli._context import SESSION, CliContext, as_json, operator, table
 from terret.cli._params import TEXT
 
 
@@ -23,22 +23,42 @@ def list_approvals(obj: CliContext, session_id: UUID | None) -> None:
     """Requests without a verdict in open turns (of one session, or all)."""
     if session_id is not None:
         obj.require_session(session_id)
-    found = obj.views().pending(session_id)
+    found = obj.views(reads=("approvals",)).pending(session_id)
     data = [{"session": p.session.removeprefix("session-"), "call_id": p.call_id,
              "tool": p.name, "args": p.args, "turn": p.turn} for p in found]
-    rows = [[p.session.removeprefix("session-"), p.call_id, p.name, str(p.args)[:60]]
+    rows = [[p.session.removeprefix("session-"), p.call_id, p.name, _cut(as_json(p.args), 60)]
             for p in found]
     obj.emit(data, table(rows, ["SESSION", "CALL", "TOOL", "ARGS"]) if rows
              else "no pending approvals")
 
 
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def pending_call(obj: CliContext, session_id: UUID, call_id: str) -> str:
+    """``call_id``, or the one call pending in the session's open turn that it is a prefix of
+    (as git takes a unique prefix of an object id). An exact id is taken as it is: the command
+    refuses it if it is not pending."""
+    pending = obj.commands().writer.load(session_id).pending_approvals()
+    if call_id in pending or not call_id:
+        return call_id
+    matches = sorted(c for c in pending if c.startswith(call_id))
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise click.BadParameter(f"{call_id!r} is ambiguous: it starts the pending calls "
+                                 f"{', '.join(matches)}; give more of it",
+                                 param_hint="CALL_ID")
+    return call_id
+
+
 def _resolve(obj: CliContext, session_id: UUID, call_id: str, verdict: str,
              reason: str | None) -> None:
     obj.require_session(session_id)
-    writer = obj.writer()
+    call_id = pending_call(obj, session_id, call_id)
     # Refused with ApprovalNotPending unless the call is pending in the open turn (R11).
-    writer.execute(session_id, lambda s: s.resolve_approval(
-        call_id, verdict, by=operator(), reason=reason))
+    obj.commands().resolve(session_id, call_id, verdict, by=operator(), reason=reason)
     obj.emit({"session": str(session_id), "call_id": call_id, "verdict": verdict},
              f"{verdict} {call_id}")
 

@@ -16,13 +16,7 @@ import click
 from terret.adapters.stores.sqlite import SQLiteStore
 from terret.cli._context import default_views_path
 from terret.cli._params import SECONDS
-from terret.cli.demo_app import COMPACTION_BUDGET
-from terret.domain.codec import decode
-from terret.domain.events import ApprovalRequested
-from terret.domain.repository import SessionRepository
-from terret.domain.session import Session
 from terret.domain.store import StoredRecord, session_stream
-from terret.runtime.writer import SessionWriter
 
 APP = "terret.cli.demo_app:demo_app"
 
@@ -96,6 +90,8 @@ class Demo:
 
 
 def _is(wire_name: str, **fields: object) -> Callable[[StoredRecord], bool]:
+    from terret.domain.codec import decode
+
     def test(record: StoredRecord) -> bool:
         if record.wire_name != wire_name:
             return False
@@ -114,6 +110,11 @@ def _is(wire_name: str, **fields: object) -> Callable[[StoredRecord], bool]:
 def demo(path: Path, timeout: float) -> None:
     """Walk through a session's lifecycle on the embedded store: a tool call, an approval
     that survives a SIGKILL of the serving process, resume, compaction, title, usage, log."""
+    from terret.cli.demo_app import COMPACTION_BUDGET
+    from terret.domain.codec import decode
+    from terret.domain.events import ApprovalRequested
+    from terret.runtime.commands import SessionCommands
+
     started = time.monotonic()
     for suffix in ("", "-wal", "-shm"):
         for file in (str(path) + suffix, default_views_path(str(path)) + suffix):
@@ -122,9 +123,8 @@ def demo(path: Path, timeout: float) -> None:
     run = Demo(path, timeout)
     try:
         run.say(f"A session starts in {path} (SQLite, WAL, synchronous=FULL)")
-        session = Session.start(agent="demo", roles={"main": "demo:ops-model-1"})
-        SessionWriter(SessionRepository(run.store)).create(session)
-        sid = session.id
+        sid = SessionCommands.on(run.store).create(agent="demo",
+                                                   roles={"main": "demo:ops-model-1"})
         click.echo(f"  session {sid}")
 
         run.say("A serving process starts (it runs the session's agent)")

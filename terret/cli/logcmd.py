@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import collections
+import difflib
 import json
-from typing import Any
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import click
 
 from terret.cli._context import SESSION, CliContext
 from terret.cli._params import TEXT
-from terret.domain.catalogue import OpaquePayload
-from terret.domain.codec import RecordedEvent, decode
 from terret.domain.store import StoredRecord, session_stream
+
+if TYPE_CHECKING:
+    from terret.domain.codec import RecordedEvent
+
+PAGE = 1000
 
 
 def _short(text: str, n: int = 70) -> str:
@@ -22,6 +29,8 @@ def _short(text: str, n: int = 70) -> str:
 
 def summarize(event: RecordedEvent) -> str:
     """One line for a human: the gist of the payload."""
+    from terret.domain.catalogue import OpaquePayload
+
     p: Any = event.payload
     name = event.wire_name
     if isinstance(p, OpaquePayload):
@@ -66,8 +75,15 @@ def summarize(event: RecordedEvent) -> str:
     return _short(json.dumps(data, default=str), 90)
 
 
-def _line(event: RecordedEvent) -> str:
-    return f"{event.seq:>6}  {event.wire_name:<22} {summarize(event)}"
+def _line(event: RecordedEvent, record: StoredRecord, *, full: bool, stamps: bool) -> str:
+    stamp = f"{_stamp(record.recorded_at)}  " if stamps else ""
+    body = (json.dumps(json.loads(record.data), sort_keys=True, ensure_ascii=False)
+            if full else summarize(event))
+    return f"{event.seq:>6}  {stamp}{event.wire_name:<22} {body}"
+
+
+def _stamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
 
 
 def _as_dict(record: StoredRecord, event: RecordedEvent) -> dict[str, Any]:
@@ -84,46 +100,89 @@ def _as_dict(record: StoredRecord, event: RecordedEvent) -> dict[str, Any]:
               help="First seq to show.")
 @click.option("--type", "types", type=TEXT, multiple=True, metavar="WIRE_NAME",
               help="Only events of this type (repeatable), e.g. --type tool/result.")
+@click.option("--tail", "tail", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Only the last N events (of those --type keeps).")
+@click.option("--timestamps", "-t", "stamps", is_flag=True,
+              help="Show when each event was recorded (local time).")
+@click.option("--full", is_flag=True,
+              help="Show each event's data in full (JSON), not a one-line summary.")
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming new events until Ctrl-C.")
 @click.pass_obj
 def log(obj: CliContext, session_id: UUID, from_seq: int, types: tuple[str, ...],
-        follow: bool) -> None:
+        tail: int | None, stamps: bool, full: bool, follow: bool) -> None:
     """A session's events, one line each: seq, wire name, summary."""
+    from terret.domain.codec import decode
+
     obj.require_session(session_id)
     store = obj.store()
     stream = session_stream(session_id)
     wanted = set(types) or None
+    if wanted is not None:
+        _check_types(store, stream, wanted)
 
     def show(record: StoredRecord) -> None:
-        if wanted is not None and record.wire_name not in wanted:
-            return
         event = decode(record)  # a record that cannot be decoded raises CorruptRecord
         if obj.json_output:
             click.echo(json.dumps(_as_dict(record, event), sort_keys=True))
         else:
-            click.echo(_line(event))
+            click.echo(_line(event, record, full=full, stamps=stamps))
 
     head = store.head_position()  # before reading, so --follow cannot miss what lands meanwhile
+    if tail is not None and wanted is None:
+        from_seq = max(from_seq, store.stream_version(stream) - tail + 1)
+    kept: collections.deque[StoredRecord] = collections.deque(maxlen=tail)
     last = from_seq - 1
-    while True:
-        page = store.read_stream(stream, from_seq=last + 1, limit=1000)
-        for record in page:
-            show(record)
-        if len(page) < 1000:
-            break
-        last = page[-1].seq
-    if page:
-        last = page[-1].seq
+    for record in _records(store, stream, from_seq):
+        last = record.seq
+        if wanted is None or record.wire_name in wanted:
+            if tail is None:
+                show(record)
+            else:
+                kept.append(record)
+    for record in kept:
+        show(record)
     if not follow:
         return
     try:
         with store.subscribe(after=head) as sub:
             for item in sub:
                 if isinstance(item, StoredRecord) and item.stream == stream and item.seq > last:
-                    show(item)
+                    if wanted is None or item.wire_name in wanted:
+                        show(item)
                     last = item.seq
     except KeyboardInterrupt:
         pass  # Ctrl-C ends --follow quietly
+
+
+def _records(store: Any, stream: str, from_seq: int) -> Iterator[StoredRecord]:
+    """The stream's records from ``from_seq`` on, read in pages."""
+    after = from_seq - 1
+    while True:
+        page = store.read_stream(stream, from_seq=after + 1, limit=PAGE)
+        yield from page
+        if len(page) < PAGE:
+            return
+        after = page[-1].seq
+
+
+def _check_types(store: Any, stream: str, wanted: set[str]) -> None:
+    """Refuse a ``--type`` no event can have: neither an event type this process knows (the
+    catalogue: Terret's and registered extensions') nor one found in the session's log (an
+    extension this process does not have)."""
+    from terret.domain.catalogue import catalogue
+
+    known = set(catalogue.wire_names())
+    unknown = wanted - known
+    if unknown:
+        known |= {r.wire_name for r in _records(store, stream, 1)}
+        unknown -= known
+    if unknown:
+        name = sorted(unknown)[0]
+        close = difflib.get_close_matches(name, sorted(known), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise click.BadParameter(
+            f"no event type {name!r}{hint}; `terret events` lists the known ones",
+            param_hint="'--type'")
 
 
 def register(cli: click.Group) -> None:

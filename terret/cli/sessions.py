@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 from uuid import UUID
 
 import click
 
-from terret.cli._context import MODEL_SPEC, SESSION, CliContext, note, operator, table
+from terret.cli._context import (
+    MODEL_SPEC,
+    SESSION,
+    WHEN,
+    CliContext,
+    ago,
+    as_json,
+    money,
+    note,
+    operator,
+    plural,
+    table,
+    when,
+)
 from terret.cli._params import AGENT_NAME, TEXT
-from terret.domain.errors import InvalidPayload, RuleViolation, SessionNotFound
-from terret.domain.repository import SessionRepository
-from terret.domain.session import Session
-from terret.runtime.retention import purge_session
 
 STATUSES = ("idle", "running", "waiting_approval", "closed")
-
-
-def _when(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+LIST_READS = ("sessions", "status", "title", "usage")
+SHOW_READS = (*LIST_READS, "approvals", "policy", "models")
 
 
 @click.group("sessions")
@@ -30,44 +36,106 @@ def sessions() -> None:
 
 @sessions.command("list")
 @click.option("--status", type=click.Choice(STATUSES), help="Only sessions in this state.")
+@click.option("--agent", type=AGENT_NAME, default=None, help="Only sessions of this agent.")
+@click.option("--title", "title_part", type=TEXT, default=None, metavar="TEXT",
+              help="Only sessions whose title holds TEXT (any case).")
+@click.option("--since", type=WHEN, default=None,
+              help="Only sessions active since WHEN: a date (2026-12-01, 2026-12-01T09:30) "
+                   "or a duration back from now (30m, 2h, 3d, 1w).")
+@click.option("--until", type=WHEN, default=None, help="Only sessions last active by WHEN.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N sessions.")
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Leave out the first N (paging, with --limit).")
 @click.pass_obj
-def list_sessions(obj: CliContext, status: str | None, limit: int | None) -> None:
+def list_sessions(obj: CliContext, status: str | None, agent: str | None,
+                  title_part: str | None, since: float | None, until: float | None,
+                  limit: int | None, offset: int) -> None:
     """List sessions, most recently active first."""
-    found = obj.views().sessions(status=status, limit=limit)
+    from terret.cli._owners import Liveness, owner_cell
+
+    views = obj.views(reads=LIST_READS)
+    found = views.sessions(status=status, limit=None if limit is None else limit + 1,
+                           agent=agent, title=title_part, since=since, until=until,
+                           offset=offset)
+    more = limit is not None and len(found) > limit
+    found = found[:limit]
+    live = Liveness(obj.store()) if any(s.owner for s in found) else None
+    owners = [live.owner(s.owner) if live is not None else None for s in found]
+    if more:
+        note(f"showing {offset + 1}–{offset + len(found)}; more with --offset "
+             f"{offset + len(found)}")
     if obj.json_output:  # build only the output asked for: this is the 10,000-row command
-        obj.emit([s.as_dict() for s in found])
+        obj.emit([{**s.as_dict(), "owner": o} for s, o in zip(found, owners, strict=True)])
         return
-    rows = [[s.id, s.status, str(s.events), f"{s.usage.cost:.4f}", _when(s.last_activity),
-             (s.title or "")[:40]] for s in found]
-    obj.emit(None, table(rows, ["ID", "STATUS", "EVENTS", "COST", "LAST ACTIVITY", "TITLE"])
+    now = time.time()
+    rows = [[s.id, s.status, _turn_cell(s.last_turn), owner_cell(o), str(s.events),
+             money(s.usage.cost), ago(s.last_activity, now), (s.title or "")[:40]]
+            for s, o in zip(found, owners, strict=True)]
+    obj.emit(None, table(rows, ["ID", "STATUS", "LAST TURN", "OWNER", "EVENTS", "COST",
+                                "ACTIVE", "TITLE"])
              if rows else "no sessions")
+
+
+def _turn_cell(last: dict[str, Any] | None) -> str:
+    if last is None:
+        return "-"
+    by = last.get("by")
+    return f"{last['turn']} {last['status']}" + (f" by {by['actor']}" if by else "")
+
+
+def _actor(by: dict[str, Any] | None) -> str:
+    if not by:
+        return ""
+    return by["actor"] + (f" ({by['id']})" if by.get("id") else "")
+
+
+def last_turn_text(last: dict[str, Any] | None, now: float | None = None) -> str:
+    """``2 cancelled 3 h ago by operator (alice): change freeze``."""
+    if last is None:
+        return "none ended yet"
+    text = f"{last['turn']} {last['status']} {ago(last.get('ended'), now)}"
+    if last.get("by"):
+        text += f" by {_actor(last['by'])}"
+    if last.get("reason"):
+        text += f": {last['reason']}"
+    return text
 
 
 @sessions.command("show")
 @click.argument("session_id", type=SESSION)
 @click.pass_obj
 def show(obj: CliContext, session_id: UUID) -> None:
-    """Title, status, open turn, pending approvals, usage and policy of one session."""
+    """Title, status, how its last turn ended, owner, open turn, pending approvals, usage and
+    policy of one session."""
+    from terret.cli._owners import Liveness, owner_text
+    from terret.domain.errors import SessionNotFound
+
     obj.require_session(session_id)
-    views = obj.views()
+    views = obj.views(reads=SHOW_READS)
     summary = views.summary(session_id)
     status = views.status(session_id)
-    if summary is None or status is None:
+    state = views.state(session_id)
+    if summary is None or status is None or state is None:
         raise SessionNotFound(f"no session {session_id}")
     pending = views.pending(session_id)
     policy = views.policy(session_id)
+    owner = Liveness(obj.store()).owner(summary.owner)
     data = {
         **summary.as_dict(),
+        "owner": owner,
         "open_turn": status.turn if status.turn_open else None,
         "step": status.step, "step_open": status.step_open,
         "owed_calls": status.owed, "cancel_requested": status.cancel_requested,
+        "cancel": ({"by": state.cancel_by, "reason": state.cancel_reason}
+                   if status.cancel_requested else None),
         "inbox": status.inbox, "resumable": status.resumable and not status.closed,
         "pending_approvals": [{"call_id": p.call_id, "tool": p.name, "args": p.args}
                               for p in pending],
         "policy": policy, "models": views.roles(session_id),
         "usage_by_model": {k: v.as_dict() for k, v in views.usage_by_model(session_id).items()},
     }
+    now = time.time()
+    last = summary.last_turn
     lines = [
         f"session   {summary.id}",
         f"title     {summary.title or '(untitled)'}",
@@ -75,30 +143,48 @@ def show(obj: CliContext, session_id: UUID) -> None:
         f"status    {summary.status}"
         + (f" (turn {status.turn}, step {status.step}{' open' if status.step_open else ''})"
            if status.turn_open else ""),
-        f"events    {summary.events}   created {_when(summary.created)}   "
-        f"last activity {_when(summary.last_activity)}",
-        f"policy    {', '.join(policy) if policy is not None else 'none recorded (agent floor)'}",
+        f"last turn {last_turn_text(last, now)}",
+    ]
+    if last is not None and last.get("error"):
+        first, *rest = str(last["error"]).splitlines() or [""]
+        lines.append(f"error     {first}")
+        lines.extend(f"          {line}" for line in rest)
+    lines += [
+        f"owner     {owner_text(owner, now)}",
+        f"events    {summary.events}   created {when(summary.created)} "
+        f"({ago(summary.created, now)})   last activity {when(summary.last_activity)} "
+        f"({ago(summary.last_activity, now)})",
+        f"policy    {policy_text(policy)}",
         f"models    {', '.join(f'{k}={v}' for k, v in sorted(data['models'].items()))}",
-        f"usage     {_usage(summary.usage.as_dict())}",
+        f"usage     {usage_text(summary.usage.as_dict())}",
     ]
     for model_spec, used in sorted(data["usage_by_model"].items()):
-        lines.append(f"  {model_spec}: {_usage(used)}")
+        lines.append(f"  {model_spec}: {usage_text(used)}")
     for call in status.owed:
-        lines.append(f"owed      {call['id']}: {call['name']} {json.dumps(call['args'])}")
+        lines.append(f"owed      {call['id']}: {call['name']} {as_json(call['args'])}")
     if status.inbox:
         lines.append(f"inbox     {status.inbox} queued")
     for p in pending:
-        lines.append(f"approval  {p.call_id}: {p.name} {json.dumps(p.args)}  (pending)")
+        lines.append(f"approval  {p.call_id}: {p.name} {as_json(p.args)}  (pending)")
     if status.cancel_requested:
-        lines.append("cancel    requested")
+        by = _actor(state.cancel_by)
+        lines.append("cancel    requested" + (f" by {by}" if by else "")
+                     + (f": {state.cancel_reason}" if state.cancel_reason else ""))
     if data["resumable"]:
         lines.append(f"resumable yes (`terret resume {summary.id}`, or `terret serve`)")
     obj.emit(data, "\n".join(lines))
 
 
-def _usage(used: dict[str, Any]) -> str:
+def policy_text(policy: list[str] | None) -> str:
+    if policy is None:
+        return "none recorded (agent floor)"
+    return ", ".join(policy) if policy else "(deny all)"
+
+
+def usage_text(used: dict[str, Any]) -> str:
+    """``300 prompt + 30 completion tokens, $0.750000, 2 steps``."""
     return (f"{used['prompt_tokens']} prompt + {used['completion_tokens']} completion tokens, "
-            f"cost {used['cost']:.4f}, {used['steps']} steps")
+            f"{money(used['cost'])}, {plural(used['steps'], 'step')}")
 
 
 @sessions.command("new")
@@ -109,14 +195,15 @@ def _usage(used: dict[str, Any]) -> str:
 @click.pass_obj
 def new(obj: CliContext, agent: str, main_model: str | None) -> None:
     """Create a session and print its id."""
+    from terret.domain.errors import InvalidPayload
+
     roles = {"main": main_model} if main_model is not None else {}
     try:
-        session = Session.start(agent=agent, roles=roles)
+        session_id = obj.commands(create=True).create(agent=agent, roles=roles)
     except InvalidPayload as exc:
         raise click.BadParameter(str(exc), param_hint="'--model'" if exc.field == "roles"
                                  else f"'--{exc.field}'") from None
-    obj.writer(create=True).create(session)
-    obj.emit({"id": str(session.id)}, str(session.id))
+    obj.emit({"id": str(session_id)}, str(session_id))
 
 
 @sessions.command("close")
@@ -126,8 +213,7 @@ def new(obj: CliContext, agent: str, main_model: str | None) -> None:
 def close(obj: CliContext, session_id: UUID, reason: str | None) -> None:
     """Close a session: it takes no further turns. Refused while a turn is open."""
     obj.require_session(session_id)
-    writer = obj.writer()
-    writer.execute(session_id, lambda s: s.close(by=operator(), reason=reason))
+    obj.commands().close(session_id, by=operator(), reason=reason)
     obj.emit({"id": str(session_id), "closed": True}, f"closed {session_id}")
 
 
@@ -142,13 +228,15 @@ def close(obj: CliContext, session_id: UUID, reason: str | None) -> None:
 def purge(obj: CliContext, session_id: UUID, reason: str | None, max_age: int | None,
           yes: bool) -> None:
     """Delete a closed session's events (retention). The deletion is recorded."""
+    from terret.domain.errors import RuleViolation
+
     obj.require_session(session_id)
-    repository = SessionRepository(obj.store())
-    if not repository.get(session_id).closed:
+    commands = obj.commands()
+    if not commands.writer.load(session_id).closed:  # before asking: it would be refused
         raise RuleViolation(f"session {session_id} is not closed; close it first")
     if not yes and not obj.json_output:
         click.confirm(f"Delete every event of session {session_id}?", abort=True, err=True)
-    purge_session(repository, session_id, by=operator(), reason=reason, max_age=max_age)
+    commands.purge(session_id, by=operator(), reason=reason, max_age=max_age)
     if max_age is not None:
         note(f"{session_id} expires after {max_age}s on stores with native expiry "
              "(EventStoreDB); elsewhere purge again without --max-age")

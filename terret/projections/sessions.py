@@ -1,8 +1,10 @@
-"""The operators' session index: id, agent, created, last activity, event count, closed — joined
-at read time with the title, status and usage views."""
+"""The operators' session index: id, agent, created, last activity, event count, closed, and how
+its last turn ended (status, reason, who forced it, the full error, when) — joined at read time
+with the title, status (its owner: the aggregate's state) and usage views."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +29,11 @@ class SessionSummary:
     events: int
     usage: UsageTotals
     closed: bool
+    last_turn: dict[str, Any] | None = None
+    """How the last turn that ended ended: ``{turn, status, reason, by, error, ended}``."""
+    owner: dict[str, Any] | None = None
+    """The session's owner as its log records it (``agent/attached``): ``{agent_id, worker,
+    host, pid, epoch}``; None when no worker owns it."""
 
     @property
     def id(self) -> str:
@@ -37,6 +44,7 @@ class SessionSummary:
             "id": self.id, "agent": self.agent, "title": self.title, "status": self.status,
             "created": self.created, "last_activity": self.last_activity,
             "events": self.events, "usage": self.usage.as_dict(), "closed": self.closed,
+            "last_turn": self.last_turn, "owner": self.owner,
         }
 
 
@@ -51,12 +59,14 @@ class _EveryKnownEvent(frozenset[str]):
 
 class SessionsProjection(Projection):
     name = "sessions"
+    version = 2  # 2: how the last turn ended (last_turn)
     handles = _EveryKnownEvent()
     tables = ("sessions",)
     schema = """
     CREATE TABLE IF NOT EXISTS sessions (
         session TEXT PRIMARY KEY, agent TEXT NOT NULL, created REAL NOT NULL,
-        last_activity REAL NOT NULL, events INTEGER NOT NULL, closed INTEGER NOT NULL
+        last_activity REAL NOT NULL, events INTEGER NOT NULL, closed INTEGER NOT NULL,
+        last_turn TEXT
     );
     """
 
@@ -67,9 +77,10 @@ class SessionsProjection(Projection):
         self._last: dict[str, RecordedEvent] = {}
         self._started: dict[str, RecordedEvent] = {}
         self._closed: set[str] = set()
+        self._ended: dict[str, RecordedEvent] = {}
 
     def begin(self) -> None:
-        self._last, self._started, self._closed = {}, {}, set()
+        self._last, self._started, self._closed, self._ended = {}, {}, set(), {}
 
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
         self._last[event.stream] = event
@@ -78,6 +89,8 @@ class SessionsProjection(Projection):
             self._started[event.stream] = event
         elif name == "session/closed":
             self._closed.add(event.stream)
+        elif name == "turn/end":
+            self._ended[event.stream] = event
 
     def flush(self, db: sqlite3.Connection) -> None:
         rows = []
@@ -87,10 +100,11 @@ class SessionsProjection(Projection):
             started = self._started.get(stream)
             if started is not None:
                 p: Any = started.payload
-                row = [p.agent, started.recorded_at, 0.0, 0, 0]
+                row = [p.agent, started.recorded_at, 0.0, 0, 0, None]
             else:
-                found = db.execute("SELECT agent, created, last_activity, events, closed"
-                                   " FROM sessions WHERE session = ?", (stream,)).fetchone()
+                found = db.execute("SELECT agent, created, last_activity, events, closed,"
+                                   " last_turn FROM sessions WHERE session = ?",
+                                   (stream,)).fetchone()
                 if found is None:
                     continue  # no session/started: nothing to update
                 row = list(found)
@@ -98,22 +112,56 @@ class SessionsProjection(Projection):
             row[3] = max(row[3], last.seq)
             if stream in self._closed:
                 row[4] = 1
+            ended = self._ended.get(stream)
+            if ended is not None:
+                row[5] = _last_turn(ended)
             rows.append((stream, *row))
         if rows:
-            db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?)", rows)
+            db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
         self.begin()
 
 
+def _last_turn(event: RecordedEvent) -> str:
+    p: Any = event.payload
+    by = p.by.model_dump(exclude_none=True) if getattr(p, "by", None) is not None else None
+    return json.dumps({"turn": p.turn, "status": p.status, "reason": p.reason, "by": by,
+                       "error": p.error, "ended": event.recorded_at}, sort_keys=True)
+
+
 def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
-                  limit: int | None = None, stream: str | None = None) -> list[SessionSummary]:
+                  limit: int | None = None, stream: str | None = None,
+                  agent: str | None = None, title: str | None = None,
+                  since: float | None = None, until: float | None = None,
+                  offset: int = 0) -> list[SessionSummary]:
+    """Sessions, most recently active first: of one ``stream``, or filtered by ``status``,
+    ``agent``, ``title`` (a case-insensitive part of it) and last activity (``since`` ≤ it ≤
+    ``until``), the ``offset`` first left out and at most ``limit`` of the rest."""
     # One session's summary sums that session's usage only, not every session's.
-    where, usage_where, params = (
-        ("WHERE s.session = ?", "WHERE session = ?", (stream, stream)) if stream
-        else ("", "", ()))
+    clauses: list[str] = []
+    params: list[Any] = []
+    usage_where = ""
+    if stream:
+        clauses.append("s.session = ?")
+        params.append(stream)
+        usage_where = "WHERE session = ?"
+    if agent is not None:
+        clauses.append("s.agent = ?")
+        params.append(agent)
+    if title is not None:
+        clauses.append("instr(lower(t.title), lower(?)) > 0")
+        params.append(title)
+    if since is not None:
+        clauses.append("s.last_activity >= ?")
+        params.append(since)
+    if until is not None:
+        clauses.append("s.last_activity <= ?")
+        params.append(until)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = db.execute(
         f"""
         SELECT s.session, s.agent, t.title, s.created, s.last_activity, s.events, s.closed,
-               st.turn_open, json_array_length(st.pending) > 0, u.p, u.c, u.cost, u.steps
+               st.turn_open, json_array_length(st.pending) > 0, u.p, u.c, u.cost, u.steps,
+               s.last_turn, json_extract(st.state, '$.owner')
         FROM sessions s
         LEFT JOIN titles t ON t.session = s.session
         LEFT JOIN status st ON st.session = s.session
@@ -121,17 +169,21 @@ def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
                           sum(cost) cost, sum(steps) steps
                    FROM usage_turns {usage_where} GROUP BY session) u ON u.session = s.session
         {where}
-        ORDER BY s.last_activity DESC
-        """, params
+        ORDER BY s.last_activity DESC, s.session
+        """, ([stream] if stream else []) + params
     ).fetchall()
     out = []
     for r in rows:
         state = status_name(bool(r[7]), bool(r[8]), bool(r[6]))
         if status is not None and state != status:
             continue
+        if offset:
+            offset -= 1
+            continue
         usage = UsageTotals(r[9] or 0, r[10] or 0, r[11] or 0.0, r[12] or 0)
         out.append(SessionSummary(r[0], r[1], r[2], state, r[3], r[4], r[5], usage,
-                                  bool(r[6])))
+                                  bool(r[6]), json.loads(r[13]) if r[13] else None,
+                                  json.loads(r[14]) if r[14] else None))
         if limit is not None and len(out) >= limit:
             break
     return out

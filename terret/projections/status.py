@@ -129,6 +129,15 @@ def read_status(db: sqlite3.Connection, stream: str) -> SessionStatus | None:
     )
 
 
+def read_state(db: sqlite3.Connection, stream: str) -> SessionState | None:
+    """The session's state as the aggregate evolves it (its owner, who asked for a cancel, …)
+    up to the view's position; None for a session the view does not know."""
+    from terret.domain.session import SessionState
+
+    row = db.execute("SELECT state FROM status WHERE session = ?", (stream,)).fetchone()
+    return SessionState.from_json(row[0]) if row is not None else None
+
+
 def resumable_sessions(db: sqlite3.Connection) -> list[str]:
     return [r[0] for r in db.execute(
         "SELECT session FROM status WHERE turn_open = 1 AND closed = 0 ORDER BY session")]

@@ -98,10 +98,17 @@ class Views:
         with self.store.reading() as db:
             return _ids(status.sessions_to_wake(db))
 
-    def sessions(self, *, status: str | None = None, limit: int | None = None
-                 ) -> list[SessionSummary]:
+    def sessions(self, *, status: str | None = None, limit: int | None = None,
+                 **filters: Any) -> list[SessionSummary]:
+        """Most recently active first; ``filters``: ``agent``, ``title``, ``since``,
+        ``until``, ``offset`` (see ``terret.projections.sessions.list_sessions``)."""
         with self.store.reading() as db:
-            return sessions.list_sessions(db, status=status, limit=limit)
+            return sessions.list_sessions(db, status=status, limit=limit, **filters)
+
+    def state(self, session: UUID | str) -> Any:
+        """The session's ``SessionState`` as the status view holds it (None if unknown)."""
+        with self.store.reading() as db:
+            return status.read_state(db, _stream(session))
 
     def summary(self, session: UUID | str) -> SessionSummary | None:
         with self.store.reading() as db:

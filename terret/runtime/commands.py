@@ -14,7 +14,7 @@ compaction (a summarizer), a title from a model — are the runtime's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 from uuid import UUID
 
@@ -23,10 +23,12 @@ from terret.domain.errors import SessionNotFound
 if TYPE_CHECKING:
     from terret.domain.events import Actor
     from terret.domain.repository import SessionRepository
+    from terret.domain.session import Session
     from terret.domain.store import AppendResult, EventStore
     from terret.runtime.writer import SessionWriter
 
 VERDICTS = ("approved", "denied")
+DOUBT_VERDICTS = ("rerun", "skipped")
 
 
 class SessionCommands:
@@ -108,14 +110,40 @@ class SessionCommands:
         self._run(session_id, lambda s: s.resolve_approval(call_id, verdict, by=by,
                                                            reason=reason))
 
+    def resolve_in_doubt(self, session_id: UUID, call_id: str, verdict: str, *, by: Actor,
+                         reason: str | None = None) -> None:
+        """Record a verdict on a call in doubt (``rerun`` or ``skipped``); ``CallNotInDoubt``
+        unless the call is in doubt in the open turn (R15)."""
+        if verdict not in DOUBT_VERDICTS:
+            raise ValueError(f"a verdict on a call in doubt is one of "
+                             f"{', '.join(DOUBT_VERDICTS)}, not {verdict!r}")
+        self._run(session_id, lambda s: s.resolve_in_doubt(call_id, verdict, by=by,
+                                                           reason=reason))
+
+    def set_budget(self, session_id: UUID, limit: float | None, *, by: Actor,
+                   reason: str | None = None) -> None:
+        """Record the session's own spend budget (``budget/set``; None: the deployment's
+        default again). A turn parked on its budget goes on if the new one covers its next
+        step."""
+        self._run(session_id, lambda s: s.set_budget(limit, by=by, reason=reason))
+
     def set_policy(self, session_id: UUID, patterns: Sequence[str], *, by: Actor) -> None:
         """Replace the allow-list (R23): the very next tool call uses it, in any process. No
         patterns is deny-all."""
         self._run(session_id, lambda s: s.update_policy(list(patterns), by=by))
 
-    def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor) -> None:
-        """Point a model role at a ``provider:model`` spec; the next step uses it."""
-        self._run(session_id, lambda s: s.set_model(role, spec, by=by))
+    def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor,
+                  check: Callable[[str], None] | None = None) -> None:
+        """Point a model role at a ``provider:model`` spec; the next step uses it. ``check``
+        (the caller's providers resolving the spec, say) runs after the session's own rules
+        and before anything is written: what it raises refuses the command."""
+
+        def command(s: Session) -> None:
+            s.set_model(role, spec, by=by)
+            if check is not None:
+                check(spec)
+
+        self._run(session_id, command)
 
     def set_title(self, session_id: UUID, title: str, *, by: Actor) -> str:
         """Record an explicit title (it replaces the automatic one); returns it as stored."""

@@ -102,6 +102,15 @@ class Compactor:
         if after is not None and session.state.last_compaction_seq > after:
             log.info("session %s was compacted after seq %d already", sid, after)
             return None
+        last = session.state.last_compaction_seq
+        if last and session.state.last_visible_seq <= last:
+            # Nothing the model sees landed since the last compaction: a new summary would only
+            # summarize the summary (and cost a model call to say nothing new).
+            if after is not None:
+                return None
+            raise errors.CompactionDeclined(
+                f"session {sid}: nothing the model sees is new since the compaction at seq "
+                f"{last}")
         summarizer = self.summarizer
         if isinstance(summarizer, RoleBound):
             summarizer = summarizer.for_session(session_roles(runtime, session))

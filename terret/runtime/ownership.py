@@ -26,12 +26,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 from uuid import uuid4
 
 from terret.domain.errors import LostOwnership, StoreError
-from terret.domain.events import Actor
-from terret.domain.session import Session
 from terret.domain.workers import WorkerBeat, WorkerRegistry
+
+if TYPE_CHECKING:  # the aggregate and the payloads: not needed to ask whether a worker lives
+    from terret.domain.events import Actor
+    from terret.domain.session import Session
 
 log = logging.getLogger("terret.ownership")
 
@@ -211,6 +214,8 @@ def process_running(pid: int, started: int | None) -> bool:
 
 
 def supervisor(lease: WorkerLease) -> Actor:
+    from terret.domain.events import Actor
+
     return Actor(actor="supervisor", id=lease.worker)
 
 

@@ -15,7 +15,7 @@ from tests.cli.conftest import DEMO_APP, DEPLOY_ARGS, Target
 
 USAGE_KEYS = {"prompt_tokens", "completion_tokens", "cost", "steps"}
 SUMMARY_KEYS = {"id", "agent", "status", "closed", "events", "created", "last_activity",
-                "title", "usage"}
+                "title", "usage", "last_turn", "owner"}
 
 
 # --- sessions ----------------------------------------------------------------------------------
@@ -45,7 +45,7 @@ def test_sessions_new_list_show(target: Target) -> None:
     assert shown["open_turn"] is None and shown["pending_approvals"] == []
     assert shown["resumable"] is False
     assert set(shown) == SUMMARY_KEYS | {
-        "open_turn", "step", "step_open", "owed_calls", "cancel_requested", "inbox",
+        "open_turn", "step", "step_open", "owed_calls", "cancel_requested", "cancel", "inbox",
         "resumable", "pending_approvals", "policy", "models", "usage_by_model"}
 
     # `session-<uuid>` is accepted wherever a session id is.
@@ -64,9 +64,11 @@ def test_sessions_list_filters_and_table(target: Target) -> None:
     text = target.invoke("sessions", "list")
     assert text.exit_code == 0
     header = text.stdout.splitlines()[0].split()
-    assert header[:4] == ["ID", "STATUS", "EVENTS", "COST"]
+    assert header == ["ID", "STATUS", "LAST", "TURN", "OWNER", "EVENTS", "COST", "ACTIVE",
+                      "TITLE"]
     row = next(line for line in text.stdout.splitlines() if line.startswith(str(finished)))
-    assert "idle" in row and "0.7500" in row and "Release checkout v2" in row
+    assert "idle" in row and "$0.750000" in row and "Release checkout v2" in row
+    assert "1 completed" in row and ("ago" in row or "just now" in row)
 
 
 def test_sessions_show_text_of_a_parked_session(target: Target) -> None:
@@ -228,17 +230,19 @@ def test_cancel_records_the_request_and_resume_closes_the_turn(target: Target) -
 
 def test_policy_show_and_set(target: Target) -> None:
     sid = target.new_session()
-    assert target.json("policy", "show", str(sid)) == {"session": str(sid), "patterns": None}
+    assert target.json("policy", "show", str(sid)) == {"session": str(sid), "patterns": None,
+                                                        "floor": None}
     assert "none recorded" in target.invoke("policy", "show", str(sid)).stdout
     data = target.json("policy", "set", str(sid), "service_*", "fs.read")
     assert data == {"session": str(sid), "patterns": ["service_*", "fs.read"]}
     last = target.events(sid)[-1].payload
     assert isinstance(last, PolicyUpdated) and last.patterns == ["service_*", "fs.read"]
     assert target.json("policy", "show", str(sid))["patterns"] == ["service_*", "fs.read"]
-    assert target.invoke("policy", "show", str(sid)).stdout.split() == ["service_*", "fs.read"]
-    # No patterns: deny everything.
-    assert target.json("policy", "set", str(sid))["patterns"] == []
-    assert target.invoke("policy", "show", str(sid)).stdout.strip() == "(deny all)"
+    shown = target.invoke("policy", "show", str(sid)).stdout.splitlines()
+    assert shown[:2] == ["service_*", "fs.read"] and shown[2].startswith("floor: ")
+    # Deny everything: said so explicitly; no patterns alone is a usage error.
+    assert target.json("policy", "set", str(sid), "--deny-all")["patterns"] == []
+    assert target.invoke("policy", "show", str(sid)).stdout.splitlines()[0] == "(deny all)"
 
 
 def test_model_set(target: Target) -> None:
@@ -290,7 +294,7 @@ def test_usage(target: Target) -> None:
     assert set(target.json("usage", "--by", "model")) >= set(by_model)
     text = target.invoke("usage", str(sid), "--by", "model").stdout.splitlines()
     assert text[0].split() == ["MODEL", "PROMPT", "COMPLETION", "COST", "STEPS"]
-    assert text[1].split() == ["demo:ops-model-1", "100", "10", "0.500000", "1"]
+    assert text[1].split() == ["demo:ops-model-1", "100", "10", "$0.500000", "1"]
 
 
 # --- projections, doctor, events -------------------------------------------------------------
@@ -310,7 +314,8 @@ def test_projections_status_rebuild_verify(target: Target) -> None:
 
     rebuilt = target.invoke("projections", "rebuild")
     assert rebuilt.exit_code == 0, rebuilt.stderr
-    assert "rebuilding usage" in rebuilt.stderr  # the progress bar goes to stderr
+    # one progress bar for the pass over the log (issue 15), on stderr
+    assert f"rebuilding {len(names)} projections" in rebuilt.stderr
     assert f"usage: rebuilt up to {head}" in rebuilt.stdout
     one = target.json("projections", "rebuild", "title")
     assert one == {"rebuilt": {"title": head}}

@@ -18,6 +18,7 @@ import pytest
 from terret.adapters.stores.uri import open_store
 from terret.cli import cli
 from terret.domain.store import NewRecord, session_stream
+from terret.runtime.ownership import WorkerLease
 from tests.cli.conftest import DEMO_APP, MISSING, ROOT, Target, invoke_cli, one_line_error
 
 DOC = ROOT / "docs" / "cli.md"
@@ -220,12 +221,18 @@ def test_json_examples_have_the_real_shapes(target: Target) -> None:
         "inject": ["inject", f, "more"],
         "cancel": ["cancel", str(to_cancel)],
         "policy set": ["policy", "set", f, "a*"],
-        "model set": ["model", "set", f, "titler", "x:y"],
+        "policy reset": ["policy", "reset", f, "--app", DEMO_APP],
+        "workers": ["workers"],
+        "model set": ["model", "set", f, "titler", "scripted:titles"],
         "compact": ["compact", str(compacted), "--app", DEMO_APP],
     }
     documented_examples = examples()
     assert set(documented_examples) == set(runs) | {"projections skip"}
     problems: list[str] = []
+    # `workers` lists the live ones: one beats while the commands run.
+    lease = WorkerLease(target.store().workers(), ttl=15.0,
+                        sessions=lambda: [str(finished)])
+    lease.ensure_beating()
     for name, args in runs.items():
         result = target.invoke("--json", *args)
         assert result.exit_code == 0, (name, result.stderr)
@@ -246,6 +253,8 @@ def test_json_examples_have_the_real_shapes(target: Target) -> None:
             if not sorted_json(result.stdout.removesuffix("\n"), indent=2):
                 problems.append(f"{name}: keys not sorted (or not indented)")
             problems += [f"{name}: {d}" for d in conforms(example, json.loads(result.stdout))]
+
+    lease.stop()
 
     # `projections skip` needs a halted projection: an event no projection can decode.
     session = target.new_session()
@@ -275,7 +284,7 @@ PLACEHOLDERS = {
     "CALL": "call-1", "ROLE": "main", "SPEC": "a:b", "TEXT": "hi", "NEW_TITLE": "a title",
     "PATTERNS": "fs.*", "NAME": "usage", "COMMAND": "sessions", "MODULE:FUNC": "m:f",
     "SEQ": "1", "N": "1", "SECONDS": "1", "FILE": "x.db", "WIRE_NAME": "turn/start",
-    "STATUS": "idle",
+    "STATUS": "idle", "WHEN": "2h",
 }
 """What a placeholder of a usage line stands for, in a value the option's type takes."""
 
@@ -309,6 +318,8 @@ def tokens(line: str) -> list[str]:
     for token in shlex.split(line, comments=True)[1:]:
         token = token.split("|")[0]
         if "…" in token:  # an abbreviated session id: 6f5d…b558
+            token = MISSING
+        elif re.fullmatch(r"[0-9a-f]{4,31}", token):  # a session id's prefix: needs a store
             token = MISSING
         elif re.fullmatch(r"[A-Z][A-Z_:]*|<[a-z]+>", token):
             assert token in PLACEHOLDERS, f"add the placeholder {token} to PLACEHOLDERS"
@@ -487,7 +498,12 @@ def test_events_text_shows_commutativity() -> None:
 def test_sessions_show_text_shows_what_the_page_lists(target: Target) -> None:
     """Owed calls, usage per model, inbox, approvals, a requested cancel, resumability: the
     labelled lines of the page's text example, in its order."""
-    sid = target.parked(target.finished())
+    sid = target.finished()
+    # Turn 2 failed (the page's example shows a failed last turn and its error), turn 3 parks.
+    target.writer().execute(sid, lambda s: s.start_turn(trigger="user", text="again"))
+    target.writer().execute(sid, lambda s: s.end_turn(
+        "failed", error="ProviderError: openrouter: HTTP 503\nretry later"))
+    target.parked(sid)
     assert target.invoke("inject", str(sid), "also check payments").exit_code == 0
     assert target.invoke("cancel", str(sid)).exit_code == 0
     data = target.json("sessions", "show", str(sid))
@@ -505,8 +521,17 @@ def test_sessions_show_text_shows_what_the_page_lists(target: Target) -> None:
     labels = [line.split()[0] for line in example.group(1).splitlines()
               if not line.startswith(" ")]
     assert [line.split()[0] for line in text_out if not line.startswith(" ")] == labels
-    models = [line for line in example.group(1).splitlines() if line.startswith("  ")]
-    assert len(models) == len([line for line in text_out if line.startswith("  ")])
+    def per_model(lines: list[str]) -> list[str]:  # "  spec: …" (an error's lines go deeper)
+        return [line for line in lines if line.startswith("  ") and line[2] != " "]
+
+    assert len(per_model(example.group(1).splitlines())) == len(per_model(text_out))
+    # Why the last turn stopped, in full (every line of its error), and who owns the session.
+    assert "last turn 2 failed " in text_out[4], text_out
+    assert text_out[5:7] == ["error     ProviderError: openrouter: HTTP 503",
+                             "          retry later"], text_out
+    assert data["last_turn"]["error"] == "ProviderError: openrouter: HTTP 503\nretry later"
+    assert text_out[7] == "owner     none (no worker owns it)" and data["owner"] is None
+    assert data["cancel"]["by"]["actor"] == "operator"
 
 
 # --- README ----------------------------------------------------------------------------------

@@ -85,9 +85,9 @@ def test_missing_file_is_reported_before_opening(tmp_path: Path) -> None:
 def test_require_session(tmp_path: Path) -> None:
     ctx = CliContext(str(tmp_path / "t.db"), None, False)
     try:
-        session = Session.start(agent="demo", roles={"main": "demo:ops-model-1"})
-        ctx.writer(create=True).create(session)
-        ctx.require_session(session.id)
+        session_id = ctx.commands(create=True).create(agent="demo",
+                                                      roles={"main": "demo:ops-model-1"})
+        ctx.require_session(session_id)
         missing = uuid4()
         with pytest.raises(SessionNotFound, match=f"no session {missing} in "):
             ctx.require_session(missing)

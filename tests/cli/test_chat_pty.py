@@ -1,0 +1,174 @@
+"""``terret chat`` in a pseudo-terminal, as a person types in it: line editing with the arrow
+keys (nothing of the escape codes reaches the log), a banner naming the model, slash commands
+that never reach the model, the ``agent>`` prefix after a tool round, an approval question
+withdrawn when the verdict comes from another process (answering it afterwards does not
+crash), the history kept across runs, and the last exchanges shown on reconnect — on SQLite
+and on the EventStoreDB emulator."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+from terret.domain.events import ApprovalResolved, ToolResult, UserMessage
+from tests.cli.conftest import DEMO_APP, Target, subprocess_env
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][AB0-2]|\r")
+LEFT, UP = "\x1b[D", "\x1b[A"
+
+
+class Terminal:
+    """A ``python -m terret …`` process on a pseudo-terminal of its own."""
+
+    def __init__(self, target: Target, *args: str, env: dict[str, str]) -> None:
+        master, slave = os.openpty()
+        self.master = master
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "terret", *target.args(*args)], stdin=slave, stdout=slave,
+            stderr=slave, cwd=target.cwd, env=env, start_new_session=True, close_fds=True)
+        os.close(slave)
+        self.seen = ""
+        self.mark = 0
+
+    def _read(self, timeout: float) -> None:
+        ready, _, _ = select.select([self.master], [], [], timeout)
+        if ready:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # the process ended and closed its side
+                chunk = b""
+            if not chunk:
+                raise EOFError(self.text())
+            self.seen += chunk.decode(errors="replace")
+
+    def text(self) -> str:
+        return ANSI.sub("", self.seen)
+
+    def expect(self, needle: str, timeout: float = 30.0) -> str:
+        """Wait until ``needle`` appears after the last match; returns what came before it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            plain = self.text()
+            found = plain.find(needle, self.mark)
+            if found >= 0:
+                before = plain[self.mark:found]
+                self.mark = found + len(needle)
+                return before
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {needle!r} in the terminal:\n{plain[self.mark:]}")
+            try:
+                self._read(0.1)
+            except EOFError:
+                raise AssertionError(f"the chat ended before {needle!r}:\n{self.text()}") \
+                    from None
+
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+    def finish(self, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                self._read(0.1)
+            except EOFError:
+                break
+        code = self.proc.wait(max(0.1, deadline - time.monotonic()))
+        os.close(self.master)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def chat_env(tmp_path: Path) -> dict[str, str]:
+    env = subprocess_env()
+    env["TERRET_CHAT_HISTORY"] = str(tmp_path / "history")
+    env["TERM"] = "xterm"
+    env.pop("NO_COLOR", None)
+    return env
+
+
+def test_chat_in_a_terminal(target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
+    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
+    try:
+        sid = UUID(term.expect("\n").split("session ")[-1].strip())
+        term.expect("terret chat — agent demo, model demo:ops-model-1")
+        term.expect("/help for commands")
+        term.expect("you> ")
+
+        # Line editing: a typo fixed with the left arrow; the log holds the fixed line only.
+        term.type(f"helo{LEFT}l\r")
+        term.expect("agent> You said: hello")
+        term.expect("you> ")
+
+        # A slash command is the chat's own: the model never sees it.
+        term.type("/help\r")
+        term.expect("/approve [CALL]")
+        term.expect("you> ")
+        term.type("/bogus\r")
+        term.expect("unknown command /bogus")
+        term.expect("you> ")
+        users = [e.payload.text for e in target.events(sid)
+                 if isinstance(e.payload, UserMessage)]
+        assert users == ["hello"], users
+
+        # A tool round, then an approval; the verdict comes from another process.
+        term.type("Check the checkout service and deploy v2\r")
+        term.expect("→ service_status(")
+        term.expect("← service_status:")
+        term.expect("approve deploy(")
+        approved = target.run("approve", str(sid), "call-deploy", "--reason", "from elsewhere")
+        assert approved.returncode == 0, approved.stderr
+        term.expect("call-deploy was approved elsewhere by operator")
+        term.expect("← deploy: checkout v2 rolled out")
+        after = term.expect("Done: checkout v2 rolled out to 3/3 instances.")
+        assert after.rstrip().endswith("agent>"), after  # the answer after the tool round
+        term.expect("you> ")
+        verdicts = [e.payload for e in target.events(sid)
+                    if isinstance(e.payload, ApprovalResolved)]
+        assert [v.reason for v in verdicts] == ["from elsewhere"]  # chat wrote none
+
+        # History: the up arrow brings the last line back (and it runs again).
+        term.type(f"{UP}\r")
+        term.expect("approve deploy(")
+        term.type("n\r")
+        term.expect("reason")
+        term.type("not twice\r")
+        term.expect("denied by operator: not twice")
+        term.expect("you> ")
+        term.type("/quit\r")
+        term.expect(f"resume with: terret chat {sid}")
+        assert term.finish() == 0
+    finally:
+        term.kill()
+    history = Path(chat_env["TERRET_CHAT_HISTORY"]).read_text()
+    assert "hello" in history and "/help" in history and "\x1b" not in history
+    deploys = [e.payload for e in target.events(sid)
+               if isinstance(e.payload, ToolResult) and e.payload.name == "deploy"]
+    assert [d.is_error for d in deploys] == [False, True]
+
+    # Reconnect: the banner says so, the last exchanges come back, the session goes on.
+    again = Terminal(target, "chat", str(sid), "--app", DEMO_APP, env=chat_env)
+    try:
+        again.expect("(continued)")
+        again.expect("— the last exchanges —")
+        again.expect("you> Check the checkout service and deploy v2")
+        again.expect("agent> The deploy did not happen")
+        again.expect("you> ")
+        again.type("\x04")  # Ctrl-D
+        again.expect("bye — resume with")
+        assert again.finish() == 0
+    finally:
+        again.kill()
