@@ -1,0 +1,347 @@
+"""What an operator meets at the command line (issue 15; the owner and workers of issue 13), on
+SQLite and on the EventStoreDB emulator: ids by prefix, filters and paging, the log's options,
+``--json`` anywhere and errors as JSON, views behind the log said as such, the small truths
+(deny-all said explicitly, the floor, a model spec the app cannot resolve, a second compaction
+of nothing new), and — with ``terret serve`` in another process — who owns a session and
+whether its lease is live."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from uuid import UUID, uuid4
+
+import pytest
+
+from terret.domain.events import ModelSet, PolicyUpdated
+from terret.domain.store import NewRecord, session_stream
+from terret.runtime.commands import SessionCommands
+from tests.cli.conftest import DEMO_APP, MISSING, Target, one_line_error, subprocess_env
+from tests.cli.test_cross_process import STARTED, Proc
+
+# --- finding things --------------------------------------------------------------------------
+
+
+def _with_id(target: Target, sid: str, agent: str = "demo") -> UUID:
+    return SessionCommands.on(target.store()).create(
+        agent=agent, roles={"main": "demo:ops-model-1"}, session_id=UUID(sid))
+
+
+def test_session_ids_by_unique_prefix(target: Target) -> None:
+    tail = uuid4().hex[:12]
+    one = _with_id(target, f"abcd0000-0000-4000-8000-{tail}")
+    _with_id(target, f"abcd1111-0000-4000-8000-{tail}")
+    assert target.json("sessions", "show", "abcd0")["id"] == str(one)
+    assert target.json("sessions", "show", "ABCD00")["id"] == str(one)  # any case
+
+    before = target.snapshot()
+    ambiguous = target.invoke("sessions", "show", "abcd")
+    assert ambiguous.exit_code == 2
+    line = one_line_error(ambiguous.stderr)
+    assert "BadParameter" in line and "ambiguous" in line and str(one) in line, line
+    assert "abcd1111-0000-4000-8000" in line
+    nothing = target.invoke("inject", "fedcba98", "hi")
+    assert nothing.exit_code == 1
+    assert "SessionNotFound" in one_line_error(nothing.stderr)
+    for bad in ("abc", "xyzw", "abcd!"):  # too short, not hex
+        result = target.invoke("sessions", "show", bad)
+        assert result.exit_code == 2 and "is not a session id" in one_line_error(result.stderr)
+    assert target.snapshot() == before
+
+    # A call id by a unique prefix of a pending call's.
+    parked = target.parked()
+    approved = target.json("approve", str(parked)[:8], "call-d")
+    assert approved == {"call_id": "call-deploy", "session": str(parked),
+                        "verdict": "approved"}
+
+
+def test_sessions_list_filters_and_paging(target: Target) -> None:
+    ops = [_with_id(target, str(uuid4()), agent="ops-filter") for _ in range(3)]
+    titled = target.finished(title="Rotate the payments keys")
+    SessionCommands.on(target.store()).set_title(ops[0], "Payments outage review",
+                                                 by=_operator())
+    mine = target.json("sessions", "list", "--agent", "ops-filter")
+    assert {s["id"] for s in mine} == {str(s) for s in ops}
+    payments = target.json("sessions", "list", "--title", "PAYMENTS")
+    assert {s["id"] for s in payments} >= {str(titled), str(ops[0])}
+    assert all("payments" in s["title"].lower() for s in payments)
+    assert target.json("sessions", "list", "--agent", "ops-filter", "--since", "1h")
+    assert target.json("sessions", "list", "--agent", "ops-filter", "--until", "1h") == []
+    assert target.json("sessions", "list", "--agent", "ops-filter",
+                       "--since", "2000-01-01", "--until", "2999-01-01")
+
+    first = target.invoke("--json", "sessions", "list", "--agent", "ops-filter", "--limit", "2")
+    assert first.exit_code == 0
+    assert "showing 1–2; more with --offset 2" in first.stderr
+    rest = target.json("sessions", "list", "--agent", "ops-filter", "--limit", "2",
+                       "--offset", "2")
+    pages = [s["id"] for s in json.loads(first.stdout)] + [s["id"] for s in rest]
+    assert sorted(pages) == sorted(str(s) for s in ops) and len(rest) == 1
+    bad = target.invoke("sessions", "list", "--since", "yesterday-ish")
+    assert bad.exit_code == 2 and "neither a date" in one_line_error(bad.stderr)
+
+
+def test_log_tail_timestamps_full_and_types(target: Target) -> None:
+    sid = target.finished()
+    every = target.invoke("log", str(sid)).stdout.splitlines()
+    tail = target.invoke("log", str(sid), "--tail", "3").stdout.splitlines()
+    assert tail == every[-3:]
+    results = target.invoke("log", str(sid), "--type", "step/end", "--tail", "1").stdout
+    assert len(results.splitlines()) == 1 and "step/end" in results and " 2 " in results
+    stamped = target.invoke("log", str(sid), "-t").stdout.splitlines()
+    assert stamped[0].split()[1].count("-") == 2  # 2026-12-01 21:26:08.123
+    full = target.invoke("log", str(sid), "--full", "--type", "assistant/message").stdout
+    first = full.splitlines()[0]
+    data = json.loads(first.split("assistant/message", 1)[1])
+    assert data["tool_calls"][0]["args"] == {"service": "checkout"}
+
+    before = target.snapshot()
+    unknown = target.invoke("log", str(sid), "--type", "turn/ned")
+    assert unknown.exit_code == 2
+    line = one_line_error(unknown.stderr)
+    assert "no event type 'turn/ned'" in line and "turn/end" in line
+    assert unknown.stdout == ""
+    # An extension event this process does not know, found in the log, is a fine --type.
+    stream = session_stream(sid)
+    target.store().append(stream, [NewRecord(uuid4(), "acme.review/verdict", b'{"score":5}',
+                                             b'{"schema_version":1}')],
+                          target.store().stream_version(stream))
+    found = target.invoke("log", str(sid), "--type", "acme.review/verdict")
+    assert found.exit_code == 0 and "acme.review/verdict" in found.stdout
+    assert target.snapshot()[: len(before)] == before
+
+
+def test_json_after_the_command_and_errors_as_json(target: Target) -> None:
+    sid = target.finished()
+    after = target.invoke("sessions", "show", str(sid), "--json")
+    assert after.exit_code == 0 and json.loads(after.stdout)["id"] == str(sid)
+    assert json.loads(target.invoke("usage", "--json", str(sid)).stdout)[str(sid)]["steps"] == 2
+    # Not after `--`: there it is text (here: refused as an option nowhere, a title).
+    titled = target.invoke("title", str(sid), "--", "--json")
+    assert titled.exit_code == 0 and titled.stdout.strip() == "--json"
+
+    for args, code, kind in ((["sessions", "show", MISSING], 1, "SessionNotFound"),
+                             (["sessions", "show", "x", "--json"], 2, "BadParameter"),
+                             (["frobnicate", "--json"], 2, "NoSuchCommand")):
+        result = target.invoke(*args) if "--json" in args else target.invoke("--json", *args)
+        assert result.exit_code == code
+        error = json.loads(result.stdout)["error"]
+        assert error["type"] == kind and error["exit_code"] == code and error["message"]
+        assert one_line_error(result.stderr) == f"Error: {kind}: {error['message']}"
+
+
+# --- views behind the log ----------------------------------------------------------------------
+
+
+def test_views_behind_the_log_are_said_so(target: Target) -> None:
+    sid = target.finished()
+    target.parked()  # something for `approvals list` to list
+    fresh = target.invoke("sessions", "list")
+    assert fresh.exit_code == 0 and "warning" not in fresh.stderr
+    assert all("stale" not in s for s in target.json("sessions", "list"))
+    # An event the projections cannot decode halts them: what they show stops there.
+    broken = target.new_session()
+    stream = session_stream(broken)
+    target.store().append(stream, [NewRecord(uuid4(), "turn/start", b"{not json")],
+                          target.store().stream_version(stream))
+    target.invoke("inject", str(sid), "after the break")
+    # The title and policy views do not read turns: they are whole, and nothing is said.
+    for args in (["title", str(sid)], ["policy", "show", str(sid)]):
+        quiet = target.invoke(*args)
+        assert quiet.exit_code == 0 and "warning" not in quiet.stderr, (args, quiet.stderr)
+        assert "stale" not in target.json(*args)
+    for args in (["sessions", "list"], ["sessions", "show", str(sid)], ["usage"],
+                 ["approvals", "list"]):
+        text = target.invoke(*args)
+        assert text.exit_code == 0, (args, text.stderr)
+        warnings = [line for line in text.stderr.splitlines() if line.startswith("warning: ")]
+        assert len(warnings) == 1, (args, text.stderr)
+        assert "behind the log" in warnings[0] and "halted at position" in warnings[0]
+        data = target.json(*args)
+        items = (data if isinstance(data, list) else list(data.values())
+                 if args == ["usage"] else [data])
+        for item in items:
+            assert item["stale"]["behind"] >= 1, (args, item)
+            halted = [p for p in item["stale"]["projections"].values() if p["halted"]]
+            assert halted and halted[0]["halted"]["error"], (args, item)
+    shown = target.json("sessions", "show", str(sid))
+    assert shown["stale"]["head"] == target.store().head_position()
+    # Skipped, they catch up: nothing more to say.
+    for status in target.json("projections", "status"):
+        if status["halted"]:
+            assert target.invoke("projections", "skip", status["name"]).exit_code == 0
+    again = target.invoke("sessions", "list")
+    assert "warning" not in again.stderr, again.stderr
+    assert all("stale" not in s for s in target.json("sessions", "list"))
+
+
+# --- small truths ------------------------------------------------------------------------------
+
+
+def _operator() -> object:
+    from terret.domain.events import Actor
+
+    return Actor(actor="operator", id="test")
+
+
+def test_policy_deny_all_reset_and_the_floor(target: Target) -> None:
+    commands = SessionCommands.on(target.store())
+    sid = commands.create(agent="demo", roles={"main": "demo:ops-model-1"},
+                          policy_floor=["service_status"])
+    shown = target.json("policy", "show", str(sid))
+    assert shown == {"session": str(sid), "patterns": None, "floor": ["service_status"]}
+    text = target.invoke("policy", "show", str(sid)).stdout
+    assert "floor: service_status (recorded at the session's start)" in text
+
+    before = target.snapshot()
+    nothing = target.invoke("policy", "set", str(sid))
+    assert nothing.exit_code == 2 and "--deny-all" in one_line_error(nothing.stderr)
+    both = target.invoke("policy", "set", str(sid), "x", "--deny-all")
+    assert both.exit_code == 2
+    assert target.snapshot() == before
+    assert target.json("policy", "set", str(sid), "--deny-all")["patterns"] == []
+    reset = target.json("policy", "reset", str(sid))
+    assert reset == {"session": str(sid), "patterns": ["service_status"],
+                     "floor_from": "session/started"}
+    last = target.events(sid)[-1].payload
+    assert isinstance(last, PolicyUpdated) and last.patterns == ["service_status"]
+    # A session that recorded no floor: the app's agent definition's.
+    plain = target.new_session()
+    from_app = target.json("policy", "reset", str(plain), "--app", DEMO_APP)
+    assert from_app["floor_from"] == "app"
+    assert from_app["patterns"] == ["service_status", "deploy"]
+    unknown = target.invoke("policy", "reset", str(plain))  # the default app has no `demo`
+    assert unknown.exit_code == 1 and "ConfigurationError" in one_line_error(unknown.stderr)
+
+
+def test_model_set_is_checked_against_the_app(target: Target,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    monkeypatch.delenv("TERRET_PROVIDERS_FILE", raising=False)
+    sid = target.new_session()
+    before = target.snapshot()
+    refused = target.invoke("model", "set", str(sid), "main", "nosuchprovider:x")
+    assert refused.exit_code == 2
+    line = one_line_error(refused.stderr)
+    assert "nosuchprovider" in line and "--force" in line, line
+    demo = target.invoke("model", "set", str(sid), "main", "demo:y")  # not in the default app
+    assert demo.exit_code == 2
+    assert target.snapshot() == before
+    assert target.invoke("model", "set", str(sid), "main", "demo:y", "--app",
+                         DEMO_APP).exit_code == 0
+    forced = target.invoke("model", "set", str(sid), "main", "nosuchprovider:x", "--force")
+    assert forced.exit_code == 0, forced.stderr
+    # A provider the app has, without its key in this shell: recorded, with a warning.
+    keyless = target.invoke("model", "set", str(sid), "titler", "openrouter:openai/gpt-4o")
+    assert keyless.exit_code == 0, keyless.stderr
+    assert "warning:" in keyless.stderr and "OPENROUTER_API_KEY" in keyless.stderr
+    specs = [e.payload.spec for e in target.events(sid) if isinstance(e.payload, ModelSet)]
+    assert specs == ["demo:y", "nosuchprovider:x", "openrouter:openai/gpt-4o"]
+
+
+def test_compacting_twice_declines(target: Target) -> None:
+    sid = target.finished()
+    first = target.json("compact", str(sid), "--app", DEMO_APP)
+    assert first["upto_seq"] is not None
+    before = target.snapshot()
+    again = target.invoke("compact", str(sid), "--app", DEMO_APP)
+    assert again.exit_code == 1
+    line = one_line_error(again.stderr)
+    assert "CompactionDeclined" in line and "nothing the model sees is new" in line
+    assert target.snapshot() == before
+    target.invoke("inject", str(sid), "one more thing")  # not model-visible yet: still nothing
+    assert target.invoke("compact", str(sid), "--app", DEMO_APP).exit_code == 1
+
+
+def test_text_shows_json_args_costs_and_steps(target: Target) -> None:
+    parked = target.parked()
+    listed = target.invoke("approvals", "list", str(parked)).stdout
+    assert '{"service": "checkout", "version": "v2"}' in listed
+    sid = target.finished()
+    shown = target.invoke("sessions", "show", str(sid)).stdout
+    assert "$0.750000, 2 steps" in shown and "$0.500000, 1 step\n" in shown
+    assert "1 steps" not in shown
+    usage = target.invoke("usage", str(sid)).stdout
+    assert "$0.750000" in usage
+    chat = target.invoke("chat", "--app", DEMO_APP, input="hello\n/quit\n")
+    assert chat.exit_code == 0 and "\x1b[" not in chat.stdout  # no colour off a terminal
+
+
+def test_resume_names_the_call_it_waits_for(sqlite_target: Target) -> None:
+    t = sqlite_target
+    sid = t.parked()
+    resume = Proc.start(t, "resume", str(sid), "--app", DEMO_APP)
+    note = resume.wait_line(lambda line: "waiting for a verdict" in line, "the waiting note")
+    assert f"terret approve {sid} call-deploy" in note and "CALL_ID" not in note
+    assert Proc.start(t, "approve", str(sid), "call-deploy").finish()[0] == 0
+    assert resume.finish()[0] == 0
+
+
+def test_shell_completion_of_session_ids(target: Target) -> None:
+    sid = target.finished()
+    target.invoke("sessions", "list")  # the views know it
+    env = {**subprocess_env(), "_TERRET_COMPLETE": "bash_complete",
+           "COMP_WORDS": f"terret --store {target.uri} --views {target.views} sessions show "
+                         f"{str(sid)[:6]}",
+           "COMP_CWORD": "7"}
+    done = subprocess.run([sys.executable, "-m", "terret"], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=target.cwd)
+    assert done.returncode == 0, done.stderr
+    assert f"plain,{sid}" in done.stdout.splitlines(), done.stdout
+    script = subprocess.run([sys.executable, "-m", "terret"], capture_output=True, text=True,
+                            env={**subprocess_env(), "_TERRET_COMPLETE": "bash_source"},
+                            timeout=60)
+    assert "_terret_completion" in script.stdout
+
+
+# --- who serves a session: a serving process beside the CLI -----------------------------------
+
+
+def test_owner_and_workers_beside_a_serving_process(target: Target) -> None:
+    sid = target.new_session()
+    serve = Proc.start(target, "serve", "--app", DEMO_APP, "--grace", "2",
+                       views=str(target.cwd / "serve-views.db"))
+    try:
+        serve.wait_line(lambda line: line.startswith("serving "), "the serving line")
+        assert target.invoke("inject", str(sid), "Check the checkout service and deploy v2",
+                             "--wake").exit_code == 0
+        target.wait_for(sid, lambda e: e.wire_name == "approval/requested", "a parked deploy")
+
+        shown = target.json("sessions", "show", str(sid))
+        owner = shown["owner"]
+        assert owner["lease"] == "live" and owner["pid"] == serve.popen.pid, owner
+        assert owner["process"] == "running" and owner["worker"].count(":") == 2
+        text = target.invoke("sessions", "show", str(sid)).stdout
+        assert f"pid {serve.popen.pid}, lease live (last beat " in text
+        row = next(line for line in target.invoke("sessions", "list").stdout.splitlines()
+                   if line.startswith(str(sid)))
+        assert f":{serve.popen.pid} live" in row
+        workers = target.json("workers")
+        mine = [w for w in workers if w["pid"] == serve.popen.pid]
+        assert len(mine) == 1 and mine[0]["live"] and mine[0]["worker"] == owner["worker"]
+        deadline = time.monotonic() + 20  # the sessions it owns arrive with its next beat
+        while str(sid) not in mine[0]["sessions"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+            mine = [w for w in target.json("workers") if w["pid"] == serve.popen.pid]
+        assert str(sid) in mine[0]["sessions"], mine
+        listed = target.invoke("workers").stdout
+        assert owner["worker"] in listed and "live" in listed
+
+        # Killed: on this host its lease is expired at once (its process is gone).
+        serve.popen.send_signal(signal.SIGKILL)
+        serve.finish()
+        gone = target.json("sessions", "show", str(sid))["owner"]
+        assert gone["lease"] == "expired" and gone["process"] == "gone", gone
+        assert "its process is gone" in target.invoke("sessions", "show", str(sid)).stdout
+        assert not [w for w in target.json("workers") if w["pid"] == serve.popen.pid]
+        every = [w for w in target.json("workers", "--all") if w["pid"] == serve.popen.pid]
+        assert every and not every[0]["live"] and every[0]["process"] == "gone"
+        assert "gone" in target.invoke("workers", "--all").stdout
+    finally:
+        if serve.popen.poll() is None:
+            os.kill(serve.popen.pid, signal.SIGKILL)
+        STARTED.clear()
