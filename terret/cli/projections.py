@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import click
 
@@ -44,19 +46,11 @@ def _names(obj: CliContext, name: str | None) -> list[str]:
 def rebuild(obj: CliContext, name: str | None) -> None:
     """Drop a projection's view (all, without NAME) and replay it from position 0."""
     runner = obj.runner()
-    done = {}
-    for projection in _names(obj, name):
-        head = max(obj.store().head_position(), 1)
-        with click.progressbar(length=head, label=f"rebuilding {projection}", file=sys.stderr,
-                               show_pos=True) as bar:
-            seen = [0]
-
-            def progress(position: int, total: int, bar: object = bar, seen: list[int] = seen
-                         ) -> None:
-                bar.update(position - seen[0])  # type: ignore[attr-defined]
-                seen[0] = position
-
-            done[projection] = runner.rebuild(projection, progress=progress)
+    names = _names(obj, name)
+    label = f"rebuilding {name}" if name else f"rebuilding {len(names)} projections"
+    with _progress_bar(obj, label) as progress:
+        head = runner.rebuild_all(names, progress=progress)  # one pass over the log for all
+    done = dict.fromkeys(names, head)
     obj.emit({"rebuilt": done}, "\n".join(f"{k}: rebuilt up to {v}" for k, v in done.items()))
 
 
@@ -67,7 +61,10 @@ def verify(obj: CliContext, name: str | None) -> None:
     """Rebuild into a scratch view and compare with the live one; exit 1 on any difference."""
     runner = obj.runner()
     runner.catch_up()
-    report = {n: runner.verify(n) for n in _names(obj, name)}
+    names = _names(obj, name)
+    label = f"verifying {name}" if name else f"verifying {len(names)} projections"
+    with _progress_bar(obj, label) as progress:
+        report = runner.verify_all(names, progress=progress)  # one pass over the log for all
     lines = []
     for projection, diffs in report.items():
         lines.append(f"{projection}: {'ok' if not diffs else f'{len(diffs)} difference(s)'}")
@@ -75,6 +72,20 @@ def verify(obj: CliContext, name: str | None) -> None:
     obj.emit(report, "\n".join(lines))
     if any(report.values()):
         raise SystemExit(1)
+
+
+@contextmanager
+def _progress_bar(obj: CliContext, label: str) -> Iterator[Callable[[int, int], None]]:
+    """One progress bar on stderr for a pass over the log, up to the store's head."""
+    head = max(obj.store().head_position(), 1)
+    with click.progressbar(length=head, label=label, file=sys.stderr, show_pos=True) as bar:
+        seen = [0]
+
+        def progress(position: int, total: int) -> None:
+            bar.update(max(0, position - seen[0]))
+            seen[0] = max(seen[0], position)
+
+        yield progress
 
 
 @projections.command("skip")
@@ -121,11 +132,10 @@ def doctor(obj: CliContext) -> None:
         elif state.lag:
             problems.append(f"projection {state.name} lags by {state.lag}")
     if head <= 200_000:
-        for projection in runner.projections:
-            diffs = runner.verify(projection.name)
+        for name, diffs in runner.verify_all().items():  # one pass over the log for all
             if diffs:
-                problems.append(f"projection {projection.name} differs from a rebuild — run "
-                                f"`terret projections rebuild {projection.name}`")
+                problems.append(f"projection {name} differs from a rebuild — run "
+                                f"`terret projections rebuild {name}`")
         checks.append("every projection equals a rebuild from the log")
     else:
         checks.append("large store: run `terret projections verify` to compare with a rebuild")

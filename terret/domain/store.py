@@ -1,8 +1,24 @@
 """The event store port. Adapters: memory, sqlite, eventstoredb (``terret.adapters.stores``).
 
+The port *is* the ``eventsourcing`` library's ``ApplicationRecorder`` (with ``subscribe``),
+extended with what Terret needs and the library lacks: appends to a stream at an expected
+version, idempotent event ids, reads of one stream in either direction, a catch-up subscription
+that also says where it checked (``Checkpoint``) and when it is live (``CaughtUp``), snapshots,
+deletion, max age, the store's identity and its worker registry. An adapter implements the
+extension (the abstract methods below); the library's interface is implemented here once, on
+top of it — so every adapter, and any third-party one, is a recorder an ``eventsourcing``
+``Application`` can persist on (``terret.adapters.stores.factory``).
+
 Streams are named ``session-<uuid>``. ``seq`` numbers a stream's events from 1; a stream's
 *version* is the seq of its last event (0 when it has none). ``position`` is the global commit
 order: it strictly increases in commit order across all streams.
+
+How the library's records map onto the extension: an originator's events are the stream named
+``str(originator_id)``; a notification's id is the position; a topic is the wire name and the
+state is the data. An ``originator_version`` is the seq — the library's ``Aggregate`` numbers
+from 1 as Terret's streams do. A stream whose first event has version 0 (the convention of the
+library's KurrentDB package) holds version ``v`` at seq ``v + 1``, and its records say so in
+their metadata (``{"originator_version":v}``).
 """
 
 from __future__ import annotations
@@ -12,9 +28,12 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Self
-from uuid import UUID
+from typing import Any, NamedTuple, Self, overload
+from uuid import UUID, uuid4
 
+from eventsourcing import persistence as es
+
+from terret.domain.errors import WrongExpectedVersion
 from terret.domain.workers import MemoryWorkers, WorkerRegistry
 
 MAX_RECORD_BYTES = 1024 * 1024
@@ -131,8 +150,10 @@ class Subscription(ABC, Iterator[SubscriptionItem]):
     def __next__(self) -> SubscriptionItem: ...
 
 
-class EventStore(ABC):
-    """The port every store adapter implements; ``tests/contract`` holds its contract suite."""
+class EventStore(es.ApplicationRecorder):
+    """The port every store adapter implements (the abstract methods: Terret's extension);
+    ``terret.testing.store_contract`` holds its contract suite, and the library's
+    ``ApplicationRecorderTestCase`` runs against each adapter as well."""
 
     max_record_bytes: int = MAX_RECORD_BYTES
 
@@ -171,10 +192,31 @@ class EventStore(ABC):
         """The position of the last committed event (0 when empty)."""
 
     @abstractmethod
-    def subscribe(
+    def open_subscription(
         self, *, after: int = 0, wire_names: Collection[str] | None = None
     ) -> Subscription:
-        """A catch-up subscription from position ``after`` (exclusive), filtered on wire names."""
+        """A catch-up subscription from position ``after`` (exclusive), filtered on wire names:
+        records, ``Checkpoint``s and one ``CaughtUp``. ``subscribe(after=…)`` returns it."""
+
+    @overload
+    def subscribe(self, gt: int | None = None, topics: Sequence[str] = ()
+                  ) -> RecorderSubscription: ...
+
+    @overload
+    def subscribe(self, gt: None = None, topics: Sequence[str] = (), *, after: int,
+                  wire_names: Collection[str] | None = None) -> Subscription: ...
+
+    def subscribe(self, gt: int | None = None, topics: Sequence[str] = (), *,
+                  after: int | None = None, wire_names: Collection[str] | None = None
+                  ) -> RecorderSubscription | Subscription:
+        """Two spellings of one subscription. Terret's, ``subscribe(after=P, wire_names=…)``:
+        ``open_subscription``'s records and markers. The library's, ``subscribe(gt=P,
+        topics=…)``: the same subscription's records as ``Notification``s."""
+        if after is not None or wire_names is not None:
+            if gt is not None or topics:
+                raise TypeError("subscribe() takes gt/topics or after/wire_names, not both")
+            return self.open_subscription(after=after or 0, wire_names=wire_names)
+        return RecorderSubscription(self, gt, topics)
 
     @abstractmethod
     def delete_stream(self, stream: str) -> None:
@@ -216,3 +258,164 @@ class EventStore(ABC):
     def describe(self) -> str:
         """A one-line description for operators, with credentials masked."""
         return type(self).__name__
+
+    def appended_positions(self, stream: str, result: AppendResult, count: int) -> list[int]:
+        """The positions of the ``count`` events an append just wrote (``result``). Read back
+        here; a store whose appends take consecutive positions computes them instead."""
+        if count == 1:
+            return [result.position]
+        written = self.read_stream(stream, from_seq=result.version - count + 1, limit=count)
+        return [r.position for r in written]
+
+    # --- the library's ApplicationRecorder, on top of the extension -----------------------
+
+    def insert_events(self, stored_events: Sequence[es.StoredEvent], **kwargs: Any
+                      ) -> Sequence[int] | None:
+        """Append one originator's events, at versions that follow each other; raises the
+        library's ``IntegrityError`` when one of them is recorded already or they would not
+        follow the stream's last version (KurrentDB's rule; the one gap let through is a single
+        missing version in a stream numbered from 0, read back as written), and
+        ``ProgrammingError`` for events of several originators (one append is one stream) or a
+        ``tracking`` object (this is no process recorder)."""
+        if kwargs.get("tracking") is not None:
+            raise es.ProgrammingError(f"{self.describe()} records no tracking with events")
+        if not stored_events:
+            return []
+        stream, first = _recording(stored_events)
+        try:
+            if first == 0:
+                result = self.append(stream, _records(stored_events, explicit=True),
+                                     StreamState.NO_STREAM)
+            else:
+                result = self.append(stream, _records(stored_events, explicit=False),
+                                     first - 1 or StreamState.NO_STREAM)
+        except WrongExpectedVersion as conflict:
+            result = self._insert_numbered_from_zero(stream, stored_events, conflict)
+        return self.appended_positions(stream, result, len(stored_events))
+
+    def _insert_numbered_from_zero(self, stream: str, events: Sequence[es.StoredEvent],
+                                   conflict: WrongExpectedVersion) -> AppendResult:
+        """The append after ``conflict``: right if the stream numbers from 0 and its last
+        version is the one before the first event's."""
+        first = events[0].originator_version
+        last = self.read_stream(stream, backwards=True, limit=1) if conflict.actual else []
+        if not last or conflict.actual != first or _version_of(last[0]) != first - 1:
+            raise es.IntegrityError(f"{stream}: version {first} is recorded already, or would "
+                                    f"follow version {conflict.actual} with a gap")
+        try:
+            return self.append(stream, _records(events, explicit=True), conflict.actual)
+        except WrongExpectedVersion as again:
+            raise es.IntegrityError(str(again)) from None
+
+    def select_events(self, originator_id: UUID | str, *, gt: int | None = None,
+                      lte: int | None = None, desc: bool = False, limit: int | None = None
+                      ) -> list[es.StoredEvent]:
+        stream = str(originator_id)
+        low = 0 if gt is None else gt + 1  # versions low..lte; version v is at seq v or v + 1
+        if limit == 0 or (lte is not None and lte < low):
+            return []
+        span = None if lte is None else lte - low + 2
+        want = None if limit is None else limit + 1
+        count = span if want is None else want if span is None else min(span, want)
+        if desc:
+            start = None if lte is None else lte + 1
+            records = self.read_stream(stream, from_seq=start, backwards=True, limit=count)
+        else:
+            records = self.read_stream(stream, from_seq=max(low, 1), limit=count)
+        out = []
+        for record in records:
+            version = _version_of(record)
+            if version >= low and (lte is None or version <= lte):
+                out.append(es.StoredEvent(originator_id, version, record.wire_name, record.data))
+        return out[:limit] if limit is not None else out
+
+    def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
+                             topics: Sequence[str] = (), *, inclusive_of_start: bool = True
+                             ) -> list[es.Notification]:
+        after = 0 if start is None else start - 1 if inclusive_of_start else start
+        records = self.read_all(after=max(after, 0), limit=limit,
+                                wire_names=list(topics) or None)
+        return [notification_of(r) for r in records if stop is None or r.position <= stop]
+
+    def max_notification_id(self) -> int | None:
+        return self.head_position() or None
+
+
+class RecorderSubscription(es.Subscription[EventStore]):
+    """The library's view of a store's subscription (``EventStore.subscribe(gt=…)``): the
+    records of ``open_subscription`` as ``Notification``s; checkpoints and the caught-up
+    marker are passed over."""
+
+    def __init__(self, recorder: EventStore, gt: int | None = None,
+                 topics: Sequence[str] = ()) -> None:
+        super().__init__(recorder, gt, topics)
+        self._inner = recorder.open_subscription(after=gt or 0, wire_names=list(topics) or None)
+
+    def stop(self) -> None:
+        super().stop()
+        self._inner.stop()
+
+    def __next__(self) -> es.Notification:
+        while not self._has_been_stopped:
+            item = next(self._inner)
+            if isinstance(item, StoredRecord):
+                self._last_notification_id = item.position
+                return notification_of(item)
+        raise StopIteration
+
+
+# --- records of the library's events -------------------------------------------------------
+
+_VERSION_METADATA = b'{"originator_version":'
+
+
+def _version_of(record: StoredRecord) -> int:
+    """The ``originator_version`` of a record: said in its metadata, or its seq."""
+    metadata = record.metadata
+    if metadata.startswith(_VERSION_METADATA):
+        try:
+            return int(metadata[len(_VERSION_METADATA):-1])
+        except ValueError:
+            pass
+    return record.seq
+
+
+def _originator(stream: str) -> UUID | str:
+    """The originator a stream records: a UUID when its name is one (as written), else the
+    name."""
+    if len(stream) == 36:
+        try:
+            found = UUID(stream)
+        except ValueError:
+            return stream
+        if str(found) == stream:
+            return found
+    return stream
+
+
+def notification_of(record: StoredRecord) -> es.Notification:
+    return es.Notification(originator_id=_originator(record.stream),
+                           originator_version=_version_of(record), topic=record.wire_name,
+                           state=record.data, id=record.position)
+
+
+def _recording(events: Sequence[es.StoredEvent]) -> tuple[str, int]:
+    """The stream the events go to and the first one's version; refuses events of several
+    originators and versions that do not follow each other."""
+    first = events[0]
+    if any(e.originator_id != first.originator_id for e in events):
+        raise es.ProgrammingError("one insert is one append: events of one originator only")
+    for offset, event in enumerate(events):
+        if event.originator_version != first.originator_version + offset:
+            raise es.IntegrityError(f"{first.originator_id}: versions must follow each other")
+    if first.originator_version < 0:
+        raise es.IntegrityError(f"{first.originator_id}: a version cannot be negative")
+    return str(first.originator_id), first.originator_version
+
+
+def _records(events: Sequence[es.StoredEvent], *, explicit: bool) -> list[NewRecord]:
+    """The events as records; ``explicit``: their versions differ from their seqs and are
+    written into their metadata."""
+    return [NewRecord(uuid4(), e.topic, e.state,
+                      b'{"originator_version":%d}' % e.originator_version if explicit else b"{}")
+            for e in events]

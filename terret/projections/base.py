@@ -6,6 +6,12 @@ tracked position in the same transaction. Several processes may share one view f
 batch re-reads the tracked positions inside its write transaction and skips what another process
 already applied, so an event is never applied twice.
 
+The view store is the ``eventsourcing`` library's ``TrackingRecorder``: a projection's tracked
+position (its ``Tracking`` record, the projection's name as the application name) only moves
+forward, and ``insert_tracking`` refuses one at or behind it with the library's
+``IntegrityError``. The runner records positions the same way (``track``), inside the batch's
+transaction; only a reset (``forget``, ``reset``, a new version) removes them.
+
 The view store also records which log the views were built from (``views_log``): the store's
 id, and the position, stream, seq and id of the last event applied. The runner compares them
 with the store when it starts or catches up (``ProjectionRunner.check_log``) and rebuilds views
@@ -25,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 from uuid import UUID, uuid4
 
+from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
+
 from terret.domain.errors import StoreFull, ViewsCorrupt
 from terret.domain.store import SESSION_PREFIX, StoredRecord
 
@@ -43,6 +51,10 @@ CREATE TABLE IF NOT EXISTS projection_faults (
 CREATE TABLE IF NOT EXISTS views_log (
     id INTEGER PRIMARY KEY CHECK (id = 0), store_id TEXT, generation TEXT NOT NULL,
     position INTEGER, stream TEXT, seq INTEGER, event_id BLOB
+);
+CREATE TABLE IF NOT EXISTS projection_skips (
+    projection TEXT NOT NULL, position INTEGER NOT NULL, error TEXT NOT NULL, by TEXT NOT NULL,
+    recorded_at REAL NOT NULL, PRIMARY KEY (projection, position)
 );
 """
 
@@ -139,8 +151,12 @@ class Projection(ABC):
         }
 
 
-class ViewStore:
-    """The SQLite database holding the views. ``":memory:"`` keeps them in memory (tests)."""
+class ViewStore(TrackingRecorder):
+    """The SQLite database holding the views. ``":memory:"`` keeps them in memory (tests).
+
+    Subclass it for a view of your own under the ``eventsourcing`` library's
+    ``ProjectionRunner``: record your rows and ``track(db, tracking.application_name,
+    tracking.notification_id)`` in one ``transaction()``."""
 
     def __init__(self, path: str = ":memory:", *, synchronous: str = "NORMAL") -> None:
         self.path = path if path == ":memory:" else str(Path(path).resolve())
@@ -291,20 +307,57 @@ class ViewStore:
                    (record.position, record.stream, record.seq, record.event_id.bytes,
                     record.position))
 
-    def tracked(self, name: str) -> int:
-        with self.lock:
-            row = self.db.execute(
-                "SELECT position FROM tracking WHERE projection = ?", (name,)
-            ).fetchone()
-        return row[0] if row else 0
+    # --- tracking (the library's TrackingRecorder) ---------------------------------------
+
+    def insert_tracking(self, tracking: Tracking) -> None:
+        with self.transaction() as db:
+            self.track(db, tracking.application_name, tracking.notification_id)
+
+    def max_tracking_id(self, application_name: str) -> int | None:
+        with self.reading() as db:
+            row = db.execute("SELECT position FROM tracking WHERE projection = ?",
+                             (application_name,)).fetchone()
+        return int(row[0]) if row else None
 
     @staticmethod
-    def set_tracked(db: sqlite3.Connection, name: str, position: int) -> None:
-        db.execute(
-            "INSERT INTO tracking (projection, position) VALUES (?, ?)"
-            " ON CONFLICT (projection) DO UPDATE SET position = excluded.position",
-            (name, position),
-        )
+    def track(db: sqlite3.Connection, name: str, position: int) -> None:
+        """Inside a transaction: ``name`` has processed the log up to ``position``. Positions
+        only move forward: one at or behind the recorded one raises ``IntegrityError`` (the
+        library's rule, which also refuses to fill a gap behind it)."""
+        moved = db.execute("INSERT INTO tracking (projection, position) VALUES (?, ?)"
+                           " ON CONFLICT (projection) DO UPDATE SET position = excluded.position"
+                           " WHERE excluded.position > tracking.position",
+                           (name, position)).rowcount
+        if not moved:
+            raise IntegrityError(f"{name} has processed position {position} already")
+
+    def tracked(self, name: str) -> int:
+        """The position ``name`` has processed up to (0: nothing yet)."""
+        return self.max_tracking_id(name) or 0
+
+    @staticmethod
+    def positions(db: sqlite3.Connection, names: list[str]) -> dict[str, int]:
+        """Each of ``names``' tracked position (0 when none)."""
+        tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())
+        return {name: tracked.get(name, 0) for name in names}
+
+    def forget(self, projection: Projection) -> None:
+        """Drop a projection's tables, tracked position and fault, and create its tables
+        again: it replays from position 0 (its recorded skips stay)."""
+        with self.reading() as db:
+            # executescript commits on its own, so this runs outside a transaction; callers
+            # keep their runner from applying anything meanwhile.
+            db.execute("DELETE FROM tracking WHERE projection = ?", (projection.name,))
+            db.execute("DELETE FROM projection_faults WHERE projection = ?", (projection.name,))
+            projection.drop(db)
+            projection.create(db)
+
+    # --- faults and skips -------------------------------------------------------------------
+
+    @staticmethod
+    def halted(db: sqlite3.Connection) -> set[str]:
+        """The projections halted at a fault."""
+        return {row[0] for row in db.execute("SELECT projection FROM projection_faults")}
 
     @staticmethod
     def record_fault(db: sqlite3.Connection, name: str, position: int, error: str) -> None:
@@ -313,9 +366,41 @@ class ViewStore:
             (name, position, error, time.time()),
         )
 
+    @staticmethod
+    def skips(db: sqlite3.Connection) -> set[tuple[str, int]]:
+        """(projection, position) of every recorded skip."""
+        return {(r[0], r[1]) for r in db.execute(
+            "SELECT projection, position FROM projection_skips")}
+
+    def skip(self, name: str, by: str) -> tuple[int, str]:
+        """Record that ``by`` skipped the event ``name`` halted at, and lift the fault; the
+        position and error skipped. ``KeyError`` if ``name`` is not halted."""
+        with self.transaction() as db:
+            row = db.execute("SELECT position, error FROM projection_faults WHERE projection = ?",
+                             (name,)).fetchone()
+            if row is None:
+                raise KeyError(f"projection {name!r} is not halted")
+            db.execute("INSERT OR REPLACE INTO projection_skips VALUES (?, ?, ?, ?, ?)",
+                       (name, row[0], row[1], by, time.time()))
+            db.execute("DELETE FROM projection_faults WHERE projection = ?", (name,))
+        return int(row[0]), str(row[1])
+
+    def skips_of(self, name: str) -> list[tuple[object, ...]]:
+        with self.reading() as db:
+            return db.execute("SELECT * FROM projection_skips WHERE projection = ?",
+                              (name,)).fetchall()
+
+    def add_skips(self, rows: list[tuple[object, ...]]) -> None:
+        with self.transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO projection_skips VALUES (?, ?, ?, ?, ?)", rows)
+
+    def dump(self, projection: Projection) -> dict[str, list[tuple[object, ...]]]:
+        with self.reading() as db:
+            return projection.dump(db)
+
     def fault(self, name: str) -> tuple[int, str] | None:
-        with self.lock:
-            row = self.db.execute(
+        with self.reading() as db:
+            row = db.execute(
                 "SELECT position, error FROM projection_faults WHERE projection = ?", (name,)
             ).fetchone()
         return (row[0], row[1]) if row else None

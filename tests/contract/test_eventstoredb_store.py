@@ -21,7 +21,7 @@ from terret.adapters.stores.eventstoredb import (
 from terret.adapters.stores.uri import open_store
 from terret.domain.errors import StreamDeleted
 from terret.domain.store import EventStore, StoredRecord, StreamState
-from tests.contract.store_contract import (
+from terret.testing.store_contract import (
     SIGNAL,
     Collector,
     Opener,
@@ -35,7 +35,7 @@ from tests.contract.store_contract import (
 
 class TestEventStoreDBStore(StoreContract):
     uri: str
-    head_reader = "read_head"  # what the subscription calls when it finds nothing new
+    head_reader = "log.read_head"  # what the subscription calls when it finds nothing new
 
     @pytest.fixture(autouse=True)
     def _uri(self, esdb_uri: str) -> None:

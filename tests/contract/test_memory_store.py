@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from terret.adapters.stores.memory import MemoryStore
 from terret.domain.store import EventStore
-from tests.contract.store_contract import StoreContract
+from terret.testing.store_contract import StoreContract
 
 
 class TestMemoryStore(StoreContract):

@@ -13,7 +13,7 @@ import pytest
 from terret.adapters.stores.sqlite import SQLiteStore
 from terret.domain.errors import WrongExpectedVersion
 from terret.domain.store import EventStore, StoredRecord, StreamState
-from tests.contract.store_contract import (
+from terret.testing.store_contract import (
     SIGNAL,
     TIMEOUT,
     Collector,

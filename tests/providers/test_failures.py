@@ -17,7 +17,7 @@ from terret.adapters.providers import (
     TimeoutConfig,
     UpstreamError,
 )
-from terret.adapters.providers.retry import RetryPolicy, parse_retry_after
+from terret.adapters.providers.retry import parse_retry_after, policy_for
 from terret.domain.errors import MalformedStream, ModelCancelled, ProviderError
 from terret.domain.messages import Message
 from terret.runtime.model import ModelRequest
@@ -353,7 +353,7 @@ def test_cancel_interrupts_a_backoff_wait(
 
 
 def test_backoff_grows_exponentially_with_jitter_and_caps() -> None:
-    policy = RetryPolicy(RetryConfig(backoff_base=1.0, backoff_cap=5.0, jitter=0.5))
+    policy = policy_for(RetryConfig(backoff_base=1.0, backoff_cap=5.0, jitter=0.5))
     for attempt, ceiling in [(0, 1.0), (1, 2.0), (2, 4.0), (3, 5.0), (10, 5.0)]:
         delays = [policy.delay(attempt) for _ in range(200)]
         assert all(ceiling * 0.5 <= d <= ceiling for d in delays)
@@ -370,4 +370,4 @@ def test_retry_after_forms() -> None:
     )
     assert parse_retry_after({"retry-after": "soon"}) is None
     assert parse_retry_after({}) is None
-    assert RetryPolicy(RetryConfig(retry_after_cap=3.0)).delay(0, retry_after=100.0) == 3.0
+    assert policy_for(RetryConfig(retry_after_cap=3.0)).delay(0, retry_after=100.0) == 3.0

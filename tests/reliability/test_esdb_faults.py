@@ -20,7 +20,7 @@ from esdbclient import StreamState as EsdbStreamState
 from terret.adapters.stores.eventstoredb import EventStoreDBStore
 from terret.domain.errors import StoreUnavailable
 from terret.domain.store import CaughtUp, StoredRecord, StreamState
-from tests.contract.store_contract import SIGNAL, Collector, expect, new_stream, record, records
+from terret.testing.store_contract import SIGNAL, Collector, expect, new_stream, record, records
 from tests.support.esdb_emulator import EsdbEmulator
 
 BOUND = 1.5
@@ -481,7 +481,7 @@ def test_a_server_that_never_says_caught_up_still_gets_there(
 ) -> None:
     """EventStoreDB 22.10 sends no "caught up" message; the idle probe finds that nothing is
     left to deliver up to the head, and says so."""
-    client = store._client()
+    client = store.connection.client()
     original = client.subscribe_to_all
 
     def without_caught_up(**kwargs: Any) -> Any:

@@ -172,9 +172,9 @@ def esdb_store() -> EventStoreDBStore:
 def test_note_deletion_returns_the_stream_it_learnt(esdb_store: EventStoreDBStore) -> None:
     try:
         record = _deletion(json.dumps({"stream": "session-a", "at": 1.0}).encode(), 3)
-        assert esdb_store.note_deletion(record) == "session-a"
+        assert esdb_store.log.note_deletion(record) == "session-a"
         assert esdb_store.deleted_streams(refresh=False) == {"session-a"}
-        assert esdb_store._deleted_revision == 3
+        assert esdb_store.log._deleted_revision == 3
     finally:
         esdb_store.close()
 
@@ -184,9 +184,9 @@ def test_note_deletion_ignores_a_malformed_record(
     esdb_store: EventStoreDBStore, data: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     try:
-        assert esdb_store.note_deletion(_deletion(data, 4)) is None
+        assert esdb_store.log.note_deletion(_deletion(data, 4)) is None
         assert esdb_store.deleted_streams(refresh=False) == frozenset()
-        assert esdb_store._deleted_revision == -1
+        assert esdb_store.log._deleted_revision == -1
         assert "malformed deletion record at 104" in caplog.text
     finally:
         esdb_store.close()

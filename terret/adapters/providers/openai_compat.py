@@ -32,7 +32,7 @@ import httpx
 from terret.adapters.providers.chunks import ChunkParser
 from terret.adapters.providers.config import EndpointConfig, RetryConfig, TimeoutConfig
 from terret.adapters.providers.errors import ProviderHTTPError, StreamBroken, UpstreamError
-from terret.adapters.providers.retry import RetryPolicy, is_retryable_status, parse_retry_after
+from terret.adapters.providers.retry import is_retryable_status, parse_retry_after, policy_for
 from terret.adapters.providers.secret import Secret, bearer_key, redact, scrub
 from terret.adapters.providers.sse import SSEDecoder
 from terret.adapters.providers.stream import ChunkAssembler
@@ -98,7 +98,7 @@ class OpenAICompatibleProvider:
         self._headers = dict(headers or {})
         self._extra_body = dict(extra_body or {})
         self._stream_usage = stream_usage
-        self._retry = RetryPolicy(retry or RetryConfig())
+        self._retry = policy_for(retry or RetryConfig())
         self._owns_client = client is None
         if client is None:
             t = timeouts or TimeoutConfig()
@@ -178,7 +178,7 @@ class OpenAICompatibleProvider:
             # Outside the handler: the error is raised (or logged) without the _Retry as its
             # context, and redacted before anything shows it.
             redact(self._key, error)
-            if attempt >= self._retry.max_retries:
+            if attempt >= (self._retry.max_retries or 0):
                 error.add_note(f"{self.name}: gave up after {attempt + 1} attempts")
                 raise error
             delay = self._retry.delay(attempt, retry_after)

@@ -1,4 +1,5 @@
-"""Backoff with jitter, and ``Retry-After`` parsing."""
+"""The providers' retries: which statuses to retry, ``Retry-After`` parsing, and the shared
+retry policy (``terret.adapters.retry``) built from a ``RetryConfig``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 
 from terret.adapters.providers.config import RetryConfig
+from terret.adapters.retry import RetryPolicy
+
+__all__ = ["RETRYABLE_STATUSES", "RetryPolicy", "is_retryable_status", "parse_retry_after",
+           "policy_for"]
 
 #: Statuses worth another attempt: timeouts, throttling and server-side failures.
 RETRYABLE_STATUSES = frozenset({408, 429})
@@ -17,23 +22,12 @@ def is_retryable_status(status: int) -> bool:
     return status in RETRYABLE_STATUSES or status >= 500
 
 
-class RetryPolicy:
-    """Computes how long to wait before retry number ``attempt`` (0-based)."""
-
-    def __init__(self, config: RetryConfig, *, rng: random.Random | None = None) -> None:
-        self.config = config
-        self._rng = rng or random.Random()
-
-    @property
-    def max_retries(self) -> int:
-        return self.config.max_retries
-
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        if retry_after is not None:
-            # The server knows when it will take us again; trust it, within reason.
-            return max(0.0, min(retry_after, self.config.retry_after_cap))
-        ceiling = min(self.config.backoff_cap, self.config.backoff_base * (2**attempt))
-        return ceiling * (1.0 - self.config.jitter * self._rng.random())
+def policy_for(config: RetryConfig, *, rng: random.Random | None = None) -> RetryPolicy:
+    """The retry policy a provider follows: ``config.max_retries`` retries, backoff and
+    ``Retry-After`` as configured."""
+    return RetryPolicy(backoff_base=config.backoff_base, backoff_cap=config.backoff_cap,
+                       jitter=config.jitter, max_retries=config.max_retries,
+                       retry_after_cap=config.retry_after_cap, rng=rng or random.Random())
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:

@@ -1,44 +1,29 @@
-"""Support for the EventStoreDB adapter: URI handling (parsed and masked by ``uri``),
-the server-side filter regexes, how esdbclient's exceptions are classified, and the bounded
-retry loop.
+"""Support for the EventStoreDB adapter: URI handling (parsed and masked by ``_uri``), Terret's
+internal event types, the server-side filter regexes, and ``EsdbLog`` — what every reader of
+``$all`` (the store's reads, its subscriptions) shares: the type filter, the head, and the streams
+``delete_stream`` removed. Requests go through the connection (``_esdb_connection``).
 
 Kept apart from ``eventstoredb.py`` so that the adapter reads as the port's operations.
 """
 
 from __future__ import annotations
 
-import logging
-import random
+import json
 import re
-import time
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-import grpc
 from esdbclient import RecordedEvent
-from esdbclient.exceptions import (
-    AbortedByServer,
-    AccessDeniedError,
-    CancelledByClient,
-    DeadlineExceeded,
-    DiscoveryFailed,
-    GrpcError,
-    NodeIsNotLeader,
-    ServiceUnavailable,
-    SSLError,
-    UnknownError,
-)
+from esdbclient.connection_spec import ConnectionSpec
 
 from terret.adapters.secret import Secret
-from terret.adapters.stores.uri import check_esdb_uri, mask_credentials, secret_uri
-from terret.domain.errors import CorruptRecord, InvalidStoreURI, StoreUnavailable
+from terret.adapters.stores._esdb_connection import EsdbConnection, log, refusal
+from terret.adapters.stores._uri import check_esdb_uri, mask_credentials, secret_uri
+from terret.domain.errors import CorruptRecord, InvalidStoreURI
 from terret.domain.store import StoredRecord
-
-log = logging.getLogger("terret.adapters.stores.eventstoredb")
-
-T = TypeVar("T")
 
 SCHEMES = ("esdb", "esdb+discover")
 
@@ -75,8 +60,6 @@ def prepare_uri(uri: str) -> Secret:
     secret = secret_uri(uri, display=masked)
     # Let esdbclient's own parser judge the rest now, so a bad URI fails at construction and
     # not at the first append. Its messages quote the whole URI: scrub them.
-    from esdbclient.connection_spec import ConnectionSpec
-
     try:
         spec = ConnectionSpec(uri)
     except ValueError as exc:
@@ -130,6 +113,9 @@ receive it to learn which streams are gone; they never deliver it."""
 WORKER_EVENT_TYPE = "terret-worker-beat"
 """Worker heartbeats (in ``terret-workers``): never delivered by reads of ``$all``."""
 
+DELETIONS_STREAM = "terret-deletions"
+"""Where ``delete_stream`` records what it removed (``DELETION_EVENT_TYPE``)."""
+
 INTERNAL_EVENT_TYPES = frozenset({SNAPSHOT_EVENT_TYPE, DELETION_EVENT_TYPE, WORKER_EVENT_TYPE})
 
 # Types the server writes for itself: "$metadata", "$streamDeleted", "$>", projections'
@@ -170,155 +156,6 @@ class TypeFilter:
         return wire_name in self.names
 
 
-# --- failures ---------------------------------------------------------------------------------
-
-_PERMANENT_CODES = {
-    grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.UNIMPLEMENTED,
-}
-
-
-def _status_code(exc: BaseException) -> grpc.StatusCode | None:
-    for arg in exc.args:
-        if isinstance(arg, grpc.Call):
-            try:
-                return arg.code()
-            except Exception:  # noqa: BLE001 - a half-built call object: unknown code
-                return None
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """A classified failure of one attempt."""
-
-    transient: bool
-    reason: str
-    leader: str | None = None  # the leader's host:port when the node said "not leader"
-    reconnect: bool = False
-
-
-def classify(exc: BaseException, uri: Secret) -> Failure | None:
-    """How to react to an exception raised by esdbclient (or grpc under it). ``None``: it is
-    not a transport or server failure (a programming error, or something the caller maps)."""
-    reason = f"{type(exc).__name__}: {uri.scrub(str(exc)) or 'no details'}"
-    if isinstance(exc, SSLError):
-        # A TLS handshake that fails will fail again: a wrong CA file or host name.
-        return Failure(False, f"TLS handshake failed ({reason}); check TlsCaFile and the host")
-    if isinstance(exc, AccessDeniedError):
-        return Failure(False, f"access denied ({reason}); check the user's ACLs")
-    if isinstance(exc, NodeIsNotLeader):
-        try:
-            leader = exc.leader_grpc_target
-        except KeyError:  # a "not leader" answer without the leader's address
-            leader = None
-        return Failure(True, "the node is not the leader", leader=leader, reconnect=True)
-    if isinstance(exc, ServiceUnavailable):
-        return Failure(True, reason, reconnect=True)
-    if isinstance(exc, DiscoveryFailed):
-        return Failure(True, reason)
-    if isinstance(exc, DeadlineExceeded | AbortedByServer | UnknownError | CancelledByClient):
-        return Failure(True, reason)
-    if isinstance(exc, GrpcError):
-        code = _status_code(exc)
-        if code in _PERMANENT_CODES:
-            assert code is not None
-            return Failure(False, f"the server refused the call with {code.name} ({reason})")
-        return Failure(True, reason)
-    if isinstance(exc, ValueError) and (
-        "Channel closed" in str(exc) or "closed channel" in str(exc)
-    ):
-        # Another thread reconnected and closed the channel this call was using.
-        return Failure(True, reason, reconnect=True)
-    if isinstance(exc, grpc.RpcError):
-        code = _status_code(exc) or getattr(exc, "code", lambda: None)()
-        if code in _PERMANENT_CODES:
-            return Failure(False, reason)
-        return Failure(True, reason)
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """``timeout``: how long one operation may keep failing before ``StoreUnavailable``;
-    ``call_timeout``: the gRPC deadline of one attempt (capped by what is left of ``timeout``,
-    never below ``min_call_timeout``); backoff doubles from ``initial_backoff`` to
-    ``max_backoff`` with jitter."""
-
-    timeout: float = 10.0
-    call_timeout: float = 5.0
-    min_call_timeout: float = 0.5
-    initial_backoff: float = 0.05
-    max_backoff: float = 1.0
-
-    def backoff(self, attempt: int) -> float:
-        base = min(self.max_backoff, self.initial_backoff * (2 ** max(0, attempt - 1)))
-        # Jitter so that many clients cut off at once do not come back in lock step.
-        return base * (0.5 + random.random() / 2)
-
-
-class Retrier:
-    """Tracks one operation's consecutive failures against the policy's time bound.
-    ``sleep`` waits between attempts (a subscription passes its stop event's ``wait`` so that
-    ``stop()`` is not held up by a backoff)."""
-
-    def __init__(
-        self,
-        policy: RetryPolicy,
-        what: str,
-        where: str,
-        sleep: Callable[[float], object] = time.sleep,
-    ) -> None:
-        self.policy = policy
-        self._sleep = sleep
-        self.what = what
-        self.where = where
-        self.started = time.monotonic()
-        self.attempts = 0
-        self.last_reason = ""
-
-    def reset(self) -> None:
-        self.started = time.monotonic()
-        self.attempts = 0
-
-    def attempt_timeout(self) -> float:
-        left = self.started + self.policy.timeout - time.monotonic()
-        return max(self.policy.min_call_timeout, min(self.policy.call_timeout, left))
-
-    def failed(self, failure: Failure) -> None:
-        """Record a failure; sleep before the next attempt, or raise ``StoreUnavailable``."""
-        self.attempts += 1
-        self.last_reason = failure.reason
-        if not failure.transient:
-            self.give_up(permanent=True)
-        pause = self.policy.backoff(self.attempts)
-        elapsed = time.monotonic() - self.started
-        if elapsed + pause > self.policy.timeout:
-            self.give_up()
-        log.info(
-            "%s on %s failed (%s); retry %d in %.2fs",
-            self.what,
-            self.where,
-            failure.reason,
-            self.attempts,
-            pause,
-        )
-        self._sleep(pause)
-
-    def give_up(self, permanent: bool = False) -> NoReturn:
-        elapsed = time.monotonic() - self.started
-        if permanent:
-            message = f"{self.what} on {self.where} failed: {self.last_reason}"
-        else:
-            message = (
-                f"{self.what} on {self.where} failed after {self.attempts} attempt(s) over "
-                f"{elapsed:.1f}s: {self.last_reason}"
-            )
-        raise StoreUnavailable(message)
-
-
 # --- records ----------------------------------------------------------------------------------
 
 
@@ -346,3 +183,79 @@ def to_stored(event: RecordedEvent) -> StoredRecord:
         metadata=event.metadata,
         recorded_at=event.recorded_at.timestamp() if event.recorded_at is not None else 0.0,
     )
+
+
+# --- what readers of $all share ----------------------------------------------------------------
+
+
+class EsdbLog:
+    """The log as readers of ``$all`` see it: which event types they deliver (``type_filter``),
+    the head a default subscription could reach (``read_head``), and the streams
+    ``delete_stream`` removed (by any process), learnt from the deletions stream — read, or
+    received by a subscription (``note_deletion``). Shared by the store and its subscriptions."""
+
+    def __init__(self, connection: EsdbConnection, *, catalogue_only: bool = False) -> None:
+        self.connection = connection
+        self.catalogue_only = catalogue_only
+        self._deleted: set[str] = set()
+        self._deleted_revision = -1  # the last revision of the deletions stream read
+        self._lock = threading.Lock()
+
+    def type_filter(self, wire_names: Collection[str] | None) -> TypeFilter:
+        if wire_names is not None:
+            return TypeFilter(frozenset(wire_names))
+        return TypeFilter(default_wire_names() if self.catalogue_only else None)
+
+    def head(self) -> int:
+        """``read_head`` with the connection's retries."""
+        return self.connection.run("read the head position", self.read_head)
+
+    def read_head(self, client: Any, timeout: float) -> int:
+        """One attempt at the position of the last event a default subscription could
+        deliver (not the log's raw head: snapshots, deletion records and system events are
+        never delivered, and the server sends checkpoints past them only now and then)."""
+        kwargs = self.type_filter(None).server_filter(with_deletions=False)
+        return int(client.get_commit_position(timeout=timeout, **kwargs))
+
+    def deleted_streams(self, refresh: bool = True) -> frozenset[str]:
+        """The streams known to be deleted; ``refresh`` reads what was recorded since the last
+        read first (one small read)."""
+        if refresh:
+            self.connection.run("read the deletions", self.refresh_deletions)
+        with self._lock:
+            return frozenset(self._deleted)
+
+    def refresh_deletions(self, client: Any, timeout: float) -> None:
+        """One attempt at reading the deletions recorded since the last read."""
+        with self._lock:
+            after = self._deleted_revision
+        try:
+            events = client.get_stream(DELETIONS_STREAM,
+                                       stream_position=after + 1 if after >= 0 else None,
+                                       timeout=timeout)
+        except Exception as exc:
+            refused = refusal(exc, self.connection.uri)
+            if refused is None or refused.kind != "missing":
+                raise
+            return  # nothing deleted yet
+        for event in events:
+            self.note_deletion(event)
+
+    def note_deletion(self, event: RecordedEvent) -> str | None:
+        """Learn a deletion from a record of the deletions stream (read or subscribed);
+        the deleted stream's name, or None for a malformed record (ignored)."""
+        try:
+            stream = str(json.loads(event.data)["stream"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring a malformed deletion record at %s", event.commit_position)
+            return None
+        with self._lock:
+            self._deleted.add(stream)
+            if event.stream_name == DELETIONS_STREAM:
+                self._deleted_revision = max(self._deleted_revision, event.stream_position)
+        return stream
+
+    def noted(self, stream: str) -> None:
+        """``stream`` was deleted by this process."""
+        with self._lock:
+            self._deleted.add(stream)

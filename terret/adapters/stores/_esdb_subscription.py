@@ -26,25 +26,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from esdbclient import RecordedEvent
 from esdbclient.events import CaughtUp as EsdbCaughtUp
 from esdbclient.events import Checkpoint as EsdbCheckpoint
 
-from terret.adapters.stores._esdb import (
-    DELETION_EVENT_TYPE,
-    Failure,
-    Retrier,
-    TypeFilter,
-    classify,
-    log,
-    to_stored,
-)
+from terret.adapters.stores._esdb import DELETION_EVENT_TYPE, EsdbLog, TypeFilter, to_stored
+from terret.adapters.stores._esdb_connection import EsdbConnection, Failure, log
 from terret.domain.store import CaughtUp, Checkpoint, Subscription, SubscriptionItem
-
-if TYPE_CHECKING:
-    from terret.adapters.stores.eventstoredb import EventStoreDBStore
 
 # A subscription that stayed up this long before failing counts as recovered: its failure
 # starts a fresh retry window (a load balancer cutting idle calls every minute is not a
@@ -57,14 +48,25 @@ STABLE_SECONDS = 1.0
 DELETIONS_REFRESH_SECONDS = 1.0
 
 
+@dataclass(frozen=True)
+class SubscriptionOptions:
+    """The server-side filter's paging (a checkpoint every ``window_size`` ×
+    ``checkpoint_interval_multiplier`` events considered) and the idle probe's period."""
+
+    window_size: int = 64
+    checkpoint_interval_multiplier: int = 2
+    idle_checkpoint_after: float = 0.5
+
+
 class EsdbSubscription(Subscription):
-    def __init__(
-        self, store: EventStoreDBStore, after: int, wire_names: Collection[str] | None
-    ) -> None:
+    def __init__(self, connection: EsdbConnection, log: EsdbLog, options: SubscriptionOptions,
+                 after: int, wire_names: Collection[str] | None) -> None:
         super().__init__()
-        self._store = store
+        self._connection = connection
+        self._log = log
+        self._options = options
         self._wire_names = frozenset(wire_names) if wire_names is not None else None
-        self._filter: TypeFilter = store.type_filter(self._wire_names)
+        self._filter: TypeFilter = log.type_filter(self._wire_names)
         self._ready: deque[SubscriptionItem] = deque()
         # Shared with the watchdog: the position, the open call, a checkpoint it decided on.
         self._lock = threading.Lock()
@@ -77,9 +79,7 @@ class EsdbSubscription(Subscription):
         self._head_before = 0  # the store's head read just before the current subscription
         self._deleted: frozenset[str] = frozenset()
         self._deleted_at = 0.0
-        self._retrier = Retrier(
-            store.retry, "subscription to $all", store.describe(), sleep=self._stopped.wait
-        )
+        self._retrier = connection.retrier("subscription to $all", sleep=self._stopped.wait)
         self._opened_at: float | None = None
         self._finished = False
         self._watchdog: threading.Thread | None = None
@@ -144,7 +144,7 @@ class EsdbSubscription(Subscription):
             self._drop_inner()
             if self.stopped:
                 return
-            failure = classify(exc, self._store._uri)
+            failure = self._connection.failure(exc)
             if failure is None:
                 self._finished = True
                 raise
@@ -162,7 +162,7 @@ class EsdbSubscription(Subscription):
         if self._opened_at is not None and time.monotonic() - self._opened_at >= STABLE_SECONDS:
             retrier.reset()
         self._opened_at = None  # only the subscription that was up earns the fresh window
-        self._store._recover(failure, retrier.attempts + 1)
+        self._connection.recover(failure, retrier.attempts + 1)
         self._finished = True  # if the retrier gives up, the iteration ends with its error
         retrier.failed(failure)
         self._finished = False
@@ -195,8 +195,8 @@ class EsdbSubscription(Subscription):
         if isinstance(event, EsdbCheckpoint):
             self._ready.append(Checkpoint(position))
         elif event.type == DELETION_EVENT_TYPE:
-            self._store.note_deletion(event)
-            self._deleted = self._store.deleted_streams(refresh=False)
+            self._log.note_deletion(event)
+            self._deleted = self._log.deleted_streams(refresh=False)
         elif self._filter.delivers(event.type):
             if time.monotonic() - self._deleted_at > DELETIONS_REFRESH_SECONDS:
                 self._refresh_deletions()
@@ -204,21 +204,20 @@ class EsdbSubscription(Subscription):
                 self._ready.append(to_stored(event))
 
     def _refresh_deletions(self) -> None:
-        self._deleted = self._store.deleted_streams()
+        self._deleted = self._log.deleted_streams()
         self._deleted_at = time.monotonic()
 
     def _open(self) -> Any:
-        store = self._store
         if self._wire_names is None:
             # The catalogue may have grown since the last (re)subscription.
-            self._filter = store.type_filter(None)
-        client = store._client()
+            self._filter = self._log.type_filter(None)
+        client = self._connection.client()
         # Single attempts: a failure here is retried by this subscription's own loop, within
         # its own bound.
-        timeout = store.retry.call_timeout
-        self._head_before = store.read_head(client, timeout)
-        store.refresh_deletions(client, timeout)
-        self._deleted = store.deleted_streams(refresh=False)
+        timeout = self._connection.call_timeout
+        self._head_before = self._log.read_head(client, timeout)
+        self._log.refresh_deletions(client, timeout)
+        self._deleted = self._log.deleted_streams(refresh=False)
         self._deleted_at = time.monotonic()
         with self._lock:
             start = self._position
@@ -226,8 +225,8 @@ class EsdbSubscription(Subscription):
             commit_position=start if start > 0 else None,
             include_checkpoints=True,
             include_caught_up=True,
-            window_size=store.window_size,
-            checkpoint_interval_multiplier=store.checkpoint_interval_multiplier,
+            window_size=self._options.window_size,
+            checkpoint_interval_multiplier=self._options.checkpoint_interval_multiplier,
             **self._filter.server_filter(),
         )
         with self._lock:
@@ -265,14 +264,14 @@ class EsdbSubscription(Subscription):
     # --- the watchdog ----------------------------------------------------------------------
 
     def _start_watchdog(self) -> None:
-        if self._watchdog is None and self._store.idle_checkpoint_after > 0:
+        if self._watchdog is None and self._options.idle_checkpoint_after > 0:
             self._watchdog = threading.Thread(
                 target=self._watch, name="terret-esdb-idle-checkpoints", daemon=True
             )
             self._watchdog.start()
 
     def _watch(self) -> None:
-        idle = self._store.idle_checkpoint_after
+        idle = self._options.idle_checkpoint_after
         while not self._stopped.wait(idle / 2):
             with self._lock:
                 due = (
@@ -302,23 +301,23 @@ class EsdbSubscription(Subscription):
         """The store's head, if nothing this subscription would deliver lies between ``start``
         and it (a head at or below ``start`` included: there is nothing left to deliver).
         One attempt, no retries: an idle subscription simply asks again later."""
-        store = self._store
+        timeout = self._connection.call_timeout
         try:
-            client = store._client()
-            head = store.read_head(client, store.retry.call_timeout)
+            client = self._connection.client()
+            head = self._log.read_head(client, timeout)
             if head <= start:
                 return head  # nothing after the position: caught up, if not said yet
             with client.read_all(
                 commit_position=start if start > 0 else None,
                 limit=2,
-                timeout=store.retry.call_timeout,
+                timeout=timeout,
                 **self._filter.server_filter(),
             ) as events:
                 for event in events:
                     if start < (event.commit_position or 0) <= head:
                         return None  # on its way to the consumer: no checkpoint past it
         except Exception as exc:  # noqa: BLE001 - a probe is optional
-            log.debug("idle checkpoint probe failed: %s", store._uri.scrub(str(exc)))
+            log.debug("idle checkpoint probe failed: %s", self._connection.scrub(str(exc)))
             return None
         return head
 

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Collection
 
 from terret.domain.store import (
+    AppendResult,
     CaughtUp,
     Checkpoint,
     EventStore,
@@ -26,7 +27,8 @@ from terret.domain.store import (
 
 class PositionalStore(EventStore):
     """Shared by the stores that can be read by position (memory, sqlite): ``read_all`` and
-    ``subscribe`` over ``_read_range``, woken through ``_signal`` (a ``threading.Condition``)."""
+    ``open_subscription`` over ``_read_range``, woken through ``_signal`` (a
+    ``threading.Condition``). An append takes consecutive positions (it holds the write lock)."""
 
     poll_interval: float
     _signal: threading.Condition
@@ -46,10 +48,13 @@ class PositionalStore(EventStore):
     def _wait_for_change(self, seen_head: int, timeout: float, sub: Subscription) -> None:
         """Return once the head may have moved past ``seen_head``, or the sub stopped."""
 
-    def subscribe(
+    def open_subscription(
         self, *, after: int = 0, wire_names: Collection[str] | None = None
     ) -> Subscription:
         return PositionalSubscription(self, after, wire_names, self.poll_interval)
+
+    def appended_positions(self, stream: str, result: AppendResult, count: int) -> list[int]:
+        return list(range(result.position - count + 1, result.position + 1))
 
     def _wake_all(self) -> None:
         with self._signal:

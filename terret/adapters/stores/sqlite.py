@@ -25,6 +25,7 @@ from uuid import UUID, SafeUUID, uuid4
 
 from terret.adapters.stores._rules import AlreadyWritten, check_size, decide
 from terret.adapters.stores._subscription import PositionalStore
+from terret.adapters.stores.workers import SQLiteWorkers
 from terret.domain.errors import (
     CorruptRecord,
     NotATerretStore,
@@ -269,8 +270,6 @@ class SQLiteStore(PositionalStore):
         """The worker registry in this file (the ``terret_workers`` table)."""
         with self._connections_lock:
             if self._workers is None:
-                from terret.adapters.stores.workers import SQLiteWorkers
-
                 self._workers = SQLiteWorkers(self.path, busy_timeout=self._busy_timeout)
             return self._workers
 

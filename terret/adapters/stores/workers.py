@@ -1,11 +1,12 @@
 """Worker registries (``terret.domain.workers``) for the three stores.
 
 * memory — ``terret.domain.workers.MemoryWorkers``, shared by every runtime on one store object;
-* SQLite — the ``terret_workers`` table in the store's file: one row per worker, replaced at
-  each beat (workers silent for an hour are dropped);
-* EventStoreDB — the ``terret-workers`` stream, capped with ``$maxCount`` (``WORKERS_MAX_COUNT``
-  beats: at the default TTL of 15 s and a beat every TTL/5, enough for 50 workers); beats are of
-  an internal event type that no read of ``$all`` delivers.
+* SQLite — ``SQLiteWorkers``: the ``terret_workers`` table in the store's file, one row per
+  worker, replaced at each beat (workers silent for an hour are dropped);
+* EventStoreDB — ``_esdb_workers.EsdbWorkers``: the ``terret-workers`` stream, capped with
+  ``$maxCount`` (``WORKERS_MAX_COUNT`` beats: at the default TTL of 15 s and a beat every TTL/5,
+  enough for 50 workers); beats are of an internal event type that no read of ``$all``
+  delivers. Kept in a module of its own, so that the SQLite store never loads esdbclient.
 
 None of them writes to a session stream: an idle session's log never grows with time.
 """
@@ -14,26 +15,17 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from terret.domain.errors import StoreError
 from terret.domain.workers import MemoryWorkers, WorkerBeat, WorkerRegistry
 
-__all__ = ["EsdbWorkers", "MemoryWorkers", "SQLiteWorkers"]
-
-if TYPE_CHECKING:
-    from esdbclient import EventStoreDBClient, RecordedEvent
-
-    from terret.adapters.stores.eventstoredb import EventStoreDBStore
+__all__ = ["LEFT", "MemoryWorkers", "SQLiteWorkers"]
 
 FORGET_AFTER = 3600.0
 """Seconds after its last beat that a silent worker is dropped from the SQLite registry."""
 
-WORKERS_STREAM = "terret-workers"
-WORKERS_MAX_COUNT = 256
-_LEFT = -1.0  # the ttl of the beat a worker writes when it stops: gone at once
+LEFT = -1.0
+"""The ttl of the beat a worker writes when it stops (a stream cannot delete it): gone at once."""
 
 
 _SQLITE_SCHEMA = """CREATE TABLE IF NOT EXISTS terret_workers (
@@ -101,61 +93,3 @@ class SQLiteWorkers(WorkerRegistry):
             if self._db is not None:
                 self._db.close()
                 self._db = None
-
-
-class EsdbWorkers(WorkerRegistry):
-    """Beats appended to one capped stream; the latest beat of each worker is found by reading
-    the stream backwards (at most ``WORKERS_MAX_COUNT`` events)."""
-
-    def __init__(self, store: EventStoreDBStore) -> None:
-        self.store = store
-        self._capped = False
-
-    def beat(self, beat: WorkerBeat) -> None:
-        self._append(beat)
-
-    def leave(self, worker: str) -> None:
-        gone = WorkerBeat(worker=worker, host="", pid=0, started=0.0, at=time.time(), ttl=_LEFT)
-        self._append(gone)
-
-    def _append(self, beat: WorkerBeat) -> None:
-        from esdbclient import NewEvent, StreamState
-
-        from terret.adapters.stores._esdb import WORKER_EVENT_TYPE
-
-        if not self._capped:
-            self.store.update_metadata(WORKERS_STREAM, {"$maxCount": WORKERS_MAX_COUNT})
-            self._capped = True
-        event = NewEvent(type=WORKER_EVENT_TYPE, data=beat.to_json(),
-                         content_type="application/json")
-
-        def op(client: EventStoreDBClient, timeout: float) -> None:
-            client.append_to_stream(WORKERS_STREAM, current_version=StreamState.ANY,
-                                    events=[event], timeout=timeout)
-
-        self.store.run(f"beat {beat.worker}", op)
-
-    def _read(self) -> Sequence[RecordedEvent]:
-        from esdbclient.exceptions import NotFound
-
-        def op(client: EventStoreDBClient, timeout: float) -> Sequence[RecordedEvent]:
-            try:
-                return client.get_stream(WORKERS_STREAM, backwards=True,
-                                         limit=WORKERS_MAX_COUNT, timeout=timeout)
-            except NotFound:
-                return ()
-
-        return self.store.run(f"read {WORKERS_STREAM}", op)
-
-    def beats(self) -> list[WorkerBeat]:
-        latest: dict[str, WorkerBeat] = {}
-        for event in self._read():  # newest first: the first beat of a worker is its latest
-            try:
-                beat = WorkerBeat.from_json(event.data)
-            except (ValueError, KeyError, TypeError):
-                continue
-            latest.setdefault(beat.worker, beat)
-        return sorted((b for b in latest.values() if b.ttl != _LEFT), key=lambda b: b.worker)
-
-    def latest(self, worker: str) -> WorkerBeat | None:
-        return next((b for b in self.beats() if b.worker == worker), None)

@@ -1,7 +1,9 @@
 """The event store contract: one abstract test case that every store adapter's test subclasses.
 
-Like ``eventsourcing``'s ``ApplicationRecorderTestCase``: the base class is not collected (its
-name does not start with ``Test``); an adapter's test module declares
+It ships in the package (``terret.testing``), as ``eventsourcing`` ships
+``eventsourcing/tests/persistence.py``, so that an adapter written outside Terret can be held to
+it. Like ``eventsourcing``'s ``ApplicationRecorderTestCase``: the base class is not collected
+(its name does not start with ``Test``); an adapter's test module declares
 
     class TestMyStore(StoreContract):
         def create_store(self) -> EventStore:
@@ -13,7 +15,9 @@ name does not start with ``Test``); an adapter's test module declares
             return functools.partial(MyStore, ...)
 
 and may override ``create_store_with_slow_poll``, ``dispose_store``, ``corrupt_record`` (to
-exercise ``CorruptRecord`` on the raw rows), ``checkpoint_stretch`` and ``cross_process_timeout``.
+exercise ``CorruptRecord`` on the raw rows), ``checkpoint_stretch``, ``cross_process_timeout``
+and ``head_reader`` (a dotted path from the store to the callable its subscriptions read the
+head with).
 ``self.tmp_path`` (pytest's per-test directory) is set before any hook runs; an autouse fixture
 of the subclass may set more (e.g. a server URI). To skip one case, override the method with
 ``@pytest.mark.skip(reason=...)``; to add adapter-only cases, add ``test_*`` methods.
@@ -23,9 +27,10 @@ gaps and a real server is shared): every case writes to fresh ``session-<uuid4>`
 compares positions relative to what it observed itself. Other processes are started with the
 spawn method and reaped by the ``mp`` fixture.
 
-The ``eventsourcing`` library's own abstract recorder test cases are not run here: Terret's
-port is not an ``ApplicationRecorder`` (streams and seqs rather than originator ids and
-versions), so they would need an adapter of their own first.
+The port is also the ``eventsourcing`` library's ``ApplicationRecorder``: run the library's
+``ApplicationRecorderTestCase`` against the adapter as well (Terret's own adapters do, in
+``tests/contract/test_library_cases.py``), and the cases at the end of this suite check the
+mapping between the two (originator versions, notifications, ``subscribe(gt=…)``).
 """
 
 from __future__ import annotations
@@ -276,7 +281,8 @@ class StoreContract:
     def dispose_store(self, store: EventStore) -> None:
         store.close()
 
-    #: The store method its subscriptions read the head with: the head race test wraps it.
+    #: Where its subscriptions read the head, as a dotted path from the store (a method of the
+    #: store or of an object it holds): the head race test wraps it.
     head_reader = "head_position"
 
     def corrupt_record(self, store: EventStore, stored: StoredRecord) -> None:
@@ -439,12 +445,13 @@ class StoreContract:
         batch = records(2)
         store.append(stream, batch, StreamState.NO_STREAM)
         before = store.read_stream(stream)
-        for attempt, expected in [
+        cases: list[tuple[list[NewRecord], int | StreamState]] = [
             ([*batch, record()], StreamState.NO_STREAM),  # the known ids, then a new one
             ([batch[0], record()], StreamState.NO_STREAM),  # first known, second new
             ([batch[1], batch[0]], StreamState.NO_STREAM),  # known ids in another order
             ([batch[1], record()], 1),
-        ]:
+        ]
+        for attempt, expected in cases:
             with pytest.raises(WrongExpectedVersion) as info:
                 store.append(stream, attempt, expected)
             assert info.value.actual == 2
@@ -755,7 +762,11 @@ class StoreContract:
         stream = new_stream()
         store.append(stream, records(5), StreamState.NO_STREAM)
         injected = 30
-        real_head = getattr(store, self.head_reader)
+        owner: Any = store
+        *path, name = self.head_reader.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        real_head = getattr(owner, name)
         lock = threading.Lock()
         reads: list[int] = []
         done: list[int] = []
@@ -771,7 +782,7 @@ class StoreContract:
                 reads.append(head)
                 return head
 
-        setattr(store, self.head_reader, hostile_head)
+        setattr(owner, name, hostile_head)
         try:
             collector = self.collect(store, start, [SIGNAL])
             try:
@@ -788,7 +799,7 @@ class StoreContract:
             finally:
                 collector.stop()
         finally:
-            delattr(store, self.head_reader)
+            delattr(owner, name)
         _assert_monotonic(collector.snapshot())
 
     def test_history_longer_than_a_page_with_sparse_matches(self, store: EventStore) -> None:
@@ -1111,7 +1122,8 @@ class StoreContract:
         assert loaded.state.agent == "helper"
         assert not loaded.turn_open and loaded.current_turn == 1
         events = [decode(r) for r in store.read_stream(stream)]
-        assert events[6].payload.usage == UsageData(prompt_tokens=10, completion_tokens=2)
+        assert getattr(events[6].payload, "usage", None) == UsageData(prompt_tokens=10,
+                                                                      completion_tokens=2)
         assert all(e.session_id == session.id for e in events)
 
     def test_refused_commands_raise_typed_errors_and_append_nothing(
@@ -1181,7 +1193,7 @@ class StoreContract:
             reads.append({**kwargs, "count": len(found)})
             return found
 
-        store.read_stream = spy  # type: ignore[method-assign]
+        store.read_stream = spy  # type: ignore[method-assign,assignment]
         try:
             loaded = repo.get(session.id)
         finally:

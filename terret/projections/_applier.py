@@ -1,0 +1,228 @@
+"""The batch applier: a page of the log into the projections, in one transaction of the view
+store that also records each projection's tracked position (only ever forward) and the last
+event applied.
+
+A batch first goes through all at once: each record to the projections that want its wire
+name, no bookkeeping per event. That is an optimisation of the one rule, event by event: a
+projection processes each event after its tracked position, unless the event is one an operator
+skipped or a newer version of a known event (no projection reads it); an event it cannot
+process (it does not decode, or ``process`` raises) halts that projection there, with the fault
+recorded, while the others carry on. All at once gives the same result whenever no projection
+is inside the batch, none has a skip in it, and nothing fails; otherwise — known before the
+batch starts, or when something raises, after rolling the transaction back and beginning it
+again — the batch goes event by event, each event and projection in a savepoint. A failure that is the view file's (a full disk, a damaged file) is no event's
+fault: it halts nothing and ends the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from terret.domain.catalogue import EventCatalogue
+from terret.domain.codec import RecordDecoder
+from terret.domain.errors import CorruptRecord
+from terret.domain.store import StoredRecord
+from terret.projections.base import PURGED, Projection, ViewStore, views_error
+
+if TYPE_CHECKING:
+    from terret.domain.codec import RecordedEvent
+
+log = logging.getLogger("terret.projections")
+
+Guard = Callable[[sqlite3.Connection], None]
+"""Called first in each batch's transaction; raises to refuse the batch (``LogCheck.guard``)."""
+
+
+@dataclass
+class _Batch:
+    """What a batch's transaction read before it applies anything."""
+
+    tracked: dict[str, int]
+    halted: set[str]
+    skips: set[tuple[str, int]]
+
+    def __post_init__(self) -> None:
+        self.before = dict(self.tracked)
+
+
+class BatchApplier:
+    def __init__(self, views: ViewStore, registry: EventCatalogue, guard: Guard) -> None:
+        self.views = views
+        self.registry = registry
+        self._decode = RecordDecoder(registry)
+        self._guard = guard
+
+    def apply(self, records: Sequence[StoredRecord], upto: int,
+              projections: Sequence[Projection]) -> list[RecordedEvent]:
+        """Apply ``records`` (in log order, none after ``upto``) and move every live
+        projection's tracked position to ``upto``; the events decoded, for the listeners."""
+        if not records and not self._moves(upto, projections):
+            return []  # nothing to apply, no position to move: no transaction
+        with self.views.transaction() as db:
+            batch = self._begin(db, projections)
+            events = None
+            live = self._all_at_once_takes(records, projections, batch)
+            if live is not None:
+                events = self._all_at_once(db, records, live)
+                if events is None:  # undone: start the transaction again, event by event
+                    db.execute("BEGIN IMMEDIATE")
+                    batch = self._begin(db, projections)
+            if events is None:
+                events = self._event_by_event(db, records, projections, batch)
+            for p in projections:
+                if p.name not in batch.halted:
+                    batch.tracked[p.name] = max(batch.tracked[p.name], upto)
+            self._track(db, projections, batch, records)
+        return events
+
+    def _moves(self, upto: int, projections: Sequence[Projection]) -> bool:
+        with self.views.reading() as db:
+            tracked = self.views.positions(db, [p.name for p in projections])
+            halted = self.views.halted(db)
+        return any(tracked[p.name] < upto for p in projections if p.name not in halted)
+
+    def _begin(self, db: sqlite3.Connection, projections: Sequence[Projection]) -> _Batch:
+        """Inside the batch's transaction, before anything is applied: the guard, and what the
+        views say now (another process sharing the file may have moved them)."""
+        self._guard(db)
+        return _Batch(self.views.positions(db, [p.name for p in projections]),
+                      self.views.halted(db), self.views.skips(db))
+
+    def _track(self, db: sqlite3.Connection, projections: Sequence[Projection], batch: _Batch,
+               records: Sequence[StoredRecord]) -> None:
+        for p in projections:
+            if batch.tracked[p.name] > batch.before[p.name]:
+                self.views.track(db, p.name, batch.tracked[p.name])
+        if records:
+            self.views.note_applied(db, records[-1])
+
+    # --- all at once ----------------------------------------------------------------------
+
+    @staticmethod
+    def _all_at_once_takes(records: Sequence[StoredRecord], projections: Sequence[Projection],
+                           batch: _Batch) -> list[Projection] | None:
+        """The projections a batch goes to all at once, or None when it cannot: a live
+        projection is inside the batch, or has a skip in it. (Those already past the batch —
+        the others replay behind a projection added or upgraded — sit it out.)"""
+        live = [p for p in projections if p.name not in batch.halted]
+        if not records:
+            return live
+        first, last = records[0].position, records[-1].position
+        if any(first <= batch.tracked[p.name] < last for p in live):
+            return None
+        live = [p for p in live if batch.tracked[p.name] < first]
+        names = {p.name for p in live}
+        if any(name in names and first <= position <= last for name, position in batch.skips):
+            return None
+        return live
+
+    def _all_at_once(self, db: sqlite3.Connection, records: Sequence[StoredRecord],
+                     live: Sequence[Projection]) -> list[RecordedEvent] | None:
+        """The events, or None when something raised: the transaction is then rolled back
+        (the caller begins another and goes event by event)."""
+        events: list[RecordedEvent] = []
+        append = events.append
+        decode = self._decode
+        registry = self.registry
+        wanting: dict[str, list[Callable[..., None]]] = {}
+        try:
+            for p in live:
+                p.begin()
+            for record in records:
+                targets = wanting.get(record.wire_name)
+                if targets is None:
+                    targets = wanting[record.wire_name] = _targets(live, record.wire_name)
+                try:
+                    event = decode(record)
+                except CorruptRecord:
+                    if targets:
+                        raise
+                    continue  # wanted by none here; listeners get decoded events only
+                append(event)
+                if targets and event.is_opaque and record.wire_name in registry:
+                    continue  # a newer version of a known event: no projection reads it
+                for process in targets:
+                    process(db, event)
+            for p in live:
+                p.flush(db)
+        except Exception as exc:  # a record or a projection failed
+            if _not_the_events_fault(db, exc):
+                raise  # a full disk, a damaged file: nothing to halt on
+            db.execute("ROLLBACK")
+            return None
+        return events
+
+    # --- event by event -------------------------------------------------------------------
+
+    def _event_by_event(self, db: sqlite3.Connection, records: Sequence[StoredRecord],
+                        projections: Sequence[Projection], batch: _Batch
+                        ) -> list[RecordedEvent]:
+        """One savepoint per event and projection, so that a failing projection halts at the
+        failing event and the others carry on."""
+        events: list[RecordedEvent] = []
+        for p in projections:
+            p.begin()
+        for record in records:
+            try:
+                event: RecordedEvent | CorruptRecord = self._decode(record)
+            except CorruptRecord as exc:
+                event = exc
+            newer = False  # a newer version of a known event: no projection reads it
+            if not isinstance(event, CorruptRecord):
+                events.append(event)
+                newer = event.is_opaque and record.wire_name in self.registry
+            for p in projections:
+                if p.name in batch.halted or record.position <= batch.tracked[p.name]:
+                    continue
+                if (not newer and p.wants(record.wire_name)
+                        and (p.name, record.position) not in batch.skips):
+                    error = self._apply_one(db, p, event)
+                    if error is not None:
+                        self.views.record_fault(db, p.name, record.position, error)
+                        batch.halted.add(p.name)
+                        log.error("projection %s halted at %d: %s", p.name, record.position,
+                                  error)
+                        continue
+                batch.tracked[p.name] = record.position
+        return events
+
+    @staticmethod
+    def _apply_one(db: sqlite3.Connection, p: Projection, event: RecordedEvent | CorruptRecord
+                   ) -> str | None:
+        """Apply one event to one projection in a savepoint; the error that halts it, if
+        any."""
+        if isinstance(event, CorruptRecord):
+            return str(event)
+        db.execute("SAVEPOINT event")
+        try:
+            p.apply(db, event)
+            p.flush(db)
+        except Exception as exc:
+            if _not_the_events_fault(db, exc):
+                raise  # a full disk, a damaged file: nothing to halt on
+            db.execute("ROLLBACK TO event")
+            db.execute("RELEASE event")
+            p.begin()
+            return f"{type(exc).__name__}: {exc}"
+        db.execute("RELEASE event")
+        return None
+
+
+def _not_the_events_fault(db: sqlite3.Connection, exc: Exception) -> bool:
+    """Whether a failure while applying an event is the view file's (SQLite rolled the batch
+    back, the disk is full, the file is damaged) rather than the event's or projection's."""
+    return not db.in_transaction or (
+        isinstance(exc, sqlite3.Error) and views_error(exc, "") is not None)
+
+
+def _targets(projections: Sequence[Projection], wire_name: str) -> list[Callable[..., None]]:
+    """What to call for each projection that wants an event of this wire name: its
+    ``process`` straight away when ``Projection.apply`` would only forward to it."""
+    return [
+        p.process if wire_name != PURGED and type(p).apply is Projection.apply else p.apply
+        for p in projections if p.wants(wire_name)
+    ]

@@ -1,0 +1,135 @@
+"""What an operator does to projections: rebuild them from position 0, verify them against a
+replay into a scratch view, skip the event a halted one stopped at. Each reads the log once for
+all the projections it is given (``terret projections rebuild`` replays all eight in one
+pass), in pages of ``batch_size``, read and applied with the collector paused."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from terret.domain.catalogue import EventCatalogue
+from terret.domain.store import EventStore, StoredRecord
+from terret.projections._applier import BatchApplier
+from terret.projections._collector import collector_paused
+from terret.projections.base import Projection, ViewStore
+
+if TYPE_CHECKING:
+    from terret.domain.codec import RecordedEvent
+
+log = logging.getLogger("terret.projections")
+
+Progress = Callable[[int, int], None]
+Apply = Callable[[list[StoredRecord], int], object]
+
+
+def each_page(store: EventStore, after: int, head: int, batch_size: int, apply: Apply,
+              progress: Progress | None = None) -> None:
+    """Read the log after ``after`` up to ``head`` in pages of ``batch_size`` and pass each to
+    ``apply`` with the page's last position; each page is read and applied with the collector
+    paused. ``progress(position, head)`` after each page."""
+    while after < head:
+        with collector_paused():
+            records = _upto(store.read_all(after=after, limit=batch_size), head)
+            if not records:
+                return
+            apply(records, records[-1].position)
+        after = records[-1].position
+        if progress:
+            progress(after, head)
+
+
+def replay(store: EventStore, applier: BatchApplier, projections: Sequence[Projection],
+           batch_size: int, *, after: int = 0, upto: int | None = None,
+           progress: Progress | None = None) -> int:
+    """Replay the log after ``after`` up to ``upto`` (the store's head) into ``projections``
+    through ``applier``, without listeners; returns the position reached."""
+    head = store.head_position() if upto is None else upto
+
+    def apply(records: list[StoredRecord], last: int) -> list[RecordedEvent]:
+        return applier.apply(records, last, projections)
+
+    each_page(store, after, head, batch_size, apply, progress)
+    with collector_paused():
+        applier.apply([], head, projections)
+    return head
+
+
+def rebuild(store: EventStore, views: ViewStore, applier: BatchApplier,
+            projections: Sequence[Projection], batch_size: int,
+            progress: Progress | None = None) -> int:
+    """Drop the projections' tables, tracked positions and faults, and replay them from
+    position 0 to the store's head in one pass (recorded skips are honoured)."""
+    for projection in projections:
+        views.forget(projection)
+    return replay(store, applier, projections, batch_size, progress=progress)
+
+
+def skip(store: EventStore, views: ViewStore, applier: BatchApplier, projection: Projection,
+         by: str, batch_size: int, upto: int) -> int:
+    """Record the skip of the event ``projection`` halted at and replay what follows it into
+    the projection, up to ``upto`` (where the others are), so that none is lost."""
+    position, _ = views.skip(projection.name, by)
+    log.warning("projection %s: event at %d skipped by %s", projection.name, position, by)
+    # The subscription has moved past the events after the skipped one and will not deliver
+    # them again: replay them into the resumed projection.
+    replay(store, applier, [projection], batch_size, after=views.tracked(projection.name),
+           upto=upto)
+    return position
+
+
+def verify(store: EventStore, views: ViewStore, projections: Sequence[Projection],
+           registry: EventCatalogue, batch_size: int, progress: Progress | None = None
+           ) -> dict[str, list[str]]:
+    """Replay fresh copies of ``projections`` into a scratch view, each up to its live
+    tracked position, in one pass over the log; every difference from the live views, per
+    projection (empty lists when they agree)."""
+    scratch = ViewStore(":memory:")
+    try:
+        fresh = {p.name: type(p)() for p in projections}
+        for copy in fresh.values():
+            scratch.ensure(copy)
+        scratch.add_skips([row for p in projections for row in views.skips_of(p.name)])
+        applier = BatchApplier(scratch, registry, lambda db: None)
+        stops = {p.name: views.tracked(p.name) for p in projections}
+        head = max(stops.values(), default=0)
+        reached = 0
+        report: dict[str, list[str]] = {}
+
+        def overall(position: int, _: int) -> None:
+            if progress is not None:
+                progress(position, head)
+
+        # One pass: replay to each projection's own position in turn, comparing the ones
+        # that stop there before the others go on.
+        for stop in sorted(set(stops.values())):
+            going = [fresh[name] for name, at in stops.items() if at >= stop]
+            replay(store, applier, going, batch_size, after=reached, upto=stop,
+                   progress=overall)
+            reached = stop
+            for name in [n for n, at in stops.items() if at == stop]:
+                live = next(p for p in projections if p.name == name)
+                report[name] = differences(name, views.dump(live), scratch.dump(fresh[name]))
+        return {p.name: report[p.name] for p in projections}
+    finally:
+        scratch.close()
+
+
+def differences(name: str, live: dict[str, list[tuple[object, ...]]],
+                rebuilt: dict[str, list[tuple[object, ...]]]) -> list[str]:
+    out = []
+    for table in sorted(set(live) | set(rebuilt)):
+        a, b = set(live.get(table, [])), set(rebuilt.get(table, []))
+        for row in sorted(a - b, key=repr)[:20]:
+            out.append(f"{name}.{table}: live has {row!r}, rebuild does not")
+        for row in sorted(b - a, key=repr)[:20]:
+            out.append(f"{name}.{table}: rebuild has {row!r}, live does not")
+    return out
+
+
+def _upto(records: list[StoredRecord], head: int) -> list[StoredRecord]:
+    """The records at or before ``head`` (a page read after it was taken may run past it)."""
+    if not records or records[-1].position <= head:
+        return records
+    return [r for r in records if r.position <= head]
