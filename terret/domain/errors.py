@@ -175,6 +175,20 @@ class ApprovalAlreadyRequested(RuleViolation):
     rule = "R10"
 
 
+class CallInDoubt(RuleViolation):
+    """A call of a tool that may not run twice started before and has no result: it may have
+    taken effect. It runs again only on an operator's ``rerun`` verdict (R15)."""
+
+    rule = "R15"
+
+
+class CallNotInDoubt(RuleViolation):
+    """A verdict names a call that is not in doubt in the open turn (or for other arguments),
+    or a call that did not start is marked in doubt (R15)."""
+
+    rule = "R15"
+
+
 class AlreadyTitled(RuleViolation):
     """The session already has its automatic title (R20)."""
 

@@ -170,10 +170,29 @@ class StepStarted(EventPayload):
 
 @event_type
 class AssistantMessage(EventPayload):
+    """The model's reply. Version 2 meters the model call with it: ``model`` is the resolved
+    ``provider:model`` spec that answered and ``usage`` what the provider reported (absent when
+    it reported none), so the cost is durable the moment the reply is. Version 1 had neither:
+    its step's usage is on the ``step/end``."""
+
     wire_name = "assistant/message"
+    version = 2
     model_visible = True
     text: str = ""
     tool_calls: list[ToolCallData] = Field(default_factory=list)
+    model: str | None = None
+    usage: UsageData | None = None
+
+    @property
+    def metered(self) -> bool:
+        """Whether this reply carries its model call's metering (written by version 2 with
+        its model): its step's ``step/end`` then carries no usage."""
+        return self.model is not None
+
+
+@catalogue.upcaster("assistant/message", 1)
+def _assistant_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    return data  # unmetered: the usage of a version 1 reply is on its step's step/end
 
 
 @event_type
@@ -188,13 +207,17 @@ class ToolResult(EventPayload):
 
 @event_type
 class StepEnded(EventPayload):
-    """Version 2 nests usage; version 1 carried flat ``prompt_tokens``/``completion_tokens``."""
+    """The step is closed. From version 3 the step's usage is on its reply (a metered
+    ``assistant/message``) and ``usage`` is only found on steps whose reply is unmetered (logs
+    written before); ``resumed`` marks a step closed by a resume (R15). Version 2 had no
+    ``resumed``; version 1 carried flat ``prompt_tokens``/``completion_tokens``."""
 
     wire_name = "step/end"
-    version = 2
+    version = 3
     turn: int = Field(ge=1)
     step: int = Field(ge=1)
     usage: UsageData | None = None
+    resumed: bool | None = None
 
 
 @catalogue.upcaster("step/end", 1)
@@ -205,6 +228,11 @@ def _step_end_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
         flat.setdefault("completion_tokens", 0)
         data["usage"] = flat
     return data
+
+
+@catalogue.upcaster("step/end", 2)
+def _step_end_v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    return data  # not known to be resumed: version 2 did not say
 
 
 @event_type
@@ -240,6 +268,72 @@ class ApprovalResolved(EventPayload):
     call_id: str = Field(min_length=1)
     verdict: Verdict
     reason: str | None = None
+    by: Actor
+
+
+InDoubtVerdict = Literal["rerun", "skipped"]
+
+
+@event_type
+class ToolStarted(EventPayload):
+    """A tool that may not run twice (``idempotent=False``) is about to run this call: written
+    before its handler starts. A ``tool/started`` without a ``tool/result`` after it means the
+    call may have taken effect, or not: it is in doubt and is never run again without an
+    operator's verdict."""
+
+    wire_name = "tool/started"
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+
+
+@event_type
+class ToolInDoubt(EventPayload):
+    """The turn found a started call without a result (its process died while it ran) and
+    waits for an operator's verdict, as a parked approval does."""
+
+    wire_name = "tool/in_doubt"
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+@event_type
+class InDoubtResolved(EventPayload):
+    """An operator's verdict on a call in doubt: run it again (``rerun``), or do not
+    (``skipped``: the model gets an error result saying it was not run again). Counts only for
+    a call in doubt in the open turn with the same id, tool and arguments."""
+
+    wire_name = "tool/in_doubt_resolved"
+    commutative = True
+    call_id: str = Field(min_length=1)
+    verdict: InDoubtVerdict
+    reason: str | None = None
+    by: Actor
+
+
+@event_type
+class BudgetSet(EventPayload):
+    """The session's own spend budget (lifetime cost), replacing the deployment's default;
+    ``limit`` absent returns the session to the default."""
+
+    wire_name = "budget/set"
+    commutative = True
+    limit: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    reason: str | None = None
+    by: Actor
+
+
+@event_type
+class BudgetExceeded(EventPayload):
+    """The turn parked before a step because the session's spend (``spent``) plus the
+    estimate of the next model call would pass ``limit``; it goes on once a budget covers it,
+    or is cancelled."""
+
+    wire_name = "budget/exceeded"
+    turn: int = Field(ge=1)
+    limit: float = Field(ge=0)
+    spent: float = Field(ge=0)
+    estimate: float = Field(ge=0)
     by: Actor
 
 

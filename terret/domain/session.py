@@ -29,9 +29,12 @@ from terret.domain.events import (
     ApprovalRequested,
     ApprovalResolved,
     AssistantMessage,
+    BudgetExceeded,
+    BudgetSet,
     CancelRequested,
     ContextInjected,
     InboxQueued,
+    InDoubtResolved,
     ModelSet,
     PolicyUpdated,
     SessionClosed,
@@ -41,7 +44,9 @@ from terret.domain.events import (
     StepEnded,
     StepStarted,
     ToolCallData,
+    ToolInDoubt,
     ToolResult,
+    ToolStarted,
     TurnEnded,
     TurnStarted,
     TurnStatus,
@@ -85,6 +90,30 @@ class SessionState:
     policy: list[str] | None = None
     """The patterns of the last ``policy/updated`` (R23), None while the session has none."""
     last_turn_status: str | None = None
+    step_metered: bool = False
+    """The open step's reply carries its usage (a metered ``assistant/message``)."""
+    started: dict[str, str] = field(default_factory=dict)
+    """The open turn's calls with a ``tool/started`` and no ``tool/result`` yet (id -> tool)."""
+    doubts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Calls in doubt (``tool/in_doubt``) waiting for a verdict: id -> name, args."""
+    doubt_verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The open turn's verdicts on calls in doubt, bound to id, tool and arguments."""
+    spent: float = 0.0
+    """The cost of the turns before the last one, summed turn by turn (as the usage view)."""
+    turn_cost: float = 0.0
+    """The cost of the last (or open) turn, summed model call by model call."""
+    dearest_call: float = 0.0
+    """The highest cost of one model call (or one unmetered step) in the session."""
+    budget: float | None = None
+    budget_set: bool = False
+    """Whether the session has a budget of its own (``budget/set`` with a limit)."""
+    budget_wait: dict[str, Any] | None = None
+    """The open turn is parked on its budget (``budget/exceeded``) until its next step."""
+
+    @property
+    def total_cost(self) -> float:
+        """The session's lifetime cost: every model call whose reply is in the log."""
+        return self.spent + self.turn_cost
 
     def to_json(self) -> bytes:
         # Every field holds JSON values already: no deep copy (``asdict``) needed to dump them.
@@ -96,6 +125,9 @@ class SessionState:
         if fields.get("policy_seq") and "policy" not in fields:
             # A snapshot from before the state kept the patterns: not usable, replay instead.
             raise ValueError("snapshot without the session's policy patterns")
+        if fields.get("turn") and "spent" not in fields:
+            # A snapshot from before the state kept the session's cost: replay instead.
+            raise ValueError("snapshot without the session's cost")
         return cls(**fields)
 
 
@@ -197,6 +229,18 @@ class Session(Aggregate):
     def pending_inbox(self) -> dict[str, dict[str, Any]]:
         return dict(self.state.inbox)
 
+    def in_doubt(self) -> dict[str, dict[str, Any]]:
+        """The open turn's calls in doubt without a verdict: id -> name, args."""
+        return dict(self.state.doubts)
+
+    def doubt_verdict_for(self, call_id: str, name: str,
+                          args: dict[str, Any]) -> dict[str, Any] | None:
+        """The open turn's verdict on this call in doubt (id, tool and arguments)."""
+        found = self.state.doubt_verdicts.get(call_id)
+        if found is None or found["key"] != _call_key(name, args):
+            return None
+        return found
+
     # --- commands ------------------------------------------------------------------------
 
     def _record(self, payload: EventPayload) -> None:
@@ -271,8 +315,15 @@ class Session(Aggregate):
         self._record(StepStarted(turn=self.state.turn, step=step, model=model))
         return step
 
-    def record_assistant(self, text: str, tool_calls: Iterable[ToolCallData] = ()) -> None:
+    def record_assistant(self, text: str, tool_calls: Iterable[ToolCallData] = (), *,
+                         model: str | None = None, usage: UsageData | None = None) -> None:
+        """The reply to the open step. With ``model`` (the spec that answered) the reply is
+        metered: ``usage`` is the model call's, durable with it, and the step's ``step/end``
+        carries none. Without, usage may come with the ``step/end`` (the older shape)."""
         self._storable("assistant/message", text=text)
+        if usage is not None and model is None:
+            raise errors.InvalidPayload("assistant/message", "model",
+                                        "usage is recorded with the model that reported it")
         self._require_turn()
         if not self.state.step_open or self.state.step_answered:
             raise errors.NoOpenStep(f"turn {self.state.turn} has no step awaiting a reply")
@@ -280,7 +331,7 @@ class Session(Aggregate):
         ids = [c.id for c in calls]
         if len(set(ids)) != len(ids):
             raise errors.InvalidPayload("assistant/message", "tool_calls", "duplicate call ids")
-        self._record(AssistantMessage(text=text, tool_calls=calls))
+        self._record(AssistantMessage(text=text, tool_calls=calls, model=model, usage=usage))
 
     def record_tool_result(self, call_id: str, name: str, content: str, *,
                            is_error: bool = False) -> None:
@@ -294,7 +345,10 @@ class Session(Aggregate):
             )
         self._record(ToolResult(call_id=call_id, name=name, content=content, is_error=is_error))
 
-    def end_step(self, usage: UsageData | None = None) -> None:
+    def end_step(self, usage: UsageData | None = None, *, resumed: bool = False) -> None:
+        """Close the open step. ``usage`` only for a step whose reply is unmetered (a metered
+        reply already carries it: counting it here too would count it twice); ``resumed``
+        when a resume closes it (R15)."""
         self._require_turn()
         if not self.state.step_open:
             raise errors.NoOpenStep(f"turn {self.state.turn} has no open step")
@@ -302,7 +356,74 @@ class Session(Aggregate):
             raise errors.StepOpen(
                 f"step {self.state.step} still owes results for {sorted(self.state.owed)}"
             )
-        self._record(StepEnded(turn=self.state.turn, step=self.state.step, usage=usage))
+        if usage is not None and self.state.step_metered:
+            raise errors.InvalidPayload("step/end", "usage",
+                                        "the step's reply already carries its usage")
+        self._record(StepEnded(turn=self.state.turn, step=self.state.step, usage=usage,
+                               resumed=resumed or None))
+
+    def _owed(self, wire_name: str, call_id: str, name: str) -> dict[str, Any]:
+        self._storable(wire_name, call_id=call_id, name=name)
+        owed = self.state.owed.get(call_id)
+        if not self.state.turn_open or owed is None or owed["name"] != name:
+            raise errors.ToolCallNotOwed(
+                f"call {shown(call_id)} ({shown(name)}) is not owed by the open turn of "
+                f"session {self.id}")
+        return owed
+
+    def start_tool(self, call_id: str, name: str) -> None:
+        """Record that a call of a tool that may not run twice is about to run. A call that
+        started before and has no result is in doubt: it starts again only after a ``rerun``
+        verdict (``CallInDoubt`` otherwise), so it is never re-run blindly."""
+        owed = self._owed("tool/started", call_id, name)
+        if call_id in self.state.started and (
+                self.doubt_verdict_for(call_id, name, owed["args"]) or {}).get(
+                    "verdict") != "rerun":
+            raise errors.CallInDoubt(
+                f"call {shown(call_id)} ({shown(name)}) started before and has no result: "
+                "it runs again only on an operator's verdict")
+        self._record(ToolStarted(call_id=call_id, name=name))
+
+    def mark_in_doubt(self, call_id: str, name: str) -> None:
+        """Record that a started call has no result and waits for a verdict."""
+        owed = self._owed("tool/in_doubt", call_id, name)
+        if call_id not in self.state.started:
+            raise errors.CallNotInDoubt(f"call {shown(call_id)} has not started")
+        if call_id in self.state.doubts or self.doubt_verdict_for(call_id, name, owed["args"]):
+            raise errors.CallNotInDoubt(f"call {shown(call_id)} is already in doubt")
+        self._record(ToolInDoubt(call_id=call_id, name=name, args=owed["args"]))
+
+    def resolve_in_doubt(self, call_id: str, verdict: str, *, by: Actor,
+                         reason: str | None = None, name: str | None = None,
+                         args: dict[str, Any] | None = None) -> None:
+        """A verdict on a call in doubt in the open turn: ``rerun`` or ``skipped``. When the
+        caller names the tool and arguments it decided on, they must match (as R11)."""
+        self._storable("tool/in_doubt_resolved", call_id=call_id, reason=reason)
+        payload = InDoubtResolved(call_id=call_id, verdict=verdict,  # type: ignore[arg-type]
+                                  reason=reason, by=by)
+        doubt = self.state.doubts.get(call_id) if self.state.turn_open else None
+        if doubt is None:
+            raise errors.CallNotInDoubt(
+                f"call {shown(call_id)} is not in doubt in the open turn of session {self.id}")
+        if name is not None and (doubt["name"] != name or
+                                 (args is not None and doubt["args"] != args)):
+            raise errors.CallNotInDoubt(
+                f"call {shown(call_id)} is in doubt for a different tool or arguments")
+        self._record(payload)
+
+    def set_budget(self, limit: float | None, *, by: Actor, reason: str | None = None) -> None:
+        """The session's own budget (None: the deployment's default applies again)."""
+        payload = BudgetSet(limit=limit, reason=reason, by=by)
+        self._require_open()
+        self._record(payload)
+
+    def park_on_budget(self, *, limit: float, spent: float, estimate: float) -> None:
+        """The open turn waits on its budget before its next step (by: budget)."""
+        self._require_turn()
+        if self.state.step_open:
+            raise errors.StepOpen(f"step {self.state.step} is open; park between steps")
+        self._record(BudgetExceeded(turn=self.state.turn, limit=limit, spent=spent,
+                                    estimate=estimate, by=Actor(actor="budget")))
 
     def request_approval(self, call_id: str, name: str, args: dict[str, Any]) -> None:
         self._storable("approval/requested", call_id=call_id, name=name)
@@ -358,8 +479,10 @@ class Session(Aggregate):
         ]
         why = f"the turn ended {status}" + (f": {reason}" if reason else "")
         unanswered = [
-            ToolResult(call_id=c["id"], name=c["name"], content=f"{c['name']} was not run: {why}",
-                       is_error=True)
+            ToolResult(call_id=c["id"], name=c["name"], is_error=True, content=(
+                f"{c['name']} was interrupted: it started, and whether it took effect is "
+                f"unknown; {why}" if c["id"] in self.state.started
+                else f"{c['name']} was not run: {why}"))
             for c in self.state.owed.values()
         ]
         for payload in (*denials, *unanswered, ended):
@@ -477,36 +600,95 @@ def _on_policy(s: SessionState, p: Any, seq: int) -> None:
     s.policy = list(p.patterns)
 
 
-def _on_turn_start(s: SessionState, p: Any, seq: int) -> None:
-    s.turn, s.turn_open, s.step, s.step_open, s.step_answered = p.turn, True, 0, False, False
+def _clear_turn(s: SessionState) -> None:
     s.owed, s.pending, s.verdicts, s.cancel_requested = {}, {}, {}, False
     s.cancel_by = s.cancel_reason = None
+    s.started, s.doubts, s.doubt_verdicts, s.budget_wait = {}, {}, {}, None
+    s.step_metered = False
+
+
+def _on_turn_start(s: SessionState, p: Any, seq: int) -> None:
+    s.turn, s.turn_open, s.step, s.step_open, s.step_answered = p.turn, True, 0, False, False
+    _clear_turn(s)
     s.turn_input = s.last_reply_final = False
+    # The last turn's cost joins the total: summed turn by turn, as the usage view sums them.
+    s.spent += s.turn_cost
+    s.turn_cost = 0.0
 
 
 def _on_step_start(s: SessionState, p: Any, seq: int) -> None:
     s.step, s.step_open, s.step_answered = p.step, True, False
+    s.step_metered = False
+    s.budget_wait = None
+
+
+def _cost(s: SessionState, usage: Any) -> None:
+    cost = (usage.cost or 0.0) if usage is not None else 0.0
+    s.turn_cost += cost
+    s.dearest_call = max(s.dearest_call, cost)
 
 
 def _on_assistant(s: SessionState, p: Any, seq: int) -> None:
     s.step_answered = True
     s.last_reply_final = not p.tool_calls
     s.owed = {c.id: {"id": c.id, "name": c.name, "args": c.args} for c in p.tool_calls}
+    s.started = {}
+    s.step_metered = p.model is not None
+    if s.step_metered:
+        _cost(s, p.usage)
 
 
 def _on_tool_result(s: SessionState, p: Any, seq: int) -> None:
     s.owed.pop(p.call_id, None)
+    s.started.pop(p.call_id, None)
+    s.doubts.pop(p.call_id, None)
 
 
 def _on_step_end(s: SessionState, p: Any, seq: int) -> None:
+    if not s.step_metered and p.usage is not None:
+        _cost(s, p.usage)  # the older shape: the step's usage on its step/end
     s.step_open, s.step_answered = False, False
+    s.step_metered = False
 
 
 def _on_turn_end(s: SessionState, p: Any, seq: int) -> None:
     s.last_turn_status = p.status
     s.turn_open, s.step_open, s.step_answered = False, False, False
-    s.owed, s.pending, s.verdicts, s.cancel_requested = {}, {}, {}, False
-    s.cancel_by = s.cancel_reason = None
+    _clear_turn(s)
+
+
+def _on_tool_started(s: SessionState, p: Any, seq: int) -> None:
+    if p.call_id in s.owed:
+        s.started[p.call_id] = p.name
+        s.doubts.pop(p.call_id, None)
+        s.doubt_verdicts.pop(p.call_id, None)  # a rerun verdict is spent by the run it allowed
+
+
+def _on_in_doubt(s: SessionState, p: Any, seq: int) -> None:
+    if s.turn_open:
+        s.doubt_verdicts.pop(p.call_id, None)
+        s.doubts[p.call_id] = {"name": p.name, "args": p.args}
+
+
+def _on_doubt_resolved(s: SessionState, p: Any, seq: int) -> None:
+    doubt = s.doubts.pop(p.call_id, None)
+    if doubt is not None:
+        s.doubt_verdicts[p.call_id] = {
+            "verdict": p.verdict,
+            "reason": p.reason,
+            "by": p.by.model_dump(exclude_none=True),
+            "key": _call_key(doubt["name"], doubt["args"]),
+        }
+
+
+def _on_budget_set(s: SessionState, p: Any, seq: int) -> None:
+    s.budget, s.budget_set = p.limit, p.limit is not None
+
+
+def _on_budget_exceeded(s: SessionState, p: Any, seq: int) -> None:
+    if s.turn_open:
+        s.budget_wait = {"turn": p.turn, "limit": p.limit, "spent": p.spent,
+                         "estimate": p.estimate}
 
 
 def _on_requested(s: SessionState, p: Any, seq: int) -> None:
@@ -591,6 +773,11 @@ _APPLY: dict[str, Callable[[SessionState, Any, int], None]] = {
     "agent/detached": _on_detached,
     "model/set": _on_model_set,
     "policy/updated": _on_policy,
+    "tool/started": _on_tool_started,
+    "tool/in_doubt": _on_in_doubt,
+    "tool/in_doubt_resolved": _on_doubt_resolved,
+    "budget/set": _on_budget_set,
+    "budget/exceeded": _on_budget_exceeded,
 }
 
 EVOLVING = frozenset(_APPLY)

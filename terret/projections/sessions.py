@@ -160,7 +160,7 @@ def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
     rows = db.execute(
         f"""
         SELECT s.session, s.agent, t.title, s.created, s.last_activity, s.events, s.closed,
-               st.turn_open, json_array_length(st.pending) > 0, u.p, u.c, u.cost, u.steps,
+               st.turn_open, st.waiting, u.p, u.c, u.cost, u.steps,
                s.last_turn, json_extract(st.state, '$.owner')
         FROM sessions s
         LEFT JOIN titles t ON t.session = s.session
@@ -174,7 +174,7 @@ def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
     ).fetchall()
     out = []
     for r in rows:
-        state = status_name(bool(r[7]), bool(r[8]), bool(r[6]))
+        state = status_name(bool(r[7]), r[8], bool(r[6]))
         if status is not None and state != status:
             continue
         if offset:

@@ -1,6 +1,7 @@
-"""Turn status per session (R1, R14): idle / running / waiting_approval, the open turn, its last
-step and whether that step is open, the calls owed by the last assistant message, whether a
-cancel was requested, the pending inbox, closed or not. Recorded, never inferred from time."""
+"""Turn status per session (R1, R14): idle / running / waiting_approval (or waiting on its budget,
+or on a call in doubt), the open turn, its last step and whether that step is open, the calls
+owed by the last assistant message, whether a cancel was requested, the pending inbox, closed or
+not. Recorded, never inferred from time."""
 
 from __future__ import annotations
 
@@ -31,6 +32,14 @@ class SessionStatus:
     wake: bool = False
     closed: bool = False
     last_turn_status: str | None = None
+    in_doubt: list[dict[str, Any]] = field(default_factory=list)
+    """The open turn's calls in doubt without a verdict: ``{id, name, args}``."""
+    budget: float | None = None
+    """The session's own budget (``budget/set``), None when the deployment's default applies."""
+    budget_wait: dict[str, Any] | None = None
+    """The open turn is parked on its budget: ``{turn, limit, spent, estimate}``."""
+    cost: float = 0.0
+    """The session's lifetime cost, as the aggregate sums it (what its budget counts)."""
 
     @property
     def resumable(self) -> bool:
@@ -39,7 +48,7 @@ class SessionStatus:
 
 
 _COLUMNS = ("session, state, turn, turn_open, step, step_open, owed, pending, cancel_requested,"
-            " inbox, closed, last_turn_status")
+            " inbox, closed, last_turn_status, waiting")
 
 
 class _Evolving(frozenset[str]):
@@ -57,7 +66,7 @@ class StatusProjection(Projection):
     the same ``evolve``), kept as JSON beside the columns operators and queries read."""
 
     name = "status"
-    version = 2  # 2: the aggregate's state is the row's truth
+    version = 3  # 3: what an open turn waits on (waiting); 2: the aggregate's state is the truth
     handles = _Evolving()
     tables = ("status",)
     schema = """
@@ -65,7 +74,7 @@ class StatusProjection(Projection):
         session TEXT PRIMARY KEY, state TEXT NOT NULL, turn INTEGER NOT NULL,
         turn_open INTEGER NOT NULL, step INTEGER NOT NULL, step_open INTEGER NOT NULL,
         owed TEXT NOT NULL, pending TEXT NOT NULL, cancel_requested INTEGER NOT NULL,
-        inbox TEXT NOT NULL, closed INTEGER NOT NULL, last_turn_status TEXT
+        inbox TEXT NOT NULL, closed INTEGER NOT NULL, last_turn_status TEXT, waiting TEXT
     );
     """
 
@@ -90,7 +99,7 @@ class StatusProjection(Projection):
     def flush(self, db: sqlite3.Connection) -> None:
         if self._states:
             db.executemany(f"INSERT OR REPLACE INTO status ({_COLUMNS}) VALUES"
-                           " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            [_row(session, s) for session, s in self._states.items()])
             self._states = {}
 
@@ -99,16 +108,33 @@ def _row(session: str, s: SessionState) -> tuple[Any, ...]:
     return (session, s.to_json().decode(), s.turn, int(s.turn_open), s.step, int(s.step_open),
             json.dumps(list(s.owed.values())), json.dumps(list(s.pending)),
             int(s.cancel_requested), json.dumps({k: e["wake"] for k, e in s.inbox.items()}),
-            int(s.closed), s.last_turn_status)
+            int(s.closed), s.last_turn_status, waiting_on(s))
 
 
-def status_name(turn_open: bool, waiting: bool, closed: bool) -> str:
-    """R1: idle / running / waiting_approval (an approval of the open turn has no verdict), or
-    closed."""
+def waiting_on(s: SessionState) -> str | None:
+    """What the open turn waits on, as its log records it: ``in_doubt`` (a call in doubt has
+    no verdict), ``approval`` (a request has none), ``budget`` (parked on its budget)."""
+    if not s.turn_open:
+        return None
+    if s.doubts:
+        return "in_doubt"
+    if s.pending:
+        return "approval"
+    if s.budget_wait is not None:
+        return "budget"
+    return None
+
+
+def status_name(turn_open: bool, waiting: bool | str | None, closed: bool) -> str:
+    """R1: idle / running / waiting_approval (an approval of the open turn has no verdict),
+    waiting_budget, waiting_in_doubt, or closed. ``waiting`` is what the turn waits on
+    (``True`` is an approval)."""
     if closed:
         return "closed"
     if turn_open:
-        return "waiting_approval" if waiting else "running"
+        if waiting is True:
+            waiting = "approval"
+        return f"waiting_{waiting}" if waiting else "running"
     return "idle"
 
 
@@ -120,13 +146,40 @@ def read_status(db: sqlite3.Connection, stream: str) -> SessionStatus | None:
         return None
     s = SessionState.from_json(row[0])
     return SessionStatus(
-        session=stream, status=status_name(s.turn_open, bool(s.pending), s.closed),
+        session=stream, status=status_name(s.turn_open, waiting_on(s), s.closed),
         turn=s.turn, turn_open=s.turn_open, step=s.step,
         step_open=s.step_open, owed=list(s.owed.values()), pending_approvals=len(s.pending),
         cancel_requested=s.cancel_requested, inbox=len(s.inbox),
         wake=any(e["wake"] for e in s.inbox.values()), closed=s.closed,
         last_turn_status=s.last_turn_status,
+        in_doubt=[{"id": k, **v} for k, v in s.doubts.items()],
+        budget=s.budget if s.budget_set else None, budget_wait=s.budget_wait,
+        cost=s.total_cost,
     )
+
+
+def parked_on_budget(db: sqlite3.Connection) -> list[SessionStatus]:
+    """Every session whose open turn is parked on its budget."""
+    rows = db.execute("SELECT session FROM status WHERE waiting = 'budget' AND closed = 0"
+                      " ORDER BY session").fetchall()
+    return [found for (stream,) in rows if (found := read_status(db, stream)) is not None]
+
+
+def in_doubt_calls(db: sqlite3.Connection, stream: str | None = None
+                   ) -> list[tuple[SessionStatus, dict[str, Any]]]:
+    """The calls in doubt of open turns (of one session, or all), with their session's
+    status."""
+    sql = "SELECT session FROM status WHERE waiting = 'in_doubt' AND closed = 0"
+    params: tuple[str, ...] = ()
+    if stream is not None:
+        sql += " AND session = ?"
+        params = (stream,)
+    out: list[tuple[SessionStatus, dict[str, Any]]] = []
+    for (session,) in db.execute(sql + " ORDER BY session", params).fetchall():
+        found = read_status(db, session)
+        if found is not None:
+            out.extend((found, call) for call in found.in_doubt)
+    return out
 
 
 def read_state(db: sqlite3.Connection, stream: str) -> SessionState | None:

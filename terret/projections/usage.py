@@ -1,6 +1,11 @@
-"""Cost accounting (R21): tokens, cost and steps summed from ``step/end``, per session, per turn
-and per model (the model comes from the step's ``step/start``). A ``step/end`` without usage
-(written by a resume) counts the step and adds no tokens."""
+"""Cost accounting (R21): tokens, cost and model calls, per session, per turn and per model.
+
+Every model call whose reply is in the log counts once. A metered reply (``assistant/message``
+version 2) carries its model and usage: it counts when it is written, so a turn cancelled while
+parked, a process killed mid-tool, a resume (whose ``step/end`` carries no usage) lose nothing
+and count nothing twice. Logs written before carry the usage on the ``step/end`` (the model from
+the step's ``step/start``); a ``step/end`` of theirs without usage counts the step with no
+tokens. ``steps`` counts the model calls (the steps, in older logs)."""
 
 from __future__ import annotations
 
@@ -32,12 +37,13 @@ class UsageTotals:
 
 class UsageProjection(Projection):
     name = "usage"
-    handles = frozenset({"step/start", "step/end"})
+    version = 2  # 2: usage from metered replies; usage_steps knows whether the step was metered
+    handles = frozenset({"step/start", "assistant/message", "step/end"})
     tables = ("usage_steps", "usage_turns", "usage_models")
     schema = """
     CREATE TABLE IF NOT EXISTS usage_steps (
         session TEXT NOT NULL, turn INTEGER NOT NULL, step INTEGER NOT NULL, model TEXT NOT NULL,
-        PRIMARY KEY (session, turn, step)
+        metered INTEGER NOT NULL, PRIMARY KEY (session, turn, step)
     ) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS usage_turns (
         session TEXT NOT NULL, turn INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL,
@@ -53,10 +59,10 @@ class UsageProjection(Projection):
 
     def __init__(self) -> None:
         # What a batch touched, loaded once and written once at its end (``flush``): each
-        # session's open step (turn, step, model), and the running totals per turn and per
-        # model ([prompt, completion, cost, steps(, last prompt)]), summed in log order, as
+        # session's open step (turn, step, model, metered), and the running totals per turn and
+        # per model ([prompt, completion, cost, steps(, last prompt)]), summed in log order, as
         # one UPDATE per event would (the same float additions in the same order).
-        self._steps: dict[str, tuple[int, int, str]] = {}
+        self._steps: dict[str, tuple[int, int, str, bool]] = {}
         self._turns: dict[tuple[str, int], list[Any]] = {}
         self._models: dict[tuple[str, str], list[Any]] = {}
         self._last_turn: dict[str, int] = {}
@@ -66,27 +72,49 @@ class UsageProjection(Projection):
         self._last_turn = {}  # the highest turn the view held, per session, at first touch
 
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        """A model call counts once: with its reply when the reply is metered (version 2 of
+        ``assistant/message``: its model and usage), else with its step's ``step/end`` (logs
+        written before, whose replies carry no usage)."""
         p: Any = event.payload
         session = event.stream
-        if event.wire_name == "step/start":
-            # Only the open step's model is needed; older rows of the session are dropped.
-            self._steps[session] = (p.turn, p.step, p.model)
+        name = event.wire_name
+        if name == "step/start":
+            # Only the open step is needed; older rows of the session are dropped.
+            self._steps[session] = (p.turn, p.step, p.model, False)
             return
-        usage = p.usage
+        if name == "assistant/message":
+            if p.model is None:
+                return  # unmetered: its usage, if any, comes with the step/end
+            turn_no, step_no, _, _ = self._open_step(db, session) or (0, 0, p.model, False)
+            self._steps[session] = (turn_no, step_no, p.model, True)
+            self._count(db, session, turn_no, p.model, p.usage)
+            return
+        open_step = self._open_step(db, session)
+        if open_step is not None and open_step[0] == p.turn and open_step[1] == p.step:
+            if open_step[3]:
+                return  # its reply was metered: counted there (a resumed step/end too)
+            model = open_step[2]
+        else:
+            model = "unknown"
+        self._count(db, session, p.turn, model, p.usage)
+
+    def _open_step(self, db: sqlite3.Connection, session: str
+                   ) -> tuple[int, int, str, bool] | None:
+        step = self._steps.get(session)
+        if step is None:
+            row = db.execute("SELECT turn, step, model, metered FROM usage_steps"
+                             " WHERE session = ?", (session,)).fetchone()
+            if row is not None:
+                step = self._steps[session] = (row[0], row[1], row[2], bool(row[3]))
+        return step
+
+    def _count(self, db: sqlite3.Connection, session: str, turn_no: int, model: str,
+               usage: Any) -> None:
+        """One model call (or one unmetered step) into its turn's and its model's totals."""
         prompt = usage.prompt_tokens if usage else 0
         completion = usage.completion_tokens if usage else 0
         cost = (usage.cost or 0.0) if usage else 0.0
-        step = self._steps.get(session)
-        if step is not None:
-            model = step[2] if step[0] == p.turn and step[1] == p.step else "unknown"
-        else:
-            row = db.execute(
-                "SELECT model FROM usage_steps WHERE session = ? AND turn = ? AND step = ?",
-                (session, p.turn, p.step),
-            ).fetchone()
-            model = row[0] if row else "unknown"
-        last = usage.prompt_tokens if usage else None
-        key = (session, p.turn)
+        key = (session, turn_no)
         turn = self._turns.get(key)
         if turn is None:
             found = None
@@ -95,13 +123,13 @@ class UsageProjection(Projection):
                 row = db.execute("SELECT max(turn) FROM usage_turns WHERE session = ?",
                                  (session,)).fetchone()
                 last_turn = self._last_turn[session] = row[0] or 0
-            if p.turn <= last_turn:  # a turn the view may hold already
+            if turn_no <= last_turn:  # a turn the view may hold already
                 found = db.execute(
                     "SELECT prompt_tokens, completion_tokens, cost, steps, last_prompt_tokens"
                     " FROM usage_turns WHERE session = ? AND turn = ?", key).fetchone()
             turn = self._turns[key] = list(found) if found else [0, 0, 0.0, 0, None]
         _add(turn, prompt, completion, cost)
-        turn[4] = last
+        turn[4] = usage.prompt_tokens if usage else None
         by_model = (session, model)
         totals = self._models.get(by_model)
         if totals is None:
@@ -112,10 +140,10 @@ class UsageProjection(Projection):
         _add(totals, prompt, completion, cost)
 
     def flush(self, db: sqlite3.Connection) -> None:
-        for session, (turn, step, model) in self._steps.items():
+        for session, (turn, step, model, metered) in self._steps.items():
             db.execute("DELETE FROM usage_steps WHERE session = ?", (session,))
-            db.execute("INSERT INTO usage_steps VALUES (?, ?, ?, ?)",
-                       (session, turn, step, model))
+            db.execute("INSERT INTO usage_steps VALUES (?, ?, ?, ?, ?)",
+                       (session, turn, step, model, int(metered)))
         turns = [(*key, *totals) for key, totals in self._turns.items()]
         if turns:
             db.executemany("INSERT OR REPLACE INTO usage_turns VALUES (?, ?, ?, ?, ?, ?, ?)",

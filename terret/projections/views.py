@@ -82,6 +82,17 @@ class Views:
         with self.store.reading() as db:
             return approvals.verdict_for(db, _stream(session), call_id, name, args)
 
+    def in_doubt(self, session: UUID | str | None = None
+                 ) -> list[tuple[SessionStatus, dict[str, Any]]]:
+        """Calls in doubt of open turns (one session's, or all): ``(status, {id, name,
+        args})``."""
+        with self.store.reading() as db:
+            return status.in_doubt_calls(db, _stream(session) if session else None)
+
+    def parked_on_budget(self) -> list[SessionStatus]:
+        with self.store.reading() as db:
+            return status.parked_on_budget(db)
+
     def status(self, session: UUID | str) -> SessionStatus | None:
         with self.store.reading() as db:
             return status.read_status(db, _stream(session))

@@ -1,8 +1,9 @@
 """An agent: the live instance serving one session in this process (R22), and its turns.
 
 Status (R1) is ``idle → running → waiting_approval → running → idle``; a parked agent refuses a
-new turn like a running one. The turn loop appends through the ``Session`` aggregate and reads
-the messages view after waiting for its own last write (read-your-writes).
+new turn like a running one. A turn also parks on its spend budget (``waiting_budget``) and on a
+call in doubt (``waiting_in_doubt``). The turn loop appends through the ``Session`` aggregate
+and reads the messages view after waiting for its own last write (read-your-writes).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from terret.runtime.approvals import ApprovalGate, TurnCancelled, TurnSuspended
 from terret.runtime.hooks import PreStepHook, StepClaim
 from terret.runtime.model import ModelReply, ModelRequest, TextSink
 from terret.runtime.ownership import SessionLease
-from terret.runtime.tools import CallContext, Tool, ToolContext, ToolPipeline
+from terret.runtime.tools import CallContext, Tool, ToolContext, ToolOutcome, ToolPipeline
 
 if TYPE_CHECKING:
     from terret.runtime.runtime import Runtime
@@ -75,14 +76,14 @@ class Agent:
         self.gate = ApprovalGate(
             runtime.writer, runtime.signals,
             max_wait=runtime.config.approval_max_wait,
-            on_park=self._parked,
+            on_park=lambda: self._parked("approval"),
             on_unpark=lambda: self._set_status("running"),
             stopping=runtime.stopping,
             fence=self.ownership.fence,
         )
         self.pipeline = ToolPipeline(definition.tools, self.context, self.gate,
                                      timeout=runtime.config.tool_timeout,
-                                     cancel=self.cancel_event)
+                                     cancel=self.cancel_event, on_start=self._tool_started)
         self._listeners = [
             runtime.runner.add_listener(self._on_cancel, {"turn/cancel_requested"}),
         ]
@@ -102,10 +103,13 @@ class Agent:
     def _set_status(self, status: str) -> None:
         self._status = status
 
-    def _parked(self) -> None:
+    def _parked(self, kind: str) -> None:
+        """``kind``: ``approval``, ``budget`` or ``in_doubt``."""
         self._context = None  # a parked turn may wait for days: it keeps no history around
-        log.info("session %s parked on an approval", self.session_id)
-        self._set_status("waiting_approval")
+        log.info("session %s parked on %s", self.session_id,
+                 {"approval": "an approval", "budget": "its budget",
+                  "in_doubt": "a call in doubt"}.get(kind, kind))
+        self._set_status(f"waiting_{kind}")
 
     @property
     def max_steps(self) -> int:
@@ -341,9 +345,9 @@ class Agent:
         if state.step_open and state.step_answered:
             owed = session.owed_calls()
             if owed:  # the last result and the step's end (without usage) in one append
-                self._run_calls(turn, owed, usage=None)
+                self._run_calls(turn, owed, resumed=True)
             else:
-                self._write(lambda s: s.end_step(None))
+                self._write(lambda s: s.end_step(resumed=True))
             return None  # keep stepping; a final reply gets one extra model request (R16)
         if state.step == 0 and not state.turn_input and not state.inbox:
             return self._end(turn, "empty", reason="nothing to do")
@@ -360,9 +364,10 @@ class Agent:
         if session.state.cancel_requested or self.cancel_event.is_set():
             raise TurnCancelled("cancel requested")
         spec = runtime.model_spec(session, "main")
+        session = self._within_budget(session)
         claim = StepClaim(self.session_id, turn, session.current_step + 1, spec)
         hooks = (*runtime.pre_step, *self.definition.pre_step)
-        if hooks:  # hooks read views (the spend cap reads usage): let them see our own writes
+        if hooks:  # hooks may read views: let them see this turn's own writes
             self._flush()
             runtime.wait_for(self._last_position)
         for hook in hooks:
@@ -397,22 +402,25 @@ class Agent:
             usage = UsageData(prompt_tokens=reply.usage.prompt_tokens,
                               completion_tokens=reply.usage.completion_tokens,
                               cost=reply.usage.cost)
+
         def answer(s: Session) -> TurnStatus | None:
-            """Record the reply; a final one ends the step and the turn in the same append (a
-            crash leaves the step open, and resume asks again). A cancel recorded while the
-            model answered wins here, at the step's boundary (R13): the reply and its usage are
-            kept, its calls answered as not run, and the turn closes cancelled."""
-            s.record_assistant(reply.text, calls)
+            """Record the reply with the model call's usage (durable with it: a cancel, a kill
+            or a resume later cannot lose it); a final one ends the step and the turn in the
+            same append (a crash leaves the step open, and resume asks again). A cancel
+            recorded while the model answered wins here, at the step's boundary (R13): the
+            reply and its usage are kept, its calls answered as not run, and the turn closes
+            cancelled."""
+            s.record_assistant(reply.text, calls, model=spec, usage=usage)
             if s.state.cancel_requested:
                 for c in calls:
                     s.record_tool_result(c.id, c.name, f"{c.name} was not run: the turn was "
                                          "cancelled", is_error=True)
-                s.end_step(usage)
+                s.end_step()
                 _end_cancelled(s)
                 return "cancelled"
             if calls:
                 return None
-            s.end_step(usage)
+            s.end_step()
             s.end_turn("completed")
             return "completed"
 
@@ -421,7 +429,7 @@ class Agent:
         if ended is not None:
             log.info("session %s turn %d ended %s", self.session_id, turn, ended)
             return TurnResult(self.session_id, turn, ended, reply.text)
-        self._run_calls(turn, calls, usage=usage)
+        self._run_calls(turn, calls)
         log.debug("session %s turn %d step %d closed", self.session_id, turn, step)
         return None
 
@@ -435,27 +443,86 @@ class Agent:
         return provider.complete(request, on_text=self.on_text, cancel=self.cancel_event)
 
     def _run_calls(self, turn: int, calls: Sequence[ToolCallData], *,
-                   usage: UsageData | None) -> None:
+                   resumed: bool = False) -> None:
         """Run the step's calls in order, each result appended as it comes; the last result
-        and the step's ``step/end`` (with ``usage``) are carried into the next append."""
+        and the step's ``step/end`` are carried into the next append. A call in doubt (it
+        started, and left no result) is never run again without an operator's verdict."""
         for i, call in enumerate(calls):
             # R28: confirm the lease before each call: no tool runs for a worker that may have
             # lost the session (frozen past its lease, taken over meanwhile).
             self.ownership.check()
-            self.ownership.fence(self.runtime.writer.load(self.session_id))
+            session = self.runtime.writer.load(self.session_id)
+            self.ownership.fence(session)
             ctx = CallContext(self.session_id, call.id, call.name, dict(call.args), turn)
-            outcome = self.pipeline.run(ctx)
+            outcome = None
+            if call.id in session.state.started:
+                outcome = self._settle_in_doubt(ctx, session)
+            if outcome is None:
+                outcome = self.pipeline.run(ctx)
             self._record_result(call, outcome.content, outcome.is_error,
-                                close_step=i == len(calls) - 1, usage=usage)
+                                close_step=i == len(calls) - 1, resumed=resumed)
             if outcome.stop is not None:  # recorded first: the log says why the call ended
                 raise outcome.stop
 
+    def _tool_started(self, tool: Tool, ctx: CallContext) -> None:
+        """Before the handler of a tool that may not run twice: ``tool/started``, durable."""
+        self._write(lambda s: s.start_tool(ctx.call_id, ctx.name))
+
+    def _settle_in_doubt(self, ctx: CallContext, session: Session) -> ToolOutcome | None:
+        """A call that started and left no result may have taken effect: park on it (recorded
+        as ``tool/in_doubt``) until an operator decides, from any process. None: run it again
+        (the verdict was ``rerun``); else the error result the model sees."""
+        verdict = session.doubt_verdict_for(ctx.call_id, ctx.name, ctx.args)
+        if verdict is None:
+            if ctx.call_id not in session.state.doubts:
+                self._write(lambda s: s.mark_in_doubt(ctx.call_id, ctx.name))
+            log.warning("session %s: call %s (%s) started and left no result; it waits for a "
+                        "verdict (rerun or skip)", self.session_id, ctx.call_id, ctx.name)
+            verdict = self.gate.wait(
+                self.session_id, lambda s: s.doubt_verdict_for(ctx.call_id, ctx.name, ctx.args),
+                what=f"{ctx.call_id} is in doubt", on_park=lambda: self._parked("in_doubt"))
+        if verdict["verdict"] == "rerun":
+            log.info("session %s: call %s runs again on an operator's verdict",
+                     self.session_id, ctx.call_id)
+            return None
+        by = verdict.get("by") or {}
+        reason = verdict.get("reason")
+        return ToolOutcome(
+            f"{ctx.name} was not run again: it had started before and its outcome is unknown "
+            f"(it may have taken effect); {by.get('actor', 'someone')} decided not to re-run "
+            f"it" + (f": {reason}" if reason else ""), is_error=True)
+
+    def _within_budget(self, session: Session) -> Session:
+        """Before a step: if the session's spend and the estimate of the next model call
+        would pass its budget, park the turn (``budget/exceeded``, by budget) until a budget
+        covers it — raised from any process — or it is cancelled. Returns the session as the
+        decision read it."""
+        guard = self.runtime.budget_guard
+        check = guard.check(session.state)
+        if check is None or not check.exceeded:
+            return session
+        if session.state.budget_wait is None:
+            self._write(lambda s: s.park_on_budget(limit=check.limit, spent=check.spent,
+                                                   estimate=check.estimate))
+        else:
+            self._flush()  # a resumed turn parks again: what it ran is logged first
+        log.warning("session %s: spent %g of its budget %g (next model call estimated at %g); "
+                    "the turn waits for a higher budget", self.session_id, check.spent,
+                    check.limit, check.estimate)
+
+        def covered(s: Session) -> Session | None:
+            found = guard.check(s.state)
+            return s if found is None or not found.exceeded else None
+
+        return self.gate.wait(self.session_id, covered, what="parked on its budget",
+                              on_park=lambda: self._parked("budget"))
+
     def _record_result(self, call: ToolCallData, content: str, is_error: bool, *,
-                       close_step: bool = False, usage: UsageData | None = None) -> None:
+                       close_step: bool = False, resumed: bool = False) -> None:
         def record(s: Session) -> None:
             s.record_tool_result(call.id, call.name, content, is_error=is_error)
             if close_step:
-                s.end_step(usage)
+                s.end_step(resumed=resumed)
 
         if close_step:
             self._carry = record  # written with whatever comes next, step/start or turn/end

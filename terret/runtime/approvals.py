@@ -1,5 +1,7 @@
 """Durable approvals (R8–R13): the execute-stage gate that parks a call on a recorded request
 and wakes when a verdict — from this process or any other — arrives through the subscription.
+The same wait parks a turn on its spend budget and a call in doubt on an operator's verdict
+(``ApprovalGate.wait``): what the turn waits for is a recorded event, whatever process records it.
 
 A parked call waits on a condition; the ``approval/resolved``, ``turn/cancel_requested`` and
 ``turn/end`` listener signals it, and the call then re-reads the verdict from the log (the
@@ -14,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 from uuid import UUID
 
 from terret.domain.codec import RecordedEvent
@@ -24,6 +27,13 @@ from terret.runtime.tools import CallContext, Tool, ToolOutcome
 from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.approvals")
+
+T = TypeVar("T")
+
+WAKING = frozenset({"approval/resolved", "turn/cancel_requested", "turn/end", "agent/attached",
+                    "budget/set", "tool/in_doubt_resolved"})
+"""What a parked wait waits for: a verdict, a cancel, the turn's end, a takeover, a budget, a
+verdict on a call in doubt. ``Runtime.start`` signals the parked waits on these."""
 
 
 class TurnCancelled(TerretError):
@@ -105,7 +115,11 @@ class ApprovalGate:
         if verdict is None:
             # A request a dead process made is re-parked without asking again; its maximum
             # wait counts from now, so a restart never reaps a call early.
-            verdict = self._park(ctx, time.time(), session, seen)
+            deadline = time.time() + self.max_wait if self.max_wait is not None else None
+            verdict = self.wait(
+                sid, lambda s: s.verdict_for(ctx.call_id, ctx.name, ctx.args),
+                what=f"{ctx.call_id} is parked", deadline=deadline,
+                on_deadline=lambda: self._reap(ctx), session=session, seen=seen)
         if verdict["verdict"] == "approved":
             return None
         by = verdict.get("by") or {}
@@ -121,27 +135,35 @@ class ApprovalGate:
         seen = self.signals.generation(sid)
         return seen, self.writer.load(sid)
 
-    def _park(self, ctx: CallContext, requested_at: float, session: Session,
-              seen: int) -> dict[str, object]:
-        """Wait for the call's verdict. Each round decides on one read of the session (the
-        first on the caller's, ``session`` as read at generation ``seen``)."""
-        sid = ctx.session_id
-        deadline = requested_at + self.max_wait if self.max_wait is not None else None
-        self.on_park()
+    def wait(self, sid: UUID, decide: Callable[[Session], T | None], *, what: str,
+             deadline: float | None = None, on_deadline: Callable[[], None] | None = None,
+             on_park: Callable[[], None] | None = None, session: Session | None = None,
+             seen: int | None = None) -> T:
+        """Park until ``decide`` returns something for the session as the store holds it:
+        each round decides on one read of the session (the first on ``session`` as read at
+        generation ``seen``, when given), and waits for the next signal (or ``poll``) between
+        rounds. A recorded cancel raises ``TurnCancelled``, a stopping process
+        ``TurnSuspended``, a takeover ``LostOwnership`` (the fence); past ``deadline`` (a
+        wall-clock time), ``on_deadline`` runs once per round and the next read decides."""
+        if session is None or seen is None:
+            seen, session = self._read(sid)
+        (on_park or self.on_park)()
         try:
             while True:
-                found = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
+                found = decide(session)
                 if found is not None:
                     return found
                 if self.stopping.is_set():
-                    raise TurnSuspended(f"stopping while {ctx.call_id} is parked")
+                    raise TurnSuspended(f"stopping while {what}")
                 if session.state.cancel_requested:
-                    raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled while parked")
+                    raise TurnCancelled(f"turn {session.current_turn} of {sid} was cancelled "
+                                        f"while {what}")
                 remaining = deadline - time.time() if deadline is not None else None
-                if remaining is not None and remaining <= 0:
-                    self._reap(ctx)  # the next read finds its denial, or the verdict that won
+                if remaining is not None and remaining <= 0 and on_deadline is not None:
+                    on_deadline()  # the next read finds what it recorded, or what won
                 else:
-                    timeout = self.poll if remaining is None else min(self.poll, remaining)
+                    timeout = self.poll if remaining is None else max(0.0, min(self.poll,
+                                                                               remaining))
                     self.signals.wait(sid, seen, timeout)
                 seen, session = self._read(sid)
                 self.fence(session)  # a takeover (this worker was frozen past its lease) ends it

@@ -1,4 +1,4 @@
-"""Pre-step hooks (R3 ``rejected``) and the per-session spend cap (R21, beyond)."""
+"""Pre-step hooks (R3 ``rejected``) and the per-session spend budget (R21, beyond)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from uuid import UUID
 
-from terret.projections.views import Views
+from terret.domain.session import SessionState
 
 
 @dataclass(frozen=True)
@@ -28,23 +28,38 @@ class Refusal:
 PreStepHook = Callable[[StepClaim], Refusal | None]
 
 
+@dataclass(frozen=True)
+class BudgetCheck:
+    """Where a session stands against its budget: the ``limit`` in force, what it has
+    ``spent`` (every model call whose reply is in the log) and the ``estimate`` of its next
+    model call."""
+
+    limit: float
+    spent: float
+    estimate: float
+
+    @property
+    def exceeded(self) -> bool:
+        return self.spent >= self.limit or self.spent + self.estimate > self.limit
+
+
 class BudgetGuard:
-    """Rejects the step that would take a session's spend past ``cap``. The next step's cost is
-    estimated as the most expensive step so far in the session, so a step is refused before it
-    runs rather than after it overspent."""
+    """The spend budget of a session (R21, beyond): its own (the last ``budget/set``), else
+    the deployment's ``default`` (``RuntimeConfig.spend_cap``). Before each step the loop asks
+    it; when what the session spent plus the estimate of the next model call (the most
+    expensive call so far in the session) would pass the limit, the turn parks on its budget
+    instead of spending. Decided on the session aggregate caught up with the store (R30): its
+    cost is summed from the durable usage of the replies in the log."""
 
-    def __init__(self, views: Views, cap: float) -> None:
-        self.views = views
-        self.cap = cap
+    def __init__(self, default: float | None = None) -> None:
+        self.default = default
 
-    def __call__(self, claim: StepClaim) -> Refusal | None:
-        by_turn = self.views.usage_by_turn(claim.session_id)
-        spent = sum(u.cost for u in by_turn.values())  # as ``views.usage`` sums it, turn by turn
-        per_step = max((u.cost / u.steps for u in by_turn.values() if u.steps), default=0.0)
-        if spent + per_step > self.cap or spent >= self.cap:
-            return Refusal(
-                "budget",
-                f"spend cap {self.cap:g} reached: spent {spent:g}, "
-                f"next step estimated at {per_step:g}",
-            )
-        return None
+    def limit(self, state: SessionState) -> float | None:
+        return state.budget if state.budget_set else self.default
+
+    def check(self, state: SessionState) -> BudgetCheck | None:
+        """None when the session has no budget (its own or a default)."""
+        limit = self.limit(state)
+        if limit is None:
+            return None
+        return BudgetCheck(limit, state.total_cost, state.dearest_call)

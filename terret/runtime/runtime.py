@@ -26,9 +26,9 @@ from terret.projections.base import ViewStore
 from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views, default_projections
 from terret.runtime.agent import Agent, AgentDefinition, TurnResult
-from terret.runtime.approvals import ApprovalSignals
+from terret.runtime.approvals import WAKING, ApprovalSignals
 from terret.runtime.commands import SessionCommands
-from terret.runtime.hooks import BudgetGuard, PreStepHook
+from terret.runtime.hooks import BudgetCheck, BudgetGuard, PreStepHook
 from terret.runtime.maintenance import AutoTitler, Compactor, Titler
 from terret.runtime.model import ModelResolver
 from terret.runtime.ownership import WorkerLease
@@ -51,6 +51,8 @@ class RuntimeConfig:
     compaction_budget: int | None = None
     approval_max_wait: float | None = None
     spend_cap: float | None = None
+    """The default spend budget (lifetime cost) of every session: a turn whose next step would
+    pass it parks until a budget covers it (``set_budget``, ``terret budget set``)."""
     wait_timeout: float = 30.0
     lease_ttl: float = 15.0
     """Seconds a worker's ownership of a session outlives its last heartbeat (R28, R29): after
@@ -93,8 +95,7 @@ class Runtime:
         for definition in agents:
             self.define(definition)
         self.pre_step: list[PreStepHook] = list(pre_step)
-        if self.config.spend_cap is not None:
-            self.pre_step.append(BudgetGuard(self.views, self.config.spend_cap))
+        self.budget_guard = BudgetGuard(self.config.spend_cap)
         # Defaults: the role summarizer and role titler on the session's roles (R19, R20).
         self.compactor = Compactor(self, summarizer, self.config.compaction_budget)
         self.titler = AutoTitler(self, titler)
@@ -115,8 +116,7 @@ class Runtime:
         if self._started:
             return self
         r = self.runner
-        r.add_listener(self.signals.on_event, {"approval/resolved", "turn/cancel_requested",
-                                               "turn/end", "agent/attached"})
+        r.add_listener(self.signals.on_event, WAKING)
         r.add_listener(self.compactor.on_turn_end, {"turn/end"})
         r.add_listener(self.titler.on_turn_end, {"turn/end"})
         r.add_listener(self.supervisor.on_inbox, {"inbox/queued"})
@@ -348,6 +348,40 @@ class Runtime:
     def _resolve(self, session_id: UUID, call_id: str, verdict: str, by: Actor,
                  reason: str | None) -> None:
         self.commands.resolve(session_id, call_id, verdict, by=by, reason=reason)
+
+    # --- calls in doubt (R15) -------------------------------------------------------------
+
+    def in_doubt(self, session_id: UUID) -> list[str]:
+        """The open turn's calls in doubt: started, no result, waiting for a verdict."""
+        return list(self.writer.load(session_id).in_doubt())
+
+    def rerun(self, session_id: UUID, call_id: str, *, by: Actor,
+              reason: str | None = None) -> None:
+        """Let a call in doubt run again (it may have taken effect the first time)."""
+        self._resolve_doubt(session_id, call_id, "rerun", by, reason)
+
+    def skip(self, session_id: UUID, call_id: str, *, by: Actor, reason: str) -> None:
+        """Do not run a call in doubt again: the model gets an error result saying so."""
+        self._resolve_doubt(session_id, call_id, "skipped", by, reason)
+
+    def _resolve_doubt(self, session_id: UUID, call_id: str, verdict: str, by: Actor,
+                       reason: str | None) -> None:
+        self.commands.resolve_in_doubt(session_id, call_id, verdict, by=by, reason=reason)
+        self.signals.signal(session_id)  # a turn parked on it here goes on at once
+
+    # --- spend budget (R21) --------------------------------------------------------------
+
+    def set_budget(self, session_id: UUID, limit: float | None, *, by: Actor,
+                   reason: str | None = None) -> None:
+        """Give the session a budget of its own (None: back to ``spend_cap``); a turn parked on
+        its budget goes on at once if the new one covers its next step."""
+        self.commands.set_budget(session_id, limit, by=by, reason=reason)
+        self.signals.signal(session_id)
+
+    def budget(self, session_id: UUID) -> BudgetCheck | None:
+        """The session's budget in force, what it spent and the estimate of its next model
+        call (None: no budget, of its own or a default)."""
+        return self.budget_guard.check(self.writer.load(session_id).state)
 
     # --- inbox and wake (R24) ------------------------------------------------------------
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from uuid import UUID
+from uuid import NAMESPACE_URL, UUID, uuid5
 
 import pydantic_core
 from pydantic import BaseModel, ValidationError
@@ -51,6 +51,10 @@ TRUNCATED_MARK = "[truncated by terret:"
 """How the marker a cut result ends with begins."""
 
 
+IDEMPOTENCY_NAMESPACE = uuid5(NAMESPACE_URL, "terret:idempotency-key")
+"""The UUID namespace of idempotency keys (``CallContext.idempotency_key``)."""
+
+
 @dataclass(frozen=True)
 class CallContext:
     """What a hook or handler knows about the call it is running."""
@@ -60,6 +64,14 @@ class CallContext:
     name: str
     args: dict[str, Any]
     turn: int
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key for this call that every execution of it shares (the first run, a run after
+        a crash, a re-run an operator allowed) and no other call has: a UUID derived from the
+        session, the turn and the call id. Pass it to downstream APIs that deduplicate
+        requests (``Idempotency-Key`` headers, client tokens)."""
+        return str(uuid5(IDEMPOTENCY_NAMESPACE, f"{self.session_id}/{self.turn}/{self.call_id}"))
 
 
 Handler = Callable[[Any, CallContext], Any]
@@ -80,6 +92,11 @@ class Tool:
     """Seconds the handler may run before the call becomes an error result the model sees (the
     handler is abandoned, not stopped); None takes ``RuntimeConfig.tool_timeout``; use
     ``math.inf`` for no limit under a runtime default."""
+    idempotent: bool = True
+    """Whether running a call twice is harmless. A tool that may not run twice (a payment, an
+    email) says ``False``: a durable ``tool/started`` is appended before its handler runs, and a
+    call that started without leaving a result (its process died) is never run again without
+    an operator's verdict."""
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not self.timeout > 0:
@@ -100,6 +117,7 @@ def tool(
     approval: ApprovalMode = "never",
     mutating: bool = False,
     timeout: float | None = None,
+    idempotent: bool = True,
 ) -> Callable[[Handler], Tool]:
     """Decorator: ``@tool(args=DeployArgs, approval="policy", mutating=True)`` on a handler
     ``def deploy(args: DeployArgs, ctx: CallContext) -> str``."""
@@ -113,6 +131,7 @@ def tool(
             approval=approval,
             mutating=mutating,
             timeout=timeout,
+            idempotent=idempotent,
         )
 
     return wrap
@@ -156,20 +175,26 @@ class ToolContext:
 Gate = Callable[[Tool, CallContext], ToolOutcome | None]
 """The execute stage's gate: returns an outcome to stop the call (a denial), or None to run it."""
 
+StartHook = Callable[[Tool, CallContext], None]
+"""Called right before the handler of a tool that is not ``idempotent`` runs (the loop appends
+``tool/started``); if it raises, the handler does not run."""
+
 
 class ToolPipeline:
     """``timeout`` is the default for tools without their own; ``cancel`` is the turn's cancel
-    event, watched (every ``poll`` seconds) while a handler runs."""
+    event, watched (every ``poll`` seconds) while a handler runs; ``on_start`` runs before the
+    handler of a tool that is not idempotent."""
 
     def __init__(self, tools: Sequence[Tool], context: ToolContext, gate: Gate | None, *,
                  timeout: float | None = None, cancel: threading.Event | None = None,
-                 poll: float = 0.05) -> None:
+                 poll: float = 0.05, on_start: StartHook | None = None) -> None:
         self.tools = {t.name: t for t in tools}
         self.context = context
         self.gate = gate
         self.timeout = timeout
         self.cancel = cancel
         self.poll = poll
+        self.on_start = on_start
         # Tools are immutable: their JSON schemas are built once, not on every model request.
         self._specs = [t.spec() for t in self.tools.values()]
 
@@ -212,6 +237,8 @@ class ToolPipeline:
 
         if self.cancel is not None and self.cancel.is_set():
             raise TurnCancelled(f"turn {ctx.turn} of {ctx.session_id} was cancelled")
+        if not tool.idempotent and self.on_start is not None:
+            self.on_start(tool, ctx)  # durable before the handler runs; raises: it never runs
         limit = tool.timeout if tool.timeout is not None else self.timeout
         done = threading.Event()
         box: list[tuple[bool, Any]] = []

@@ -16,6 +16,14 @@ Actions:
   turn SID TEXT                  Runtime.run_turn to completion with a scripted model ("ok")
   die-in-tool SID                Runtime.run_turn whose tool kills the process (os._exit)
   park SID                       Runtime.run_turn parked on an approval, then the process dies
+  die-in-payment SID KEYFILE     Runtime.run_turn whose ``pay`` tool (idempotent=False) writes
+                                 its idempotency key to KEYFILE and kills the process
+  budget SID LIMIT               Runtime.set_budget by an operator (LIMIT ``none``: the default)
+  rerun SID CALL_ID              Runtime.rerun by an operator (a call in doubt runs again)
+  skip SID CALL_ID REASON        Runtime.skip by an operator (a call in doubt is not run again)
+
+The scripted replies of ``die-in-tool``, ``park`` and ``die-in-payment`` report usage
+(``REPORTED``: 111 + 13 tokens, cost 0.01).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from terret import (
     ScriptedProvider,
     SessionRepository,
     StaticResolver,
+    Usage,
     call,
     tool,
 )
@@ -44,6 +53,7 @@ from terret.adapters.stores import open_store
 from terret.domain.errors import WrongExpectedVersion
 
 OPERATOR = Actor(actor="operator", id="proc")
+REPORTED = Usage(prompt_tokens=111, completion_tokens=13, cost=0.01)
 
 
 def main(argv: list[str]) -> dict[str, object]:
@@ -53,7 +63,7 @@ def main(argv: list[str]) -> dict[str, object]:
     try:
         if action in ("resolve-raw", "assistant"):
             return _raw(store, action, sid, rest)
-        if action in ("turn", "die-in-tool", "park"):
+        if action in ("turn", "die-in-tool", "park", "die-in-payment"):
             return _turn(store, action, sid, rest)
         rt = Runtime(store, resolver=StaticResolver())
         try:
@@ -68,6 +78,12 @@ def main(argv: list[str]) -> dict[str, object]:
                 rt.set_policy(sid, rest, by=OPERATOR)
             elif action == "cancel":
                 rt.cancel(sid, by=OPERATOR, reason="from another process")
+            elif action == "budget":
+                rt.set_budget(sid, None if rest[0] == "none" else float(rest[0]), by=OPERATOR)
+            elif action == "rerun":
+                rt.rerun(sid, rest[0], by=OPERATOR)
+            elif action == "skip":
+                rt.skip(sid, rest[0], by=OPERATOR, reason=rest[1])
             else:
                 raise SystemExit(f"unknown action {action!r}")
         finally:
@@ -93,15 +109,31 @@ def deploy(args: _NoArgs, ctx: CallContext) -> str:
     return "deployed"
 
 
+class _Amount(BaseModel):
+    amount: int
+
+
+@tool(args=_Amount, idempotent=False)
+def pay(args: _Amount, ctx: CallContext) -> str:
+    """May not run twice: notes its idempotency key, then dies mid-call."""
+    with open(os.environ["TERRET_TEST_KEYFILE"], "a") as f:
+        f.write(ctx.idempotency_key + "\n")
+    os._exit(9)
+
+
 def _turn(store: object, action: str, sid: UUID, rest: list[str]) -> dict[str, object]:
     script = {
         "turn": [],
-        "die-in-tool": [Reply(tool_calls=[call("die", {})])],
-        "park": [Reply(tool_calls=[call("deploy", {}, "c-park")])],
+        "die-in-tool": [Reply(tool_calls=[call("die", {})], usage=REPORTED)],
+        "park": [Reply(tool_calls=[call("deploy", {}, "c-park")], usage=REPORTED)],
+        "die-in-payment": [Reply(tool_calls=[call("pay", {"amount": 5}, "c-pay")],
+                                 usage=REPORTED)],
     }[action]
+    if action == "die-in-payment":
+        os.environ["TERRET_TEST_KEYFILE"] = rest.pop(0)
     provider = ScriptedProvider(script, default=Reply(text="ok"))
     rt = Runtime(store, resolver=StaticResolver({"scripted": provider}),  # type: ignore[arg-type]
-                 agents=[AgentDefinition(tools=[die, deploy], allow=["*"])]).start()
+                 agents=[AgentDefinition(tools=[die, deploy, pay], allow=["*"])]).start()
     if action == "park":
         threading.Thread(target=rt.run_turn, args=(sid, "go"), daemon=True).start()
         while not rt.pending(sid):

@@ -20,7 +20,7 @@ from terret import (
 from terret.adapters.summarizers import RoleSummarizer
 from terret.adapters.titler import RoleTitler
 from terret.domain.errors import CompactionDeclined, ConfigurationError
-from terret.runtime import BudgetGuard, StepClaim, render_history
+from terret.runtime import BudgetGuard, render_history
 from tests.runtime.conftest import MakeRuntime
 from tests.runtime.kit import (
     calls,
@@ -28,7 +28,9 @@ from tests.runtime.kit import (
     final,
     only,
     read_log,
+    turn_in_background,
     wait_for_event,
+    wait_until,
 )
 
 
@@ -125,8 +127,6 @@ def test_r18_compaction_declines_when_model_visible_history_lands_meanwhile(
 
 def test_r18_a_manual_compaction_racing_a_live_turn_declines(make_runtime: MakeRuntime,
                                                             store, gates) -> None:
-    from tests.runtime.kit import turn_in_background, wait_until
-
     gate = gates()
     provider = ScriptedProvider([final("a"), final("b", gate=gate)])
     holder: dict[str, object] = {}
@@ -372,21 +372,28 @@ def test_r21_a_resumed_step_without_usage_counts_as_a_step_with_zero_tokens(
                                 "steps": 2}
 
 
-def test_r21_the_spend_cap_rejects_the_step_that_would_pass_it(make_runtime: MakeRuntime,
-                                                               store) -> None:
-    provider = ScriptedProvider(default=calls(("noop", {}), usage=Usage(10, 1, 0.04)))
+def test_r21_the_spend_cap_parks_the_turn_before_the_step_that_would_pass_it(
+        make_runtime: MakeRuntime, store) -> None:
+    """The spend cap no longer rejects the step (issue 14): the turn parks on its budget,
+    recorded, and goes on when a budget covers its next step."""
+    provider = ScriptedProvider([calls(("noop", {}), usage=Usage(10, 1, 0.04))] * 3,
+                                default=final(usage=Usage(10, 1, 0.04)))
     rt = make_runtime(provider, config=RuntimeConfig(spend_cap=0.1))
     sid = rt.create_session()
-    result = rt.run_turn(sid, "spend")
-    assert result.status == "rejected"
+    job = turn_in_background(rt, sid, "spend")
+    wait_until(lambda: only(read_log(store, sid), "budget/exceeded"), what="the budget park")
     log = read_log(store, sid)
     assert len(only(log, "step/end")) == 2  # 0.08 spent; a third 0.04 step would pass 0.10
-    (end,) = only(log, "turn/end")
-    assert end.data["by"] == {"actor": "budget"} and "spend cap" in end.data["reason"]
+    (parked,) = only(log, "budget/exceeded")
+    assert parked.data["by"] == {"actor": "budget"} and parked.data["limit"] == 0.1
+    assert parked.data["spent"] == pytest.approx(0.08)
+    assert parked.data["estimate"] == pytest.approx(0.04)
+    assert not only(log, "turn/end") and not job.done
     assert rt.usage(sid)["cost"] == pytest.approx(0.08)
-    again = rt.run_turn(sid, "more")  # the next turn is refused before its first step
-    assert again.status == "rejected"
-    assert len(only(read_log(store, sid), "step/start")) == 2
+    rt.set_budget(sid, 0.2, by=Actor(actor="operator"))
+    assert job.join().status == "completed"  # a third call and the final answer: 0.16
+    assert rt.usage(sid)["cost"] == pytest.approx(0.16)
+    assert len(only(read_log(store, sid), "budget/exceeded")) == 1
 
 
 def test_r21_the_spend_cap_counts_the_session_total_the_usage_view_reports(
@@ -398,13 +405,11 @@ def test_r21_the_spend_cap_counts_the_session_total_the_usage_view_reports(
         assert rt.run_turn(sid, f"turn {n}").status == "completed"
     rt.catch_up_views()
     total = rt.views.usage(sid).cost
-    spent = 0.0
-    for turn in rt.views.usage_by_turn(sid).values():  # what the guard adds up, in turn order
-        spent += turn.cost
-    assert spent == total  # exactly: the guard and the view agree to the last bit
-    claim = StepClaim(sid, len(costs) + 1, 1, "scripted:default")
-    refused = BudgetGuard(rt.views, total)(claim)  # spent >= cap
-    assert refused is not None and refused.actor == "budget"
-    assert f"spent {total:g}," in refused.reason
-    assert BudgetGuard(rt.views, total + 0.31)(claim) is None  # the dearest step (0.3) fits
-    assert BudgetGuard(rt.views, total + 0.29)(claim) is not None  # and now it does not
+    state = rt.writer.load(sid).state
+    assert state.total_cost == total  # exactly: the budget and the view agree to the last bit
+    assert BudgetGuard(total).check(state).exceeded  # type: ignore[union-attr]  # spent >= cap
+    check = BudgetGuard(total + 0.31).check(state)
+    assert check is not None and not check.exceeded  # the dearest call (0.3) fits
+    assert check.spent == total and check.estimate == 0.3
+    assert BudgetGuard(total + 0.29).check(state).exceeded  # type: ignore[union-attr]
+    assert BudgetGuard(None).check(state) is None  # no budget at all

@@ -99,7 +99,8 @@ def test_r15_resume_reexecutes_owed_calls_reading_verdicts_from_the_log(
     assert len(only(log, "approval/requested")) == 1  # never asked again
     assert [r.data["call_id"] for r in only(log, "tool/result")] == ["c-a", "c-b"]
     step_ends = only(log, "step/end")
-    assert step_ends[0].data == {"turn": 1, "step": 1}  # closed without usage
+    # closed without usage of its own, marked as closed by a resume
+    assert step_ends[0].data == {"turn": 1, "step": 1, "resumed": True}
     assert [e.data["step"] for e in only(log, "step/start")] == [1, 2]
     assert len(provider.requests) == 1
     assert only(log, "turn/end")[0].data["status"] == "completed"
@@ -186,7 +187,8 @@ def test_r16_a_crash_after_a_final_message_resumes_with_one_extra_model_request(
     seen = provider.requests[0].messages
     assert seen[-1].role == "assistant" and seen[-1].text == "the answer is 42"
     log = read_log(store, sid)
-    assert [e.data for e in only(log, "step/end")][0] == {"turn": 1, "step": 1}
+    assert [e.data for e in only(log, "step/end")][0] == {"turn": 1, "step": 1,
+                                                          "resumed": True}
     assert [e.data["step"] for e in only(log, "step/start")] == [1, 2]
 
 

@@ -298,8 +298,10 @@ def test_r4_run_turn_on_an_agent_mid_turn_raises_turn_already_running(
     assert len(only(read_log(store, sid), "turn/start")) == 1
 
 
-def test_r21_step_start_records_the_model_and_step_end_the_usage(make_runtime: MakeRuntime,
-                                                                 store) -> None:
+def test_r21_step_start_records_the_model_and_the_reply_its_usage(make_runtime: MakeRuntime,
+                                                                   store) -> None:
+    """The usage of a model call is durable with its reply (``assistant/message`` v2, with the
+    model that answered); the ``step/end`` carries none, so nothing is counted twice."""
     provider = ScriptedProvider([
         calls(("noop", {}), usage=Usage(100, 10, 0.5)),
         final(usage=Usage(150, 5, 0.25)),
@@ -314,11 +316,15 @@ def test_r21_step_start_records_the_model_and_step_end_the_usage(make_runtime: M
     assert [e.data["model"] for e in only(log, "step/start")] == [
         "scripted:default", "scripted:default", "scripted:bigger"]
     assert [r.model for r in provider.requests] == ["default", "default", "bigger"]
-    assert [e.data.get("usage") for e in only(log, "step/end")] == [
+    replies = only(log, "assistant/message")
+    assert [e.data.get("usage") for e in replies] == [
         {"prompt_tokens": 100, "completion_tokens": 10, "cost": 0.5},
         {"prompt_tokens": 150, "completion_tokens": 5, "cost": 0.25},
         {"prompt_tokens": 7, "completion_tokens": 1},
     ]
+    assert [e.data["model"] for e in replies] == [
+        "scripted:default", "scripted:default", "scripted:bigger"]
+    assert [set(e.data) for e in only(log, "step/end")] == [{"turn", "step"}] * 3
 
 
 def test_r17_every_request_shows_the_model_exactly_what_the_messages_projection_holds(

@@ -111,7 +111,8 @@ def test_the_checker_notices_a_wrong_doc() -> None:
     """The notation is strict enough to catch the usual slips."""
     from terret.domain.events import StepEnded, TurnEnded
 
-    assert render_fields(StepEnded) == ["turn: int", "step: int", "usage?: UsageData"]
+    assert render_fields(StepEnded) == ["turn: int", "step: int", "usage?: UsageData",
+                                        "resumed?: bool"]
     assert "status: enum(completed, cancelled, rejected, empty, failed)" in render_fields(
         TurnEnded
     )

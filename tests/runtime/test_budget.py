@@ -1,0 +1,157 @@
+"""Issue 14, item 2: a spend budget that parks the turn instead of failing it. The turn parks
+before the step that would pass the budget (``budget/exceeded``, by budget), the park shows in
+the status view and the agent's status, a budget raised from another process lets it go on,
+a cancel closes it; budgets per session (``budget/set``, commutative) over a per-deployment
+default (``RuntimeConfig.spend_cap``). On the SQLite store and the EventStoreDB emulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from terret import Actor, RuntimeConfig, ScriptedProvider, Usage
+from tests.runtime.conftest import MakeRuntime, OpenedStore
+from tests.runtime.kit import (
+    Background,
+    agent_of,
+    calls,
+    final,
+    names,
+    only,
+    other_process,
+    read_log,
+    turn_in_background,
+    wait_until,
+)
+
+OPERATOR = Actor(actor="operator", id="tests")
+
+
+def spender(cost: float = 0.04, steps: int = 3) -> ScriptedProvider:
+    """``steps`` replies calling ``noop``, then an answer; each model call costs ``cost``."""
+    return ScriptedProvider([calls(("noop", {}), usage=Usage(10, 1, cost))] * steps,
+                            default=final("spent", usage=Usage(10, 1, cost)))
+
+
+def parked_on_budget(rt, store, sid) -> None:  # type: ignore[no-untyped-def]
+    wait_until(lambda: only(read_log(store, sid), "budget/exceeded")
+               and agent_of(rt, sid).status == "waiting_budget", what="the budget park")
+
+
+def test_the_turn_parks_on_its_budget_shows_it_and_goes_on_when_another_process_raises_it(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    store = opened.store
+    rt = make_runtime(spender())
+    sid = rt.create_session()
+    rt.set_budget(sid, 0.1, by=OPERATOR)
+    job = turn_in_background(rt, sid, "spend")
+    parked_on_budget(rt, store, sid)
+    log = read_log(store, sid)
+    (park,) = only(log, "budget/exceeded")
+    assert park.data == {"turn": 1, "limit": 0.1, "spent": pytest.approx(0.08),
+                         "estimate": 0.04, "by": {"actor": "budget"}}
+    assert names(log)[-1] == "budget/exceeded"  # the last step's end rode with it, durable
+    assert only(log, "step/end")[-1].seq < park.seq
+    rt.catch_up_views()
+    status = rt.views.status(sid)
+    assert status is not None and status.status == "waiting_budget"
+    assert status.budget_wait == {"turn": 1, "limit": 0.1, "spent": pytest.approx(0.08),
+                                  "estimate": 0.04}
+    assert [s.session for s in rt.views.parked_on_budget()] == [status.session]
+    check = rt.budget(sid)
+    assert check is not None and check.exceeded and check.limit == 0.1
+    assert rt.views.sessions(status="waiting_budget")[0].id == str(sid)
+
+    other_process(opened.uri, "budget", str(sid), "0.5")  # the store is the bus
+    assert job.join().status == "completed"
+    log = read_log(store, sid)
+    (_, raised) = only(log, "budget/set")
+    assert raised.data["limit"] == 0.5 and raised.data["by"]["actor"] == "operator"
+    after = [e.name for e in log if e.seq > park.seq]
+    assert after[:2] == ["budget/set", "step/start"]  # it went on with its next step
+    assert rt.usage(sid)["cost"] == pytest.approx(0.16)
+    rt.catch_up_views()
+    assert rt.views.status(sid).status == "idle"  # type: ignore[union-attr]
+    assert rt.views.parked_on_budget() == []
+
+
+def test_a_turn_parked_on_its_budget_is_cancelled_from_another_process(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    rt = make_runtime(spender(), config=RuntimeConfig(spend_cap=0.05))
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "spend")
+    parked_on_budget(rt, opened.store, sid)
+    other_process(opened.uri, "cancel", str(sid))
+    assert job.join().status == "cancelled"
+    (end,) = only(read_log(opened.store, sid), "turn/end")
+    assert end.data["status"] == "cancelled" and end.data["by"]["actor"] == "operator"
+    assert rt.usage(sid)["cost"] == pytest.approx(0.04)  # one call: 0.04 + 0.04 > 0.05
+
+
+def test_a_raise_that_does_not_cover_the_next_step_keeps_the_turn_parked(
+        make_runtime: MakeRuntime, store) -> None:
+    rt = make_runtime(spender())
+    sid = rt.create_session()
+    rt.set_budget(sid, 0.1, by=OPERATOR)
+    job = turn_in_background(rt, sid, "spend")
+    parked_on_budget(rt, store, sid)
+    rt.set_budget(sid, 0.11, by=OPERATOR)  # 0.08 + 0.04 > 0.11: still parked
+    wait_until(lambda: only(read_log(store, sid), "budget/set")[1:], what="the raise")
+    rt.catch_up_views()
+    assert not job.done and agent_of(rt, sid).status == "waiting_budget"
+    assert names(read_log(store, sid))[-1] == "budget/set"  # nothing written on the wake
+    rt.set_budget(sid, None, by=OPERATOR)  # back to the deployment's default: none
+    assert job.join().status == "completed"
+
+
+def test_a_session_budget_replaces_the_deployment_default_both_ways(
+        make_runtime: MakeRuntime, store) -> None:
+    rt = make_runtime(spender(cost=0.04, steps=1), config=RuntimeConfig(spend_cap=1.0))
+    low, high = rt.create_session(), rt.create_session()
+    rt.set_budget(low, 0.0, by=OPERATOR)  # lower than the default: not even one call
+    job = turn_in_background(rt, low, "spend")
+    parked_on_budget(rt, store, low)
+    assert only(read_log(store, low), "budget/exceeded")[0].data["limit"] == 0.0
+    assert rt.usage(low)["cost"] == 0.0
+    rt.cancel(low, by=OPERATOR)
+    assert job.join().status == "cancelled"
+    rt.set_budget(high, 5.0, by=OPERATOR)
+    assert rt.budget(high).limit == 5.0  # type: ignore[union-attr]
+    rt.set_budget(high, None, by=OPERATOR)
+    assert rt.budget(high).limit == 1.0  # type: ignore[union-attr]
+
+
+def test_a_budget_lowered_while_the_turn_runs_parks_it_at_its_next_step(
+        make_runtime: MakeRuntime, store, kit) -> None:  # type: ignore[no-untyped-def]
+    provider = ScriptedProvider([calls(("slow", {}), usage=Usage(1, 1, 0.04))],
+                                default=final(usage=Usage(1, 1, 0.04)))
+    rt = make_runtime(provider)
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    assert kit.entered.wait(15)
+    rt.set_budget(sid, 0.05, by=OPERATOR)  # lands while the tool runs: folded in (R5)
+    kit.release.set()
+    parked_on_budget(rt, store, sid)
+    assert not only(read_log(store, sid), "turn/end")
+    rt.cancel(sid, by=OPERATOR)
+    assert job.join().status == "cancelled"
+
+
+def test_a_stopped_process_leaves_the_park_and_the_next_one_parks_again_without_a_new_record(
+        make_runtime: MakeRuntime, store) -> None:
+    rt = make_runtime(spender(), config=RuntimeConfig(spend_cap=0.1))
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "spend")
+    parked_on_budget(rt, store, sid)
+    rt.close()  # graceful: the turn stays open, parked on its budget in the log
+    with pytest.raises(Exception):  # noqa: B017 - TurnSuspended
+        job.join()
+    before = read_log(store, sid)
+    fresh = make_runtime(spender(), config=RuntimeConfig(spend_cap=0.1))
+    resumed = Background(lambda: fresh.resume_turn(sid))
+    wait_until(lambda: (a := fresh.agent_for_session(sid)) is not None
+               and a.status == "waiting_budget", what="the resumed turn parked")
+    assert {e.name for e in read_log(store, sid)[len(before):]} <= {
+        "agent/detached", "agent/attached"}  # the takeover, and no second budget/exceeded
+    fresh.set_budget(sid, 1.0, by=OPERATOR)
+    assert resumed.join().status == "completed"
+    assert len(only(read_log(store, sid), "budget/exceeded")) == 1
