@@ -31,8 +31,7 @@ def default_app() -> App:
     ``default`` agent with no tools, roles from ``TERRET_MAIN_MODEL`` (default: the scripted
     echo model, so nothing is sent anywhere unless configured)."""
     from terret.adapters.providers import ProviderRegistry
-    from terret.adapters.summarizers import MorphSummarizer, RoleSummarizer
-    from terret.adapters.titler import RoleTitler
+    from terret.adapters.summarizers import MorphSummarizer
     from terret.runtime.scripted import Reply, ScriptedProvider
 
     registry = ProviderRegistry.from_env()
@@ -45,14 +44,14 @@ def default_app() -> App:
             roles[role] = spec
     budget = os.environ.get("TERRET_COMPACTION_BUDGET")
     config = RuntimeConfig(roles=roles, compaction_budget=int(budget) if budget else None)
+    # Left unset, the runtime's defaults apply (R19, R20): the role summarizer and the role
+    # titler on each session's own roles — so a `model set SID compactor …` is honoured — the
+    # titler falling back to the first message when no titler role is configured.
     summarizer: Summarizer | None = None
     if os.environ.get("TERRET_SUMMARIZER") == "morph":
         summarizer = MorphSummarizer()
-    elif "compactor" in roles:
-        summarizer = RoleSummarizer(registry.role_resolver(roles))
-    titler = RoleTitler(registry.role_resolver(roles)) if "titler" in roles else None
     return App(resolver=registry, agents=[AgentDefinition()], config=config,
-               summarizer=summarizer, titler=titler)
+               summarizer=summarizer)
 
 
 def _echo(request: object) -> str:
