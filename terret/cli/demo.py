@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,20 +17,56 @@ import click
 from terret.adapters.stores.sqlite import SQLiteStore
 from terret.cli._context import default_views_path
 from terret.cli._params import SECONDS
+from terret.domain.errors import TerretError
 from terret.domain.store import StoredRecord, session_stream
+
+
+class DemoFailed(TerretError):
+    """A step of the demo did not do what the demo shows (a command failed, or timed out)."""
 
 APP = "terret.cli.demo_app:demo_app"
 
 
 class Demo:
+    """The narration is in order every time: a command's output is printed as soon as it
+    returns, and the serving process's log lines are held and printed after it, under the
+    heading of the stage that caused them (``flush`` waits for the line that says the stage's
+    effect happened, then for the log to go quiet)."""
+
+    QUIET = 0.2
+
     def __init__(self, path: Path, timeout: float) -> None:
         self.path = path
         self.timeout = timeout
         self.store = SQLiteStore(path)
         self.serve: subprocess.Popen[str] | None = None
+        self._lines: list[str] = []
+        self._seen: list[str] = []  # every line of the current serving process
+        self._arrived = threading.Condition()
+        self._last_line = 0.0
 
     def say(self, text: str) -> None:
+        self.flush()
         click.secho(f"\n▶ {text}", bold=True)
+
+    def tell(self, text: str, *, expect: str | None = None) -> None:
+        """A line of narration, after what the serving process said up to now."""
+        self.flush(*([expect] if expect else []))
+        click.echo(f"  {text}")
+
+    def flush(self, *expect: str) -> None:
+        """Print the serving process's lines so far: once it said each of ``expect`` (if
+        given), and its log has been quiet for a moment."""
+        deadline = time.monotonic() + self.timeout
+        with self._arrived:
+            while not all(any(e in line for line in self._seen) for e in expect):
+                if not self._arrived.wait(max(0.0, deadline - time.monotonic())):
+                    break
+            while time.monotonic() - self._last_line < self.QUIET:
+                self._arrived.wait(self.QUIET)
+            lines, self._lines = self._lines, []
+        for line in lines:
+            click.secho(line, dim=True)
 
     def terret(self, *args: str) -> str:
         argv = ["terret", "--store", str(self.path), *args]
@@ -39,37 +76,30 @@ class Demo:
         for line in (done.stdout + done.stderr).rstrip().splitlines():
             click.echo(f"    {line}")
         if done.returncode != 0:
-            raise click.ClickException(f"`terret {args[0]}` failed ({done.returncode})")
+            raise DemoFailed(f"`terret {args[0]}` failed ({done.returncode})")
         return done.stdout
 
-    def start_server(self) -> None:
+    def start_server(self, *expect: str) -> None:
         cmd = [sys.executable, "-m", "terret", "--store", str(self.path), "serve", "--app", APP]
         click.secho("  $ terret --store " + str(self.path) + f" serve --app {APP} &", fg="cyan")
         self.serve = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       text=True)
-        assert self.serve.stderr is not None
-        deadline = time.monotonic() + self.timeout
-        for line in self.serve.stderr:
-            click.secho(f"    [serve {self.serve.pid}] {line.rstrip()}", dim=True)
-            if line.startswith("serving "):
-                break
-            if time.monotonic() > deadline:
-                break
-        self._echo_server_log()
-
-    def _echo_server_log(self) -> None:
-        import threading
-
         proc = self.serve
-        assert proc is not None and proc.stderr is not None
 
         def pump() -> None:
             assert proc.stderr is not None
             for line in proc.stderr:
                 message = line.rstrip().split(" INFO ", 1)[-1]
-                click.secho(f"    [serve {proc.pid}] {message}", dim=True)
+                with self._arrived:
+                    self._lines.append(f"    [serve {proc.pid}] {message}")
+                    self._seen.append(message)
+                    self._last_line = time.monotonic()
+                    self._arrived.notify_all()
 
+        with self._arrived:
+            self._seen = []
         threading.Thread(target=pump, daemon=True).start()
+        self.flush("serving ", *expect)
 
     def wait_for(self, sid: UUID, what: str, test: Callable[[StoredRecord], bool]) -> StoredRecord:
         deadline = time.monotonic() + self.timeout
@@ -80,7 +110,7 @@ class Demo:
                 if test(record):
                     return record
             time.sleep(0.05)
-        raise click.ClickException(f"timed out waiting for {what}")
+        raise DemoFailed(f"timed out waiting for {what}")
 
     def close(self) -> None:
         if self.serve is not None and self.serve.poll() is None:
@@ -133,34 +163,38 @@ def demo(path: Path, timeout: float) -> None:
         run.say("An operator asks for a deploy; the serving process wakes on the inbox")
         run.terret("inject", str(sid), "Check the checkout service and deploy v2", "--wake")
         run.wait_for(sid, "the status tool's result", _is("tool/result", name="service_status"))
-        click.echo("  the agent called service_status (no approval needed)")
+        run.tell("the agent called service_status (no approval needed)",
+                 expect=" turn 1 started")
         record = run.wait_for(sid, "the approval request", _is("approval/requested"))
         requested = decode(record).payload
         assert isinstance(requested, ApprovalRequested)
         call_id = requested.call_id
-        click.echo(f"  deploy is mutating: it parked on approval {call_id}, durably in the log")
+        run.tell(f"deploy is mutating: it parked on approval {call_id}, durably in the log",
+                 expect=" parked on an approval")
         run.terret("approvals", "list", str(sid))
 
         run.say("The serving process is killed with SIGKILL (no cleanup runs)")
         assert run.serve is not None
         os.kill(run.serve.pid, signal.SIGKILL)
         run.serve.wait(timeout)
-        click.echo(f"  process {run.serve.pid} is gone; the parked approval is still in the log:")
+        run.tell(f"process {run.serve.pid} is gone; the parked approval is still in the log:")
         run.terret("sessions", "show", str(sid))
 
         run.say("A new serving process starts; it resumes the open turn without asking again")
-        run.start_server()
+        run.start_server(" turn 1 resumed", " parked on an approval")
 
         run.say("The approval is given from the CLI, another process again")
         run.terret("approve", str(sid), call_id, "--reason", "change window open")
         run.wait_for(sid, "the end of turn 1", _is("turn/end", turn=1))
-        click.echo("  the parked call ran, the turn resumed and completed")
+        run.tell("the parked call ran, the turn resumed and completed",
+                 expect=" turn 1 ended")
 
         run.say(f"A second turn passes the compaction budget ({COMPACTION_BUDGET} prompt tokens)")
         run.terret("inject", str(sid), "Write the release notes", "--wake")
         run.wait_for(sid, "the end of turn 2", _is("turn/end", turn=2))
         run.wait_for(sid, "the compaction", _is("session/compacted"))
-        click.echo("  compacted: the model's next request starts from the summary")
+        run.tell("compacted: the model's next request starts from the summary",
+                 expect=" compacted up to")
 
         run.say("Title and usage (projections of the log)")
         run.wait_for(sid, "the title", _is("session/titled"))
@@ -174,6 +208,7 @@ def demo(path: Path, timeout: float) -> None:
         assert run.serve is not None
         run.serve.terminate()
         run.serve.wait(timeout)
+        run.flush("stopped")
     finally:
         run.close()
     click.secho(f"\nDone in {time.monotonic() - started:.1f}s. Explore the store:", bold=True)
