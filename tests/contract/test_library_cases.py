@@ -4,7 +4,19 @@ Terret's stores are the library's ``ApplicationRecorder`` (with ``subscribe``) a
 store is a ``TrackingRecorder``; these cases were written by the library's authors, not here.
 Every case of ``ApplicationRecorderTestCase`` runs, ``optional_test_insert_subscribe``
 included, on memory, SQLite and EventStoreDB (the emulator, or the real server named by
-``TERRET_ESDB_URI``); ``TrackingRecorderTestCase`` on the view store, in memory and in a file.
+``TERRET_ESDB_URI``); ``TrackingRecorderTestCase`` on the view store, in memory and in a file;
+``EventCountersViewTestCase`` on a view of the view store, and
+``AggregateEventCountersProjectionTestCase`` — an ``Application`` and the library's
+``ProjectionRunner`` persisted on Terret's store (``terret.adapters.stores.factory``), with a
+live subscription — on memory, SQLite and EventStoreDB (an emulator of the case's own).
+
+Not run, because they do not apply: ``ProcessRecorderTestCase`` and
+``EventSourcedProjectionTestCase`` (Terret's stores record no tracking with events: no process
+recorder), ``TaggedDecisionCountersProjectionTestCase`` (a DCB application: Terret's stores are
+no DCB recorder), ``ExampleApplicationTestCase`` (it counts a history of snapshots; Terret keeps
+the latest snapshot of each aggregate), ``AggregateRecorderTestCase`` (it wants ``None`` from
+``insert_events``, what an aggregate recorder returns; Terret's stores are application
+recorders, which return notification ids).
 
 Deviations (also in docs/extending.md), as the library's KurrentDB package has them:
 
@@ -20,12 +32,13 @@ Deviations (also in docs/extending.md), as the library's KurrentDB package has t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from uuid import uuid4
 
 import pytest
 from eventsourcing.persistence import IntegrityError, ProgrammingError, StoredEvent, Tracking
 from eventsourcing.tests import persistence as library  # not its classes: pytest would collect
+from eventsourcing.tests import projection as library_projection
 
 from terret.adapters.stores.eventstoredb import EventStoreDBStore
 from terret.adapters.stores.memory import MemoryStore
@@ -192,3 +205,93 @@ class TestViewFileTracking(TestViewStoreTracking):
         views = ViewStore(str(self.tmp / "views.db"))
         self.addCleanup(views.close)
         return views
+
+
+# --- the library's projection cases: an Application and its ProjectionRunner on Terret --------
+
+
+class CountersView(ViewStore, library_projection.EventCountersView):
+    """The library's ``EventCountersView`` in Terret's view store: the counters and the
+    tracking record in one transaction."""
+
+    def __init__(self, path: str = ":memory:") -> None:
+        super().__init__(path)
+        with self.transaction() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS counters (kind TEXT PRIMARY KEY,"
+                       " count INTEGER NOT NULL)")
+
+    def _count(self, kind: str) -> int:
+        with self.reading() as db:
+            row = db.execute("SELECT count FROM counters WHERE kind = ?", (kind,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _increment(self, kind: str, tracking: Tracking) -> None:
+        with self.transaction() as db:
+            self.track(db, tracking.application_name, tracking.notification_id)
+            db.execute("INSERT INTO counters VALUES (?, 1)"
+                       " ON CONFLICT (kind) DO UPDATE SET count = count + 1", (kind,))
+
+    def get_created_event_counter(self) -> int:
+        return self._count("created")
+
+    def get_subsequent_event_counter(self) -> int:
+        return self._count("subsequent")
+
+    def incr_created_event_counter(self, tracking: Tracking) -> None:
+        self._increment("created", tracking)
+
+    def incr_subsequent_event_counter(self, tracking: Tracking) -> None:
+        self._increment("subsequent", tracking)
+
+
+class TestCountersViewOnTheViewStore(library_projection.EventCountersViewTestCase):
+    def construct_event_counters_view(self) -> library_projection.EventCountersView:
+        view = CountersView()
+        self.addCleanup(view.close)
+        return view
+
+
+class _ProjectionCases(library_projection.AggregateEventCountersProjectionTestCase):
+    __test__ = False
+    view_class = CountersView
+    env: ClassVar[dict[str, str]] = {}
+
+    def uri(self) -> str:
+        raise NotImplementedError
+
+    def setUp(self) -> None:
+        self.env = {"PERSISTENCE_MODULE": "terret.adapters.stores.factory",
+                    "TERRET_STORE": self.uri()}
+
+
+class TestProjectionOnMemory(_ProjectionCases):
+    __test__ = True
+
+    def uri(self) -> str:
+        return "memory:"
+
+
+class TestProjectionOnSQLite(_ProjectionCases):
+    __test__ = True
+    tmp: Path
+
+    @pytest.fixture(autouse=True)
+    def _tmp(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+
+    def uri(self) -> str:
+        return str(self.tmp / "app.db")
+
+
+class TestProjectionOnEventStoreDB(_ProjectionCases):
+    __test__ = True
+    server: str
+
+    @pytest.fixture(autouse=True)
+    def _server(self, esdb_fresh_emulator: Any) -> None:
+        # An emulator of the case's own: the runner replays the log from position 0 and the
+        # case counts every Aggregate event it finds.
+        self.server = esdb_fresh_emulator.uri
+
+    def uri(self) -> str:
+        return self.server
