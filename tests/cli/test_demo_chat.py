@@ -20,6 +20,7 @@ def test_demo(tmp_path: Path) -> None:
                   "the parked call ran, the turn resumed and completed", "compacted:",
                   "Done in"):
         assert stage in out, stage
+    assert_narrated_in_order(out)
 
     target = Target("sqlite", str(path), str(tmp_path / "check-views.db"), tmp_path)
     try:
@@ -40,6 +41,58 @@ def test_demo(tmp_path: Path) -> None:
         assert verdict["data"]["reason"] == "change window open"
     finally:
         target.close()
+
+
+def assert_narrated_in_order(out: str) -> None:
+    """Each stage's lines sit under its heading, a command's output before the serving
+    process's reaction to it, and each serving process's lines only while it runs."""
+    stages: dict[str, list[str]] = {}
+    heading = ""
+    for line in out.splitlines():
+        if line.startswith("▶ "):
+            heading = line[2:]
+            stages[heading] = []
+        elif heading:
+            stages[heading].append(line.strip())
+
+    def stage(prefix: str) -> list[str]:
+        (found,) = [lines for name, lines in stages.items() if name.startswith(prefix)]
+        return found
+
+    def index(lines: list[str], needle: str) -> int:
+        found = [i for i, line in enumerate(lines) if needle in line]
+        assert found, (needle, lines)
+        return found[0]
+
+    serving = [int(line.split("]")[0].split()[1]) for lines in stages.values()
+               for line in lines if line.startswith("[serve ")]
+    first, second = serving[0], serving[-1]
+    assert first != second
+    wake = stage("An operator asks for a deploy")
+    assert index(wake, "queued ") < index(wake, "turn 1 started") < index(wake, "parked on an")
+    assert index(wake, "parked on an") < index(wake, "deploy is mutating")
+    assert not [line for line in stage("The serving process is killed") if "[serve" in line]
+    restart = stage("A new serving process starts")
+    assert all(f"[serve {second}]" in line for line in restart if "[serve" in line)
+    assert index(restart, "turn 1 resumed") < index(restart, "parked on an approval")
+    approve = stage("The approval is given")
+    assert index(approve, "approved call-deploy") < index(approve, "turn 1 ended completed")
+    assert index(approve, "turn 1 ended completed") < index(approve, "the parked call ran")
+    second_turn = stage("A second turn passes")
+    assert (index(second_turn, "queued ") < index(second_turn, "turn 2 started")
+            < index(second_turn, "compacted up to") < index(second_turn, "compacted: the model"))
+    stop = stage("The serving process stops gracefully")
+    assert index(stop, "received SIGTERM") < index(stop, f"[serve {second}] stopped")
+    for name, lines in stages.items():
+        if not (name.startswith("A serving process") or name.startswith("An operator")):
+            assert not [line for line in lines if f"[serve {first}]" in line], (name, lines)
+
+
+def test_demo_narration_is_in_order_every_time(tmp_path: Path) -> None:
+    for run in range(2):
+        result = invoke_cli("demo", "--path", str(tmp_path / f"demo{run}.db"))
+        assert result.exit_code == 0, result.output
+        assert_narrated_in_order(result.stdout)
 
 
 def test_demo_bad_path(tmp_path: Path) -> None:
