@@ -10,7 +10,7 @@ URIs (``store_kind``, ``sqlite_path``, ``check_esdb_uri``, ``mask_credentials``,
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from terret.adapters.stores._uri import (
     DEFAULT_SQLITE_PATH,
@@ -23,7 +23,8 @@ from terret.adapters.stores._uri import (
     store_kind,
     userinfo_bounds,
 )
-from terret.domain.store import EventStore
+if TYPE_CHECKING:  # the port imports the eventsourcing library: only for the adapter opened
+    from terret.domain.store import EventStore
 
 __all__ = [
     "ADAPTERS",
