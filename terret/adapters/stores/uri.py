@@ -23,6 +23,7 @@ from terret.adapters.stores._uri import (
     store_kind,
     userinfo_bounds,
 )
+
 if TYPE_CHECKING:  # the port imports the eventsourcing library: only for the adapter opened
     from terret.domain.store import EventStore
 
