@@ -3,8 +3,10 @@
 Exit codes: 0 ok, 1 a domain error (not found, conflict, refused by a rule, unreachable store),
 2 a usage error. Messages go to stderr; credentials in store URIs are masked.
 
-The entry point is light: the command modules import the runtime, the aggregate and the
-projection runner only inside the commands that use them (``bench/cli.py`` measures it).
+The entry point is light (``bench/cli.py`` measures it): a command's module is imported only
+when that command runs (``COMMANDS``; ``terret --help`` lists them from there), and the command
+modules import the runtime, the aggregate and the projection runner only inside the commands
+that use them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from terret.adapters.stores.uri import mask_credentials
 from terret.cli._context import DEFAULT_STORE, CliContext
 from terret.domain.errors import InvalidPayload, InvalidStoreURI, TerretError
 
@@ -34,6 +35,31 @@ def __getattr__(name: str) -> Any:
         return getattr(_app, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "sessions": ("sessions", "List, inspect, create, close and purge..."),
+    "approvals": ("approvals", "Pending approvals of open turns."),
+    "approve": ("approvals", "Approve a parked tool call of the..."),
+    "deny": ("approvals", "Deny a parked tool call; the model sees..."),
+    "log": ("logcmd", "A session's events, one line each: seq,..."),
+    "inject": ("admin", "Queue TEXT in the session's durable inbox;..."),
+    "cancel": ("admin", "Cancel the open turn: recorded first; its..."),
+    "resume": ("admin", "Resume the session's open turn in this..."),
+    "policy": ("admin", "The session's tool allow-list (glob..."),
+    "model": ("admin", "Model roles of a session (main, compactor,..."),
+    "compact": ("admin", "Compact the session's history now (between..."),
+    "title": ("admin", "Show the session's title, or set it to..."),
+    "usage": ("admin", "Tokens and cost, for one session or all."),
+    "events": ("admin", "The event catalogue: Terret's events and..."),
+    "projections": ("projections", "Read models: their position and lag;..."),
+    "doctor": ("projections", "Check that the store and views are..."),
+    "serve": ("serve", "Serve the store's sessions: resume every..."),
+    "chat": ("chat", "Chat with an agent in the terminal; a new..."),
+    "demo": ("demo", "Walk through a session's lifecycle on the..."),
+    "workers": ("workers", "The live workers (`terret serve`..."),
+}
+"""Each command: the module of ``terret.cli`` that defines it (its ``register`` adds it), and
+its short help for ``terret --help`` (``tests/cli/test_startup.py`` keeps them in step)."""
 
 TYPED = re.compile(r"^[A-Z][A-Za-z0-9]*: ")
 """A message that already names its type (``StoreUnavailable: …``)."""
@@ -65,6 +91,35 @@ class TerretGroup(click.Group):
         if ctx.parent is None:
             args = _hoist_json(list(args))
         return super().parse_args(ctx, args)
+
+    # --- commands, imported when used ---------------------------------------------------------
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self.load(COMMANDS[cmd_name][0])
+        return self.commands.get(cmd_name)
+
+    def load(self, module: str) -> None:
+        import importlib
+
+        importlib.import_module(f"terret.cli.{module}").register(self)
+
+    def load_all(self) -> dict[str, click.Command]:
+        """Every command, its module imported (the docs tests walk them all)."""
+        for module in sorted({m for m, _ in COMMANDS.values()}):
+            self.load(module)
+        return self.commands
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """``terret --help``'s list, from ``COMMANDS``: no command module is imported."""
+        rows = [(name, self.commands[name].get_short_help_str(45) if name in self.commands
+                 else COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -122,7 +177,11 @@ def _one_line(ctx: click.Context, exc: Exception) -> str:
     """The error's message on one line (gRPC errors span several), credentials masked."""
     message = " ".join(str(exc).split())
     uri = ctx.obj.store_uri if isinstance(ctx.obj, CliContext) else ""
-    return message.replace(uri, mask_credentials(uri)) if uri else message
+    if not uri:
+        return message
+    from terret.adapters.stores.uri import mask_credentials
+
+    return message.replace(uri, mask_credentials(uri))
 
 
 @click.group(cls=TerretGroup)
@@ -159,19 +218,3 @@ def cli(ctx: click.Context, store_uri: str, views_path: str | None,
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     cli(prog_name="terret")
-
-
-from terret.cli import (  # noqa: E402
-    admin,
-    approvals,
-    chat,
-    demo,
-    logcmd,
-    projections,
-    serve,
-    sessions,
-    workers,
-)
-
-for _module in (sessions, approvals, logcmd, admin, projections, serve, chat, demo, workers):
-    _module.register(cli)

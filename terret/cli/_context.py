@@ -23,7 +23,6 @@ from uuid import UUID
 import click
 from click.shell_completion import CompletionItem
 
-from terret.adapters.stores.uri import mask_credentials, sqlite_path, store_kind
 from terret.domain.errors import SessionNotFound, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -44,6 +43,8 @@ _HEXISH = re.compile(r"[0-9a-f-]+\Z")
 def default_views_path(store_uri: str) -> str:
     """Beside a SQLite store (``x.db`` → ``x.views.db``), in memory for ``memory:``, else
     ``terret-views.db``. Raises ``InvalidStoreURI`` for a URI no store takes."""
+    from terret.adapters.stores.uri import sqlite_path, store_kind
+
     kind = store_kind(store_uri)
     if kind == "memory":
         return ":memory:"
@@ -176,11 +177,13 @@ class CliContext:
 
     @property
     def masked_uri(self) -> str:
+        from terret.adapters.stores.uri import mask_credentials
+
         return mask_credentials(self.store_uri)
 
     def store(self, *, create: bool = False) -> EventStore:
         if self._store is None:
-            from terret.adapters.stores.uri import open_store
+            from terret.adapters.stores.uri import open_store, sqlite_path
 
             path = sqlite_path(self.store_uri)  # None for the other stores
             if path is not None and not create and not os.path.exists(path):

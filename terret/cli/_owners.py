@@ -8,7 +8,6 @@ left the registry and released what it owned, so its sessions have no owner.
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,8 @@ class Liveness:
     """One read of the worker registry, answering for any number of owners."""
 
     def __init__(self, store: EventStore, now: float | None = None) -> None:
+        import socket
+
         self.now = time.time() if now is None else now
         self.host = socket.gethostname()
         try:

@@ -51,7 +51,7 @@ def list_sessions(obj: CliContext, status: str | None, agent: str | None,
                   title_part: str | None, since: float | None, until: float | None,
                   limit: int | None, offset: int) -> None:
     """List sessions, most recently active first."""
-    from terret.cli._owners import Liveness, owner_cell
+    from terret.cli._owners import owner_cell
 
     views = obj.views(reads=LIST_READS)
     found = views.sessions(status=status, limit=None if limit is None else limit + 1,
@@ -59,7 +59,11 @@ def list_sessions(obj: CliContext, status: str | None, agent: str | None,
                            offset=offset)
     more = limit is not None and len(found) > limit
     found = found[:limit]
-    live = Liveness(obj.store()) if any(s.owner for s in found) else None
+    live = None
+    if any(s.owner for s in found):  # the worker registry: only when someone owns something
+        from terret.cli._owners import Liveness
+
+        live = Liveness(obj.store())
     owners = [live.owner(s.owner) if live is not None else None for s in found]
     if more:
         note(f"showing {offset + 1}–{offset + len(found)}; more with --offset "

@@ -121,11 +121,11 @@ def test_approvals_list_approve_and_resume(target: Target) -> None:
     sid = target.parked()
     pending = target.json("approvals", "list", str(sid))
     assert pending == [{"session": str(sid), "call_id": "call-deploy", "tool": "deploy",
-                        "args": DEPLOY_ARGS, "turn": 1}]
+                        "args": DEPLOY_ARGS, "turn": 1, "waiting": "approval"}]
     everywhere = target.json("approvals", "list")
     assert pending[0] in everywhere
     table = target.invoke("approvals", "list", str(sid)).stdout
-    assert table.split("\n")[0].split() == ["SESSION", "CALL", "TOOL", "ARGS"]
+    assert table.split("\n")[0].split() == ["SESSION", "CALL", "TOOL", "ARGS", "WAITING"]
 
     approved = target.json("approve", str(sid), "call-deploy", "--reason", "window open")
     assert approved == {"session": str(sid), "call_id": "call-deploy", "verdict": "approved"}
@@ -390,7 +390,8 @@ def test_help_explains_every_command() -> None:
         assert option in top.stdout
 
     def walk(group: click.Group, path: list[str]) -> None:
-        for name, command in group.commands.items():
+        commands = cli.load_all() if group is cli else group.commands
+        for name, command in commands.items():
             assert name in invoke_cli(*path, "--help").stdout
             assert command.help, f"terret {' '.join([*path, name])} has no help text"
             sub = invoke_cli(*path, name, "--help")

@@ -53,6 +53,7 @@ def commands() -> dict[str, click.Command]:
             if isinstance(command, click.Group):
                 walk(command, path + " ")
 
+    cli.load_all()  # the root imports a command's module when it is first used
     walk(cli, "")
     return found
 

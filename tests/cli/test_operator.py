@@ -170,6 +170,16 @@ def test_views_behind_the_log_are_said_so(target: Target) -> None:
             assert halted and halted[0]["halted"]["error"], (args, item)
     shown = target.json("sessions", "show", str(sid))
     assert shown["stale"]["head"] == target.store().head_position()
+    # doctor does not contradict itself: halted projections are problems, never "equal".
+    doctor = target.invoke("--json", "doctor")
+    assert doctor.exit_code == 1
+    report = json.loads(doctor.stdout)
+    assert not report["ok"] and any("halted" in p for p in report["problems"])
+    assert "every projection equals a rebuild from the log" not in report["checks"]
+    halted_names = [s["name"] for s in target.json("projections", "status") if s["halted"]]
+    for check in report["checks"]:
+        assert not any(name in check.split("equal a rebuild")[0] for name in halted_names
+                       if "equal a rebuild" in check), check
     # Skipped, they catch up: nothing more to say.
     for status in target.json("projections", "status"):
         if status["halted"]:

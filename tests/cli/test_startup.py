@@ -1,0 +1,84 @@
+"""Start-up (issue 15): the entry point loads a command's module only when that command runs,
+``--help`` lists the commands without importing any, and the everyday commands stay clear of
+what they do not use — ``--version``/``--help`` of the domain, ``sessions list`` on views that
+are up to date of the payload classes, the aggregate and the projection runner, ``approve`` of
+the runtime and the runner. (``bench/cli.py`` measures the time.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+
+from terret.cli import COMMANDS, cli
+from tests.cli.conftest import Target, subprocess_env
+
+HEAVY = ("pydantic", "terret.domain.events", "terret.domain.session",
+         "terret.projections.runner", "terret.runtime.runtime", "terret.runtime.agent",
+         "httpx", "esdbclient", "grpc")
+
+PROBE = """
+import json, sys
+args, wanted = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+from terret.cli import main
+sys.argv = ["terret", *args]
+try:
+    main()
+except SystemExit:
+    pass
+heavy = [m for m in wanted if m in sys.modules]
+sys.stderr.write("\\nLOADED " + json.dumps(heavy) + "\\n")
+"""
+
+
+def loaded(*args: str, cwd: str | None = None) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(list(args)),
+                           json.dumps(HEAVY)], capture_output=True, text=True, timeout=120,
+                          env=subprocess_env(), cwd=cwd)
+    line = [x for x in done.stderr.splitlines() if x.startswith("LOADED ")]
+    assert line, done.stderr
+    return list(json.loads(line[-1].removeprefix("LOADED ")))
+
+
+def test_the_command_table_is_in_step_with_the_commands() -> None:
+    commands = cli.load_all()
+    assert set(commands) == set(COMMANDS), "add new commands to terret.cli.COMMANDS"
+    ctx = click.Context(cli)
+    for name, command in commands.items():
+        module, short = COMMANDS[name]
+        assert command.callback is not None
+        assert command.callback.__module__ == f"terret.cli.{module}", name
+        assert command.get_short_help_str(45) == short, (name, command.get_short_help_str(45))
+    assert cli.list_commands(ctx) == sorted(COMMANDS)
+
+
+def test_help_and_version_load_nothing_heavy() -> None:
+    assert loaded("--version") == []
+    assert loaded("--help") == []
+    assert loaded("sessions", "--help") == []
+
+
+def test_sessions_list_on_fresh_views_loads_nothing_heavy(target: Target) -> None:
+    if target.kind != "sqlite":  # the EventStoreDB client is what that store is
+        return
+    sid = target.finished()
+    assert target.invoke("sessions", "list").exit_code == 0  # the views catch up
+    assert loaded(*target.args("sessions", "list"), cwd=str(target.cwd)) == []
+    # Behind the log, it catches up first (the runner and the payload classes, then).
+    target.writer().execute(sid, lambda s: s.title("renamed"))
+    assert "terret.projections.runner" in loaded(*target.args("sessions", "list"),
+                                                 cwd=str(target.cwd))
+    rows = target.json("sessions", "list")
+    assert next(s for s in rows if s["id"] == str(sid))["title"] == "renamed"
+
+
+def test_approve_loads_the_domain_only(target: Target) -> None:
+    if target.kind != "sqlite":
+        return
+    sid = target.parked()
+    heavy = loaded(*target.args("approve", str(sid), "call-deploy"), cwd=str(target.cwd))
+    assert "terret.runtime.runtime" not in heavy and "terret.projections.runner" not in heavy
+    assert "httpx" not in heavy
+    assert target.types(sid)[-1] == "approval/resolved"
