@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +62,7 @@ def _prepare(directory: Path, sessions: int, parked: int) -> tuple[str, list[str
     the views caught up (one ``sessions list``)."""
     from terret.adapters.stores.sqlite import SQLiteStore
     from terret.domain.events import ToolCallData, UsageData
+    from terret.domain.session import Session
     from terret.runtime.commands import SessionCommands
 
     path = directory / "bench.db"
@@ -69,13 +71,13 @@ def _prepare(directory: Path, sessions: int, parked: int) -> tuple[str, list[str
     writer = commands.writer
     for i in range(sessions):
         sid = commands.create(agent="demo", roles={"main": "demo:ops-model-1"})
-        writer.execute(sid, lambda s, i=i: s.start_turn(trigger="user", text=f"status {i}"))
+        writer.execute(sid, partial(Session.start_turn, trigger="user", text=f"status {i}"))
         writer.execute(sid, lambda s: s.start_step("demo:ops-model-1"))
         writer.execute(sid, lambda s: s.record_assistant("All green."))
         writer.execute(sid, lambda s: s.end_step(UsageData(prompt_tokens=100,
                                                            completion_tokens=10, cost=0.01)))
         writer.execute(sid, lambda s: s.end_turn("completed"))
-        writer.execute(sid, lambda s, i=i: s.title(f"Session {i}", automatic=True))
+        writer.execute(sid, partial(Session.title, title=f"Session {i}", automatic=True))
     waiting = []
     args = {"service": "checkout", "version": "v2"}
     for _ in range(parked):

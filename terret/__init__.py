@@ -20,11 +20,11 @@ if TYPE_CHECKING:
         Session,
         SessionRepository,
         StreamState,
-        catalogue,
         event_type,
         upcaster,
     )
     from terret.domain import errors as errors
+    from terret.domain.catalogue import catalogue
     from terret.domain.events import Actor
     from terret.domain.messages import Message, ToolCall, Usage
     from terret.runtime import (

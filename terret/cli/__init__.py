@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -107,7 +108,7 @@ class TerretGroup(click.Group):
 
         importlib.import_module(f"terret.cli.{module}").register(self)
 
-    def load_all(self) -> dict[str, click.Command]:
+    def load_all(self) -> MutableMapping[str, click.Command]:
         """Every command, its module imported (the docs tests walk them all)."""
         for module in sorted({m for m, _ in COMMANDS.values()}):
             self.load(module)

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -141,7 +142,8 @@ class Input:
     def ask(self, screen: Screen, text: str, withdraw: Callable[[], str | None]) -> str:
         """A question that ``withdraw`` can take back (it returns why, or None)."""
         screen.write(text)
-        if self.fd is None or not self._pollable():
+        fd = self.fd
+        if fd is None or not self._pollable(fd):
             answer = input()
             screen.at_line_start = True
             return answer
@@ -150,9 +152,9 @@ class Input:
                 line, _, self._buffer = self._buffer.partition(b"\n")
                 screen.at_line_start = True
                 return line.decode(errors="replace").rstrip("\r")
-            ready, _, _ = select.select([self.fd], [], [], 0.1)
+            ready, _, _ = select.select([fd], [], [], 0.1)
             if ready:
-                chunk = os.read(self.fd, 4096)
+                chunk = os.read(fd, 4096)
                 if not chunk:
                     raise EOFError
                 self._buffer += chunk
@@ -161,9 +163,10 @@ class Input:
             if why is not None:
                 raise Withdrawn(why)
 
-    def _pollable(self) -> bool:
+    @staticmethod
+    def _pollable(fd: int) -> bool:
         try:
-            select.select([self.fd], [], [], 0)
+            select.select([fd], [], [], 0)
         except (OSError, ValueError, TypeError):
             return False
         return True
@@ -343,7 +346,7 @@ class Chat:
             if stripped.startswith("//"):
                 text = text.lstrip()[1:]
             self.asked.clear()
-            self.drive(lambda text=text: self.runtime.run_turn(self.sid, text))
+            self.drive(partial(self.runtime.run_turn, self.sid, text))
         self.input.save()
 
     def command(self, line: str) -> str | None:

@@ -17,7 +17,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from terret.domain.events import ModelSet, PolicyUpdated
+from terret.domain.events import Actor, ModelSet, PolicyUpdated
 from terret.domain.store import NewRecord, session_stream
 from terret.runtime.commands import SessionCommands
 from tests.cli.conftest import DEMO_APP, MISSING, Target, one_line_error, subprocess_env
@@ -192,9 +192,7 @@ def test_views_behind_the_log_are_said_so(target: Target) -> None:
 # --- small truths ------------------------------------------------------------------------------
 
 
-def _operator() -> object:
-    from terret.domain.events import Actor
-
+def _operator() -> Actor:
     return Actor(actor="operator", id="test")
 
 
