@@ -310,6 +310,8 @@ class EventStore(es.ApplicationRecorder):
     def select_events(self, originator_id: UUID | str, *, gt: int | None = None,
                       lte: int | None = None, desc: bool = False, limit: int | None = None
                       ) -> list[es.StoredEvent]:
+        # One read for either numbering: versions low..lte sit at seqs low..lte (from 1) or
+        # low+1..lte+1 (from 0), so the read spans one more seq and the versions filter it.
         stream = str(originator_id)
         low = 0 if gt is None else gt + 1  # versions low..lte; version v is at seq v or v + 1
         if limit == 0 or (lte is not None and lte < low):

@@ -123,7 +123,8 @@ class BatchApplier:
     def _all_at_once(self, db: sqlite3.Connection, records: Sequence[StoredRecord],
                      live: Sequence[Projection]) -> list[RecordedEvent] | None:
         """The events, or None when something raised: the transaction is then rolled back
-        (the caller begins another and goes event by event)."""
+        (the caller begins another and goes event by event). The loop is the rebuild's hot
+        path, kept in one function on purpose: a call per event costs a tenth of a rebuild."""
         events: list[RecordedEvent] = []
         append = events.append
         decode = self._decode

@@ -77,9 +77,11 @@ class Failure:
     reconnect: bool = False
 
 
-def failure(exc: BaseException, uri: Secret) -> Failure | None:
+def failure(exc: BaseException, uri: Secret) -> Failure | None:  # noqa: C901 - one table
     """How to react to an exception raised by esdbclient (or grpc under it). ``None``: it is
-    not a transport or server failure (a refusal, a programming error)."""
+    not a transport or server failure (a refusal, a programming error). One flat table of
+    exception types, in the order they must be tried (SSLError is a ServiceUnavailable, which is
+    a GrpcError): its branches are its rows."""
     reason = f"{type(exc).__name__}: {uri.scrub(str(exc)) or 'no details'}"
     if isinstance(exc, SSLError):
         # A TLS handshake that fails will fail again: a wrong CA file or host name.

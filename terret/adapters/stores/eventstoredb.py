@@ -185,14 +185,7 @@ class EventStoreDBStore(EventStore):
     def append(
         self, stream: str, records: Sequence[NewRecord], expected_version: ExpectedVersion
     ) -> AppendResult:
-        check_size(records, self.max_record_bytes)
-        # As the server counts an append: data + metadata + the type in UTF-16.
-        total = sum(2 * len(r.wire_name) + len(r.data) + len(r.metadata) for r in records)
-        what = f"{records[0].wire_name} (batch of {len(records)})" if records else ""
-        if total > self.max_append_bytes:
-            # The server limits a whole append, not only one record; refusing here gives the
-            # same error as the other adapters instead of a server-side rejection.
-            raise PayloadTooLarge(what, total, self.max_append_bytes)
+        what, total = self._check_size(records)
         if not records:
             return self._append_nothing(stream, expected_version)
         if isinstance(expected_version, int) and expected_version < 0:
@@ -211,13 +204,8 @@ class EventStoreDBStore(EventStore):
                 current_version=_to_esdb_version(expected_version),
                 events=events[0] if len(events) == 1 else events)
         except Refused as refused:
-            if refused.kind == "conflict":
-                raise self._conflict(stream, expected_version, refused.actual) from None
-            if refused.kind == "deleted":
-                raise StreamDeleted(f"stream {stream!r} was deleted") from None
-            if refused.kind == "too_large":
-                raise PayloadTooLarge(what, total, refused.limit or MAX_RECORD_BYTES) from None
-            raise StoreError(f"append to {stream}: {refused}") from None
+            raise self._refused_append(refused, stream, expected_version, what, total) \
+                from None
         if expected_version is StreamState.ANY:
             return AppendResult(position, self._version_at(stream, position))
         # With an exact expected version the new version follows; an idempotent repeat gets
@@ -225,6 +213,28 @@ class EventStoreDBStore(EventStore):
         base = 0 if expected_version is StreamState.NO_STREAM else expected_version
         assert isinstance(base, int)
         return AppendResult(position, base + len(records))
+
+    def _check_size(self, records: Sequence[NewRecord]) -> tuple[str, int]:
+        """What the append is (for errors) and its size as the server counts it (data +
+        metadata + the type in UTF-16); ``PayloadTooLarge`` before anything is sent."""
+        check_size(records, self.max_record_bytes)
+        total = sum(2 * len(r.wire_name) + len(r.data) + len(r.metadata) for r in records)
+        what = f"{records[0].wire_name} (batch of {len(records)})" if records else ""
+        if total > self.max_append_bytes:
+            # The server limits a whole append, not only one record; refusing here gives the
+            # same error as the other adapters instead of a server-side rejection.
+            raise PayloadTooLarge(what, total, self.max_append_bytes)
+        return what, total
+
+    def _refused_append(self, refused: Refused, stream: str, expected: ExpectedVersion,
+                        what: str, total: int) -> StoreError:
+        if refused.kind == "conflict":
+            return self._conflict(stream, expected, refused.actual)
+        if refused.kind == "deleted":
+            return StreamDeleted(f"stream {stream!r} was deleted")
+        if refused.kind == "too_large":
+            return PayloadTooLarge(what, total, refused.limit or MAX_RECORD_BYTES)
+        return StoreError(f"append to {stream}: {refused}")
 
     def _append_nothing(self, stream: str, expected: ExpectedVersion) -> AppendResult:
         version = self.stream_version(stream)
