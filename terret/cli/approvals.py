@@ -20,15 +20,22 @@ def approvals() -> None:
 @click.argument("session_id", type=SESSION, required=False)
 @click.pass_obj
 def list_approvals(obj: CliContext, session_id: UUID | None) -> None:
-    """Requests without a verdict in open turns (of one session, or all)."""
+    """Requests without a verdict in open turns (of one session, or all), and calls in doubt
+    waiting for a verdict (`terret in-doubt rerun|skip`)."""
+    from terret.cli.budget import in_doubt_rows, in_doubt_table_rows
+
     if session_id is not None:
         obj.require_session(session_id)
-    found = obj.views(reads=("approvals",)).pending(session_id)
+    found = obj.views(reads=("approvals", "status")).pending(session_id)
     data = [{"session": p.session.removeprefix("session-"), "call_id": p.call_id,
-             "tool": p.name, "args": p.args, "turn": p.turn} for p in found]
-    rows = [[p.session.removeprefix("session-"), p.call_id, p.name, _cut(as_json(p.args), 60)]
+             "tool": p.name, "args": p.args, "turn": p.turn, "waiting": "approval"}
             for p in found]
-    obj.emit(data, table(rows, ["SESSION", "CALL", "TOOL", "ARGS"]) if rows
+    rows = [[p.session.removeprefix("session-"), p.call_id, p.name, _cut(as_json(p.args), 60),
+             "approval"] for p in found]
+    doubts = in_doubt_rows(obj, session_id)
+    data += doubts
+    rows += in_doubt_table_rows(doubts)
+    obj.emit(data, table(rows, ["SESSION", "CALL", "TOOL", "ARGS", "WAITING"]) if rows
              else "no pending approvals")
 
 

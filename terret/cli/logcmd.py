@@ -40,7 +40,12 @@ def summarize(event: RecordedEvent) -> str:
     if name == "assistant/message":
         calls = ", ".join(f"{c.name}#{c.id}({_short(json.dumps(c.args), 40)})"
                           for c in p.tool_calls)
-        return (repr(_short(p.text)) if p.text else "") + (f" calls {calls}" if calls else "")
+        metered = ""
+        if p.model is not None:  # the model call's usage, durable with its reply
+            metered = f" [{p.model} " + (_tokens(p.usage) if p.usage is not None
+                                         else "no usage reported") + "]"
+        return ((repr(_short(p.text)) if p.text else "") + (f" calls {calls}" if calls else "")
+                + metered).lstrip()
     if name == "tool/result":
         return f"{p.name}#{p.call_id} {'ERROR ' if p.is_error else ''}{_short(p.content, 50)!r}"
     if name == "turn/start":
@@ -53,10 +58,22 @@ def summarize(event: RecordedEvent) -> str:
     if name == "step/start":
         return f"turn {p.turn} step {p.step} model {p.model}"
     if name == "step/end":
-        usage = (f" {p.usage.prompt_tokens}+{p.usage.completion_tokens} tokens"
-                 + (f" cost {p.usage.cost}" if p.usage.cost is not None else "")
-                 if p.usage else " (no usage: resumed)")
-        return f"turn {p.turn} step {p.step}{usage}"
+        # A metered step's usage is on its reply; an older log's step/end carries it.
+        usage = f" {_tokens(p.usage)}" if p.usage else ""
+        resumed = " (resumed: no usage of its own)" if p.resumed else ""
+        return f"turn {p.turn} step {p.step}{usage}{resumed}"
+    if name == "tool/started":
+        return f"{p.name}#{p.call_id}"
+    if name == "tool/in_doubt":
+        return f"{p.name}#{p.call_id} {_short(json.dumps(p.args), 50)} (started, no result)"
+    if name == "tool/in_doubt_resolved":
+        return f"{p.call_id} {p.verdict} by {p.by.actor}" + (f": {p.reason}" if p.reason else "")
+    if name == "budget/set":
+        limit = f"${p.limit:.6f}" if p.limit is not None else "the deployment's default"
+        return f"{limit} by {p.by.actor}" + (f": {p.reason}" if p.reason else "")
+    if name == "budget/exceeded":
+        return (f"turn {p.turn} parked: spent ${p.spent:.6f} of ${p.limit:.6f}, next call "
+                f"estimated at ${p.estimate:.6f}")
     if name == "approval/requested":
         return f"{p.name}#{p.call_id} {_short(json.dumps(p.args), 50)}"
     if name == "approval/resolved":
@@ -73,6 +90,11 @@ def summarize(event: RecordedEvent) -> str:
         return f"{p.inbox_id[:8]} {'wake ' if p.wake else ''}{_short(p.text)!r}"
     data = p.model_dump(exclude_none=True)
     return _short(json.dumps(data, default=str), 90)
+
+
+def _tokens(usage: Any) -> str:
+    return (f"{usage.prompt_tokens}+{usage.completion_tokens} tokens"
+            + (f" cost {usage.cost}" if usage.cost is not None else ""))
 
 
 def _line(event: RecordedEvent, record: StoredRecord, *, full: bool, stamps: bool) -> str:

@@ -24,7 +24,8 @@ from terret.cli._context import (
 )
 from terret.cli._params import AGENT_NAME, TEXT
 
-STATUSES = ("idle", "running", "waiting_approval", "closed")
+STATUSES = ("idle", "running", "waiting_approval", "waiting_in_doubt", "waiting_budget",
+            "closed")
 LIST_READS = ("sessions", "status", "title", "usage")
 SHOW_READS = (*LIST_READS, "approvals", "policy", "models")
 
@@ -137,6 +138,10 @@ def show(obj: CliContext, session_id: UUID) -> None:
                               for p in pending],
         "policy": policy, "models": views.roles(session_id),
         "usage_by_model": {k: v.as_dict() for k, v in views.usage_by_model(session_id).items()},
+        "in_doubt_calls": [{"call_id": c["id"], "tool": c["name"], "args": c["args"]}
+                           for c in status.in_doubt],
+        "budget": {"limit": status.budget, "spent": status.cost,
+                   "parked": status.budget_wait},
     }
     now = time.time()
     last = summary.last_turn
@@ -170,6 +175,15 @@ def show(obj: CliContext, session_id: UUID) -> None:
         lines.append(f"inbox     {status.inbox} queued")
     for p in pending:
         lines.append(f"approval  {p.call_id}: {p.name} {as_json(p.args)}  (pending)")
+    for c in status.in_doubt:
+        lines.append(f"in doubt  {c['id']}: {c['name']} {as_json(c['args'])}  (started, no "
+                     f"result: `terret in-doubt rerun|skip {summary.id} {c['id']}`)")
+    lines.append("budget    " + (f"{money(status.budget)} (its own)" if status.budget is not None
+                                 else "the deployment's default") + f", spent {money(status.cost)}")
+    if status.budget_wait is not None:
+        wait = status.budget_wait
+        lines.append(f"parked    on its budget: spent {money(wait['spent'])} of "
+                     f"{money(wait['limit'])} (`terret budget set {summary.id} AMOUNT`)")
     if status.cancel_requested:
         by = _actor(state.cancel_by)
         lines.append("cancel    requested" + (f" by {by}" if by else "")

@@ -46,7 +46,8 @@ def test_sessions_new_list_show(target: Target) -> None:
     assert shown["resumable"] is False
     assert set(shown) == SUMMARY_KEYS | {
         "open_turn", "step", "step_open", "owed_calls", "cancel_requested", "cancel", "inbox",
-        "resumable", "pending_approvals", "policy", "models", "usage_by_model"}
+        "resumable", "pending_approvals", "policy", "models", "usage_by_model",
+        "in_doubt_calls", "budget"}
 
     # `session-<uuid>` is accepted wherever a session id is.
     assert target.json("sessions", "show", f"session-{sid}")["id"] == str(sid)

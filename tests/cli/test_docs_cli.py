@@ -227,6 +227,19 @@ def test_json_examples_have_the_real_shapes(target: Target) -> None:
         "model set": ["model", "set", f, "titler", "scripted:titles"],
         "compact": ["compact", str(compacted), "--app", DEMO_APP],
     }
+    from tests.cli.waits import in_doubt, parked_on_budget
+
+    on_budget, doubted, doubted_too = parked_on_budget(target), in_doubt(target), \
+        in_doubt(target)
+    runs.update({
+        "budget show": ["budget", "show", str(on_budget)],
+        "budget set": ["budget", "set", f, "5.00"],
+        "budget clear": ["budget", "clear", f],
+        "budget list": ["budget", "list"],
+        "in-doubt rerun": ["in-doubt", "rerun", str(doubted), "call-deploy"],
+        "in-doubt skip": ["in-doubt", "skip", str(doubted_too), "call-deploy", "--reason",
+                          "deployed already"],
+    })
     documented_examples = examples()
     assert set(documented_examples) == set(runs) | {"projections skip"}
     problems: list[str] = []
