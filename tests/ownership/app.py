@@ -6,7 +6,10 @@ when the message says "gated". The tools sleep ``OWNERSHIP_TOOL_SECONDS`` (defau
 one line per execution to ``OWNERSHIP_RUNS`` (``start|end <session> <call id> <pid>``), so a test
 can count executions across processes; their results and the model's texts name the pid that
 produced them, so a test can tell which worker wrote what. ``OWNERSHIP_TTL`` sets the lease TTL
-(default 3 s)."""
+(default 3 s). ``OWNERSHIP_IDEMPOTENT=0`` makes ``work`` a tool that may not run twice (a
+``tool/started`` before it runs, in doubt after a crash), ``OWNERSHIP_KEYS`` names a file each
+execution appends ``<call id> <idempotency key>`` to, and ``OWNERSHIP_USAGE=1`` makes every
+reply report ``USAGE``."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from terret import (
     RuntimeConfig,
     ScriptedProvider,
     StaticResolver,
+    Usage,
     call,
     tool,
 )
@@ -38,14 +42,21 @@ def _record(what: str, ctx: CallContext) -> None:
         f.write(f"{what} {ctx.session_id} {ctx.call_id} {os.getpid()}\n")
 
 
+IDEMPOTENT = os.environ.get("OWNERSHIP_IDEMPOTENT") != "0"
+USAGE = Usage(prompt_tokens=100, completion_tokens=10, cost=0.01)
+
+
 def _work(ctx: CallContext) -> str:
+    if os.environ.get("OWNERSHIP_KEYS"):
+        with open(os.environ["OWNERSHIP_KEYS"], "a") as f:
+            f.write(f"{ctx.call_id} {ctx.idempotency_key}\n")
     _record("start", ctx)
     time.sleep(float(os.environ.get("OWNERSHIP_TOOL_SECONDS", "2")))
     _record("end", ctx)
     return f"worked by {os.getpid()}"
 
 
-@tool(args=NoArgs)
+@tool(args=NoArgs, idempotent=IDEMPOTENT)
 def work(args: NoArgs, ctx: CallContext) -> str:
     """Takes a while, and records each execution."""
     return _work(ctx)
@@ -65,10 +76,11 @@ def _reply(request: ModelRequest) -> Reply:
         if m.role == "user":
             break
         done += m.role == "tool"
+    usage = USAGE if os.environ.get("OWNERSHIP_USAGE") == "1" else None
     if done >= int(os.environ.get("OWNERSHIP_CALLS", "1")):
-        return Reply(text=f"done {turn} by {os.getpid()}")
+        return Reply(text=f"done {turn} by {os.getpid()}", usage=usage)
     name = "gated" if done == 0 and "gated" in users[-1] else "work"
-    return Reply(text=f"step by {os.getpid()}",
+    return Reply(text=f"step by {os.getpid()}", usage=usage,
                  tool_calls=[call(name, {}, f"c-{turn}" + (f"-{done + 1}" if done else ""))])
 
 
