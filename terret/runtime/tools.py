@@ -20,7 +20,6 @@ result over ``MAX_RESULT_BYTES`` is cut, with a marker saying so.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import json
 import logging
@@ -34,6 +33,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
+from terret.runtime._handlers import HANDLERS
 from terret.runtime.model import ToolSpec
 
 log = logging.getLogger("terret.tools")
@@ -232,7 +232,7 @@ class ToolPipeline:
         return self._execute(tool, parsed, ctx)
 
     def _execute(self, tool: Tool, parsed: BaseModel, ctx: CallContext) -> ToolOutcome:
-        """Run the handler on a worker thread and wait for it, its timeout or the cancel."""
+        """Run the handler on a handler thread and wait for it, its timeout or the cancel."""
         from terret.runtime.approvals import TurnCancelled  # approvals imports this module
 
         if self.cancel is not None and self.cancel.is_set():
@@ -251,11 +251,9 @@ class ToolPipeline:
             finally:
                 done.set()
 
-        worker = threading.Thread(target=contextvars.copy_context().run, args=(work,),
-                                  name=f"terret-tool-{tool.name}-{ctx.call_id}", daemon=True)
         deadline = time.monotonic() + limit if limit is not None else None
         try:
-            worker.start()
+            HANDLERS.run(work)
             while not done.wait(self.poll if deadline is None
                                 else max(0.0, min(self.poll, deadline - time.monotonic()))):
                 if self.cancel is not None and self.cancel.is_set():
