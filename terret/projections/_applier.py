@@ -10,8 +10,9 @@ process (it does not decode, or ``process`` raises) halts that projection there,
 recorded, while the others carry on. All at once gives the same result whenever no projection
 is inside the batch, none has a skip in it, and nothing fails; otherwise — known before the
 batch starts, or when something raises, after rolling the transaction back and beginning it
-again — the batch goes event by event, each event and projection in a savepoint. A failure that is the view file's (a full disk, a damaged file) is no event's
-fault: it halts nothing and ends the batch.
+again — the batch goes event by event, each event and projection in a savepoint. A failure
+that is the view file's (a full disk, a damaged file) is no event's fault: it halts nothing and
+ends the batch.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def test_rebuild_all_reads_the_log_once_for_every_projection(
     assert pages.passes == 1
     records = sum(count for _, count in pages.calls)
     assert records <= head  # every event read once (positions may have gaps)
-    assert len(pages.calls) <= math.ceil(records / BATCH) + 1
+    assert len(pages.calls) <= math.ceil(records / runner.replay_batch_size) + 1
     assert progress[-1][0] <= head and all(of == head for _, of in progress)
     assert {p.name: p.dump(view_store.db) for p in runner.projections} == before
     assert all(s.position == head and s.fault is None for s in runner.states())
