@@ -42,8 +42,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "approvals": ("approvals", "Pending approvals of open turns."),
     "approve": ("approvals", "Approve a parked tool call of the..."),
     "deny": ("approvals", "Deny a parked tool call; the model sees..."),
-    "budget": ("budget", "The spend budget of sessions: what a..."),
-    "in-doubt": ("budget", "Tool calls in doubt: a tool that may not..."),
     "log": ("logcmd", "A session's events, one line each: seq,..."),
     "inject": ("admin", "Queue TEXT in the session's durable inbox;..."),
     "cancel": ("admin", "Cancel the open turn: recorded first; its..."),
@@ -214,6 +212,8 @@ def cli(ctx: click.Context, store_uri: str, views_path: str | None,
 
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
+    if os.environ.get("NO_COLOR"):  # https://no-color.org: off even on a terminal
+        ctx.color = False
     ctx.obj = CliContext(store_uri, views_path, json_output, store_timeout=store_timeout)
     ctx.call_on_close(ctx.obj.close)
 

@@ -107,6 +107,7 @@ def test_chat_in_a_terminal(target: Target, chat_env: dict[str, str], tmp_path: 
         term.expect("terret chat — agent demo, model demo:ops-model-1")
         term.expect("/help for commands")
         term.expect("you> ")
+        assert "\x1b[2m" in term.seen  # colour on a terminal (the banner is dim)
 
         # Line editing: a typo fixed with the left arrow; the log holds the fixed line only.
         term.type(f"helo{LEFT}l\r")
@@ -160,7 +161,9 @@ def test_chat_in_a_terminal(target: Target, chat_env: dict[str, str], tmp_path: 
     assert [d.is_error for d in deploys] == [False, True]
 
     # Reconnect: the banner says so, the last exchanges come back, the session goes on.
-    again = Terminal(target, "chat", str(sid), "--app", DEMO_APP, env=chat_env)
+    # (With NO_COLOR, no colour even on a terminal.)
+    again = Terminal(target, "chat", str(sid), "--app", DEMO_APP,
+                     env={**chat_env, "NO_COLOR": "1"})
     try:
         again.expect("(continued)")
         again.expect("— the last exchanges —")
@@ -170,5 +173,6 @@ def test_chat_in_a_terminal(target: Target, chat_env: dict[str, str], tmp_path: 
         again.type("\x04")  # Ctrl-D
         again.expect("bye — resume with")
         assert again.finish() == 0
+        assert "\x1b[2m" not in again.seen and "\x1b[1m" not in again.seen
     finally:
         again.kill()
