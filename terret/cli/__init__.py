@@ -42,6 +42,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "approvals": ("approvals", "Pending approvals of open turns."),
     "approve": ("approvals", "Approve a parked tool call of the..."),
     "deny": ("approvals", "Deny a parked tool call; the model sees..."),
+    "budget": ("budget", "The spend budget of sessions: what a..."),
+    "in-doubt": ("budget", "Tool calls in doubt: a tool that may not..."),
     "log": ("logcmd", "A session's events, one line each: seq,..."),
     "inject": ("admin", "Queue TEXT in the session's durable inbox;..."),
     "cancel": ("admin", "Cancel the open turn: recorded first; its..."),
