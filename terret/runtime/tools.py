@@ -232,7 +232,11 @@ class ToolPipeline:
         return self._execute(tool, parsed, ctx)
 
     def _execute(self, tool: Tool, parsed: BaseModel, ctx: CallContext) -> ToolOutcome:
-        """Run the handler on a handler thread and wait for it, its timeout or the cancel."""
+        """Run the handler: on the turn's own thread, or — when a timeout applies — on a
+        handler thread the turn waits on, so that it can stop waiting at the timeout or at a
+        cancel while the handler goes on. A hand-over to another thread costs the step a
+        millisecond or more while the projection runner works on the step's own appends, so a
+        call without a timeout does not pay it; its cancel is honoured when it returns."""
         from terret.runtime.approvals import TurnCancelled  # approvals imports this module
 
         if self.cancel is not None and self.cancel.is_set():
@@ -240,6 +244,11 @@ class ToolPipeline:
         if not tool.idempotent and self.on_start is not None:
             self.on_start(tool, ctx)  # durable before the handler runs; raises: it never runs
         limit = tool.timeout if tool.timeout is not None else self.timeout
+        if limit is None:
+            try:
+                return _outcome(tool, True, tool.handler(parsed, ctx))
+            except BaseException as exc:  # noqa: BLE001 - a failure or a stop, recorded
+                return _outcome(tool, False, exc)
         done = threading.Event()
         box: list[tuple[bool, Any]] = []
 
@@ -251,11 +260,10 @@ class ToolPipeline:
             finally:
                 done.set()
 
-        deadline = time.monotonic() + limit if limit is not None else None
+        deadline = time.monotonic() + limit
         try:
             HANDLERS.run(work)
-            while not done.wait(self.poll if deadline is None
-                                else max(0.0, min(self.poll, deadline - time.monotonic()))):
+            while not done.wait(max(0.0, min(self.poll, deadline - time.monotonic()))):
                 if self.cancel is not None and self.cancel.is_set():
                     log.warning("session %s: call %s (%s) abandoned by the turn's cancel; its "
                                 "handler may still be running", ctx.session_id, ctx.call_id,
@@ -264,22 +272,26 @@ class ToolPipeline:
                         f"{tool.name} was abandoned: the turn was cancelled while it ran",
                         is_error=True,
                         stop=TurnCancelled(f"turn {ctx.turn} of {ctx.session_id} was cancelled"))
-                if deadline is not None and time.monotonic() >= deadline:
+                if time.monotonic() >= deadline:
                     log.warning("session %s: call %s (%s) timed out after %gs; its handler may "
                                 "still be running", ctx.session_id, ctx.call_id, tool.name, limit)
                     return ToolOutcome(f"{tool.name} timed out after {limit:g} s", is_error=True)
         except BaseException as exc:  # a Ctrl-C in the turn's thread while the handler ran
             return ToolOutcome(_interrupted(tool, exc), is_error=True, stop=exc)
-        ok, value = box[0]
-        if not ok:
-            if isinstance(value, Exception):  # a failing tool is the model's problem
-                return ToolOutcome(f"{type(value).__name__}: {value}", is_error=True)
-            return ToolOutcome(_interrupted(tool, value), is_error=True, stop=value)
-        try:
-            return ToolOutcome(_content(value))
-        except Exception as exc:
-            return ToolOutcome(f"{tool.name} returned a result that cannot be shown: "
-                               f"{type(exc).__name__}: {exc}", is_error=True)
+        return _outcome(tool, *box[0])
+
+
+def _outcome(tool: Tool, ok: bool, value: Any) -> ToolOutcome:
+    """The outcome of a handler that returned ``value`` (``ok``) or raised it."""
+    if not ok:
+        if isinstance(value, Exception):  # a failing tool is the model's problem
+            return ToolOutcome(f"{type(value).__name__}: {value}", is_error=True)
+        return ToolOutcome(_interrupted(tool, value), is_error=True, stop=value)
+    try:
+        return ToolOutcome(_content(value))
+    except Exception as exc:
+        return ToolOutcome(f"{tool.name} returned a result that cannot be shown: "
+                           f"{type(exc).__name__}: {exc}", is_error=True)
 
 
 def _interrupted(tool: Tool, exc: BaseException) -> str:

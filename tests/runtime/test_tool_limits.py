@@ -241,7 +241,7 @@ def test_a_cancel_from_another_process_closes_the_turn_while_its_tool_hangs(
         make_runtime: MakeRuntime, opened: OpenedStore, store, hang: Hang) -> None:
     entered = threading.Event()
 
-    @tool(args=NoArgs)  # no timeout at all: only the cancel can end this call
+    @tool(args=NoArgs, timeout=120)  # far away: only the cancel ends this call in time
     def stuck(args: NoArgs, ctx: CallContext) -> str:
         """Hangs."""
         entered.set()
@@ -265,6 +265,31 @@ def test_a_cancel_from_another_process_closes_the_turn_while_its_tool_hangs(
     assert second["is_error"] is True and "was not run" in second["content"]
     assert not rt.resumable(sid)
     assert len(provider.requests) == 1  # the model was not asked again
+
+
+def test_without_a_timeout_a_cancel_is_honoured_when_the_handler_returns(
+        make_runtime: MakeRuntime, opened: OpenedStore, store) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    @tool(args=NoArgs)  # no timeout: the handler runs on the turn's own thread
+    def slow(args: NoArgs, ctx: CallContext) -> str:
+        """Takes its time."""
+        entered.set()
+        release.wait(30)
+        return "finished"
+
+    provider = ScriptedProvider([calls(("slow", {}), ("slow", {})), final()])
+    rt = make_runtime(provider, tools=[slow])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    assert entered.wait(10)
+    other_process(opened.uri, "cancel", str(sid))
+    release.set()
+    assert job.join(timeout=15).status == "cancelled"
+    first, second = _results(store, sid)
+    assert (first["is_error"], first["content"]) == (False, "finished")  # it ran: it is kept
+    assert second["is_error"] is True and "was not run" in second["content"]
+    assert len(provider.requests) == 1
 
 
 def test_a_cancel_in_this_process_closes_the_turn_before_the_timeout_fires(
