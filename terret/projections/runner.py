@@ -47,7 +47,7 @@ __all__ = ["Listener", "ListenerHandle", "ProjectionRunner", "ProjectionState", 
 
 log = logging.getLogger("terret.projections")
 
-REPLAY_BATCHES = 4
+REPLAY_BATCHES = 8
 """Rebuild, verify and skip apply batches this many times ``batch_size``."""
 
 
@@ -79,7 +79,7 @@ class ProjectionRunner:
         self.replay_batch_size = REPLAY_BATCHES * batch_size
         """The batches of rebuild, verify and skip: a pass from position 0 pays for each batch
         (every row the batch touched written, the view's pages rewritten at its commit) and
-        holds one batch in memory, which a one-off pass can afford four times over."""
+        holds one batch in memory, which a one-off pass can afford eight times over."""
         self.registry = registry
         self._log = LogCheck(store, views)
         self._applier = BatchApplier(views, registry, self._log.guard)

@@ -1207,6 +1207,59 @@ class StoreContract:
         assert repo.get(session.id).state == session.state
 
 
+    # --- the library's ApplicationRecorder, on top of the extension ------------------------
+
+    def test_library_events_are_a_stream_of_their_originator(self, store: EventStore) -> None:
+        from eventsourcing.persistence import IntegrityError, StoredEvent
+
+        originator = uuid4()
+        events = [StoredEvent(originator, v, f"contract.topic/{v}", b'{"v":%d}' % v)
+                  for v in (1, 2)]
+        ids = store.insert_events(events)
+        stored = store.read_stream(str(originator))
+        assert [(r.seq, r.wire_name, r.data) for r in stored] == [
+            (1, "contract.topic/1", b'{"v":1}'), (2, "contract.topic/2", b'{"v":2}')]
+        assert list(ids or []) == [r.position for r in stored]
+        assert store.select_events(originator) == events
+        assert store.select_events(originator, gt=1) == events[1:]
+        assert store.select_events(originator, desc=True, limit=1) == events[1:]
+        with pytest.raises(IntegrityError):
+            store.insert_events(events[1:])
+        notes = store.select_notifications(stored[0].position, 10, stop=stored[-1].position)
+        assert [(n.id, n.originator_id, n.originator_version, n.topic) for n in notes
+                if n.originator_id == originator] == [
+            (r.position, originator, r.seq, r.wire_name) for r in stored]
+        assert (store.max_notification_id() or 0) >= stored[-1].position
+
+    def test_library_subscription_is_the_stores_own(self, store: EventStore) -> None:
+        start = store.head_position()
+        stream = new_stream()
+        store.append(stream, records(2), StreamState.NO_STREAM)
+        got = []
+        with store.subscribe(gt=start, topics=[SIGNAL]) as subscription:
+            for notification in subscription:
+                got.append(notification)
+                if len(got) == 2:
+                    break
+            store.append(stream, [record(SIGNAL, 2)], 2)  # live, after the history
+            got.append(next(subscription))
+        assert [(n.originator_id, n.originator_version, n.topic) for n in got] == [
+            (stream, 1, SIGNAL), (stream, 2, SIGNAL), (stream, 3, SIGNAL)]
+        assert [n.id for n in got] == [r.position for r in store.read_stream(stream)]
+
+    def test_library_versions_numbered_from_zero(self, store: EventStore) -> None:
+        from eventsourcing.persistence import IntegrityError, StoredEvent
+
+        originator = uuid4()
+        events = [StoredEvent(originator, v, "contract.topic", b"{}") for v in range(3)]
+        store.insert_events(events[:1])
+        store.insert_events(events[1:])
+        assert [r.seq for r in store.read_stream(str(originator))] == [1, 2, 3]
+        assert store.select_events(originator) == events
+        assert store.select_events(originator, lte=1) == events[:2]
+        with pytest.raises(IntegrityError):
+            store.insert_events(events[2:])
+
 def _read_all(store: EventStore, after: int, limit: int,
               wire_names: Sequence[str] | None = None) -> list[StoredRecord]:
     """Every record after ``after`` (paging through ``read_all``), at most ``limit``."""
