@@ -102,6 +102,15 @@ def resume(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
         note(f"turn parked on {calls}: waiting for a verdict (`terret approve {session_id} "
              f"{first}` or `terret deny {session_id} {first} --reason …` from another shell; "
              "Ctrl-C leaves the turn open)")
+    state = runtime.writer.load(session_id).state
+    for call_id in state.started:  # started, no result: the resumed turn waits on a verdict
+        note(f"call {call_id} is in doubt (it started and left no result): the turn waits for "
+             f"`terret in-doubt rerun {session_id} {call_id}` or `terret in-doubt skip "
+             f"{session_id} {call_id} --reason …` from another shell")
+    budget = runtime.budget(session_id)
+    if budget is not None and budget.exceeded:
+        note(f"the session spent {money(budget.spent)} of its budget {money(budget.limit)}: the "
+             f"turn waits for `terret budget set {session_id} AMOUNT` from another shell")
     result = runtime.resume_turn(session_id)
     obj.emit({"session": str(session_id), "turn": result.turn, "status": result.status},
              f"turn {result.turn} {result.status}")

@@ -210,3 +210,32 @@ def test_in_doubt_rerun_from_another_process_runs_the_call_once_more(target: Tar
         assert result.payload.content == "deployed checkout v2"  # type: ignore[union-attr]
     finally:
         rt.close()
+
+
+def test_resume_says_what_an_in_doubt_turn_waits_for_and_a_skip_from_another_shell_ends_it(
+        target: Target) -> None:
+    import subprocess
+    import sys
+
+    from tests.cli.conftest import DEMO_APP, subprocess_env
+
+    sid = in_doubt(target)
+    resume = subprocess.Popen(
+        [sys.executable, "-m", "terret", *target.args("--json", "resume", str(sid), "--app",
+                                                      DEMO_APP)],
+        cwd=target.cwd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        target.wait_for(sid, lambda e: e.wire_name == "agent/attached", "the resume")
+        done = target.run("in-doubt", "skip", str(sid), "call-deploy", "--reason", "deployed")
+        assert done.returncode == 0, done.stderr
+        out, err = resume.communicate(timeout=60)
+    finally:
+        if resume.poll() is None:
+            resume.kill()
+            resume.wait(10)
+    assert resume.returncode == 0, err
+    assert f"`terret in-doubt rerun {sid} call-deploy`" in err
+    assert json.loads(out)["status"] == "completed"
+    (result,) = [e for e in target.events(sid) if e.wire_name == "tool/result"]
+    assert result.payload.is_error  # type: ignore[union-attr]
