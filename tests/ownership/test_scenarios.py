@@ -116,7 +116,7 @@ def test_an_idle_session_log_does_not_grow_while_workers_beat(pool: Pool) -> Non
     pool.serve("b", OWNERSHIP_TOOL_SECONDS="0.2")
     sid = pool.new_session()
     pool.runtime().inject(sid, "go", wake=True)
-    pool.wait_for(sid, "turn/end")
+    pool.wait_for(sid, "session/titled")  # the last write after the turn: its title
     settled = pool.log(sid)
     time.sleep(4.0)  # more than a TTL of beats (every 0.6 s) from both workers
     assert pool.log(sid) == settled
