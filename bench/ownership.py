@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -33,12 +32,13 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _processes import clean_env, emulator  # noqa: E402
 
 from terret import Runtime, StaticResolver  # noqa: E402
 from terret.adapters.stores import open_store  # noqa: E402
@@ -50,31 +50,7 @@ POLL = 0.005
 
 
 def _env(runs: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for key in ("TERRET_STORE", "TERRET_VIEWS", "TERRET_APP"):
-        env.pop(key, None)
-    env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OWNERSHIP_RUNS": str(runs),
-                "OWNERSHIP_TTL": str(TTL), **extra})
-    return env
-
-
-@contextlib.contextmanager
-def _emulator() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.esdb_emulator", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=_env(Path(os.devnull)), cwd=ROOT)
-    try:
-        assert proc.stdout is not None
-        uri = proc.stdout.readline().strip()
-        if not uri.startswith("esdb://"):
-            raise RuntimeError(f"the emulator did not print its URI: {uri!r}")
-        yield uri
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    return clean_env(OWNERSHIP_RUNS=str(runs), OWNERSHIP_TTL=str(TTL), **extra)
 
 
 class Deployment:
@@ -186,7 +162,7 @@ def main() -> None:
             def store_uri(name: str) -> str:
                 if args.store == "sqlite":
                     return str(Path(tmp) / f"{name}.db")
-                return stack.enter_context(_emulator())
+                return stack.enter_context(emulator())
 
             def workdir(name: str) -> Path:
                 path = Path(tmp) / name

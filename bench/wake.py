@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import random
 import shutil
 import signal
@@ -35,12 +34,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _processes import clean_env as env  # noqa: E402
+from _processes import emulator  # noqa: E402
 
 from terret.adapters.stores.sqlite import SQLiteStore  # noqa: E402
 from terret.adapters.stores.uri import open_store  # noqa: E402
@@ -56,15 +57,6 @@ POLL = 0.002
 TARGET_SQLITE_MS = 250.0
 TARGET_ESDB_MS = 100.0
 TARGET_LIST_S = 0.5
-
-
-def env() -> dict[str, str]:
-    out = dict(os.environ)
-    out["PYTHONPATH"] = str(ROOT) + os.pathsep + out.get("PYTHONPATH", "")
-    out["PYTHONUNBUFFERED"] = "1"
-    for name in ("TERRET_STORE", "TERRET_VIEWS", "TERRET_APP"):
-        out.pop(name, None)
-    return out
 
 
 def run_cli(*args: str) -> float:
@@ -168,25 +160,6 @@ def approve_to_resume(name: str, uri: str, workdir: Path, rounds: int, warmup: i
         server.stop()
         store.close()
     return statistics.median(latencies), latencies, commands
-
-
-@contextlib.contextmanager
-def emulator() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.esdb_emulator", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env(), cwd=ROOT)
-    try:
-        assert proc.stdout is not None
-        uri = proc.stdout.readline().strip()
-        if not uri.startswith("esdb://"):
-            raise RuntimeError(f"the emulator did not print its URI: {uri!r}")
-        yield uri
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def sessions_list(workdir: Path, count: int) -> tuple[float, float, float, list[float]]:
