@@ -56,8 +56,9 @@ def show(obj: CliContext, session_id: UUID) -> None:
     obj.require_session(session_id)
     state = obj.commands().writer.load(session_id).state  # the store's latest (R30)
     own = state.budget if state.budget_set else None
+    wait = state.budget_wait
     data = {"session": str(session_id), "budget": own, "spent": state.total_cost,
-            "estimate": state.dearest_call, "parked": _parked(state.budget_wait)}
+            "estimate": state.dearest_call, "parked": wait.to_dict() if wait else None}
     lines = [
         "budget    " + (f"{money(own)} (its own)" if own is not None else
                         "none of its own: the serving deployment's default applies "
@@ -65,10 +66,9 @@ def show(obj: CliContext, session_id: UUID) -> None:
         f"spent     {money(state.total_cost)} (the next model call is estimated at "
         f"{money(state.dearest_call)}: the dearest so far)",
     ]
-    wait = state.budget_wait
     if wait is not None:
-        lines.append(f"parked    turn {wait['turn']}: spent {money(wait['spent'])} of "
-                     f"{money(wait['limit'])}; raise it (`terret budget set {session_id} "
+        lines.append(f"parked    turn {wait.turn}: spent {money(wait.spent)} of "
+                     f"{money(wait.limit)}; raise it (`terret budget set {session_id} "
                      f"AMOUNT`) or cancel the turn (`terret cancel {session_id}`)")
     obj.emit(data, "\n".join(lines))
 

@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from terret.domain.catalogue import EventPayload, catalogue, creating, event_type, text_problem
 from terret.domain.errors import shown
+from terret.domain.payloads import EventPayload, catalogue, creating, event_type, text_problem
 
 ActorKind = Literal["user", "operator", "budget", "reaper", "supervisor", "agent", "system"]
 TurnStatus = Literal["completed", "cancelled", "rejected", "empty", "failed"]

@@ -38,6 +38,10 @@ class SessionRepository:
         replayed = self.catch_up(session)
         if session.version == 0:
             raise SessionNotFound(f"no session {session_id}")
+        if session.state.created_on is None:  # a snapshot from before it was kept
+            first = self.store.read_stream(stream, from_seq=1, limit=1)
+            if first:
+                session.note_created(first[0].recorded_at)
         if replayed >= self.snapshot_every:
             self.store.write_snapshot(stream, session.version, session.state.to_json())
         return session

@@ -8,10 +8,8 @@ triggers events; a refused command raises a typed error and leaves no pending ev
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -53,86 +51,20 @@ from terret.domain.events import (
     UsageData,
     UserMessage,
 )
+from terret.domain.state import (
+    EVOLVING,
+    InboxEntry,
+    OwedCall,
+    SessionState,
+    Verdict,
+    WaitingCall,
+    call_key,
+    evolve,
+)
+
+__all__ = ["EVOLVING", "MAX_STEPS", "Session", "SessionState", "evolve"]
 
 MAX_STEPS = 25
-
-
-@dataclass
-class SessionState:
-    """Everything the invariants need; serialised as the snapshot."""
-
-    agent: str = "default"
-    turn: int = 0
-    turn_open: bool = False
-    step: int = 0
-    step_open: bool = False
-    step_answered: bool = False
-    owed: dict[str, dict[str, Any]] = field(default_factory=dict)
-    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
-    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    cancel_requested: bool = False
-    cancel_by: dict[str, Any] | None = None
-    cancel_reason: str | None = None
-    turn_input: bool = False
-    last_reply_final: bool = False
-    titled: bool = False
-    closed: bool = False
-    last_compaction_seq: int = 0
-    last_visible_seq: int = 0
-    inbox: dict[str, dict[str, Any]] = field(default_factory=dict)
-    attached: str | None = None
-    owner: dict[str, Any] | None = None
-    """The owning agent's ``agent_id``, ``worker``, ``host``, ``pid`` and ``epoch`` (R28)."""
-    epoch: int = 0
-    """The log's last fencing epoch: each ``agent/attached`` takes the next."""
-    roles: dict[str, str] = field(default_factory=dict)
-    policy_seq: int = 0
-    policy: list[str] | None = None
-    """The patterns of the last ``policy/updated`` (R23), None while the session has none."""
-    last_turn_status: str | None = None
-    step_metered: bool = False
-    """The open step's reply carries its usage (a metered ``assistant/message``)."""
-    started: dict[str, str] = field(default_factory=dict)
-    """The open turn's calls with a ``tool/started`` and no ``tool/result`` yet (id -> tool)."""
-    doubts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Calls in doubt (``tool/in_doubt``) waiting for a verdict: id -> name, args."""
-    doubt_verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """The open turn's verdicts on calls in doubt, bound to id, tool and arguments."""
-    spent: float = 0.0
-    """The cost of the turns before the last one, summed turn by turn (as the usage view)."""
-    turn_cost: float = 0.0
-    """The cost of the last (or open) turn, summed model call by model call."""
-    dearest_call: float = 0.0
-    """The highest cost of one model call (or one unmetered step) in the session."""
-    budget: float | None = None
-    budget_set: bool = False
-    """Whether the session has a budget of its own (``budget/set`` with a limit)."""
-    budget_wait: dict[str, Any] | None = None
-    """The open turn is parked on its budget (``budget/exceeded``) until its next step."""
-
-    @property
-    def total_cost(self) -> float:
-        """The session's lifetime cost: every model call whose reply is in the log."""
-        return self.spent + self.turn_cost
-
-    def to_json(self) -> bytes:
-        # Every field holds JSON values already: no deep copy (``asdict``) needed to dump them.
-        return json.dumps(vars(self), separators=(",", ":")).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> SessionState:
-        fields = json.loads(data)
-        if fields.get("policy_seq") and "policy" not in fields:
-            # A snapshot from before the state kept the patterns: not usable, replay instead.
-            raise ValueError("snapshot without the session's policy patterns")
-        if fields.get("turn") and "spent" not in fields:
-            # A snapshot from before the state kept the session's cost: replay instead.
-            raise ValueError("snapshot without the session's cost")
-        return cls(**fields)
-
-
-def _call_key(name: str, args: dict[str, Any]) -> str:
-    return json.dumps([name, args], sort_keys=True, separators=(",", ":"))
 
 
 class Session(Aggregate):
@@ -151,7 +83,8 @@ class Session(Aggregate):
 
     def __init__(self, payload: SessionStarted, event_id: UUID) -> None:
         # the same state a replay of session/started gives (_on_started)
-        self.state = SessionState(agent=payload.agent, roles=dict(payload.roles))
+        self.state = SessionState(agent=payload.agent, roles=dict(payload.roles),
+                                  created_on=self.created_on.timestamp())
 
     # --- creation and loading -------------------------------------------------------------
 
@@ -178,10 +111,11 @@ class Session(Aggregate):
     def restore(cls, session_id: UUID, version: int, state: SessionState) -> Session:
         """Rebuild from a snapshot (or an empty shell at version 0 for a replay)."""
         session = cls.__new__(cls)
-        from datetime import datetime
-
-        now = datetime.now(UTC)
-        session.__base_init__(originator_id=session_id, originator_version=version, timestamp=now)
+        # When the session was created, as its snapshot recorded it (a replay from version 0
+        # sets it from the session/started it reads).
+        at = (datetime.fromtimestamp(state.created_on, UTC) if state.created_on is not None
+              else datetime.now(UTC))
+        session.__base_init__(originator_id=session_id, originator_version=version, timestamp=at)
         session.state = state
         return session
 
@@ -194,6 +128,14 @@ class Session(Aggregate):
                 f"(the session is at {self.version})")
         self._apply(event.payload, event.seq)
         self.version = event.seq
+        if event.seq == 1:
+            self.note_created(event.recorded_at)
+        self._modified_on = datetime.fromtimestamp(event.recorded_at, UTC)
+
+    def note_created(self, recorded_at: float) -> None:
+        """When the session was created: its ``session/started`` as recorded."""
+        self.state.created_on = recorded_at
+        self._created_on = datetime.fromtimestamp(recorded_at, UTC)
 
     # --- what commands may read ----------------------------------------------------------
 
@@ -214,30 +156,31 @@ class Session(Aggregate):
         return self.state.closed
 
     def owed_calls(self) -> list[ToolCallData]:
-        return [ToolCallData(**c) for c in self.state.owed.values()]
+        return [ToolCallData(id=c.id, name=c.name, args=c.args)
+                for c in self.state.owed.values()]
 
-    def pending_approvals(self) -> dict[str, dict[str, Any]]:
+    def pending_approvals(self) -> dict[str, WaitingCall]:
         return dict(self.state.pending)
 
-    def verdict_for(self, call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any] | None:
+    def verdict_for(self, call_id: str, name: str, args: dict[str, Any]) -> Verdict | None:
         """The open turn's verdict for this exact call (id, tool and arguments — R11)."""
         found = self.state.verdicts.get(call_id)
-        if found is None or found["key"] != _call_key(name, args):
+        if found is None or found.key != call_key(name, args):
             return None
         return found
 
-    def pending_inbox(self) -> dict[str, dict[str, Any]]:
+    def pending_inbox(self) -> dict[str, InboxEntry]:
         return dict(self.state.inbox)
 
-    def in_doubt(self) -> dict[str, dict[str, Any]]:
-        """The open turn's calls in doubt without a verdict: id -> name, args."""
+    def in_doubt(self) -> dict[str, WaitingCall]:
+        """The open turn's calls in doubt without a verdict."""
         return dict(self.state.doubts)
 
     def doubt_verdict_for(self, call_id: str, name: str,
-                          args: dict[str, Any]) -> dict[str, Any] | None:
+                          args: dict[str, Any]) -> Verdict | None:
         """The open turn's verdict on this call in doubt (id, tool and arguments)."""
         found = self.state.doubt_verdicts.get(call_id)
-        if found is None or found["key"] != _call_key(name, args):
+        if found is None or found.key != call_key(name, args):
             return None
         return found
 
@@ -280,8 +223,8 @@ class Session(Aggregate):
     def start_turn(self, *, trigger: str = "user", text: str | None = None,
                    inbox_id: str | None = None) -> int:
         """R4: refused while the log holds an open turn. The input is logged with the start."""
-        self._storable("turn/start", trigger=trigger)
-        self._storable("user/message", text=text, inbox_id=inbox_id)
+        self._storable(TurnStarted.wire_name, trigger=trigger)
+        self._storable(UserMessage.wire_name, text=text, inbox_id=inbox_id)
         self.require_no_open_turn()
         turn = self.state.turn + 1
         # Both payloads are validated before either is recorded: a refusal leaves nothing.
@@ -297,8 +240,8 @@ class Session(Aggregate):
         self._require_turn()
         taken = []
         for inbox_id, entry in list(self.state.inbox.items()):
-            self._record(ContextInjected(text=entry["text"], inbox_id=inbox_id))
-            taken.append(entry["text"])
+            self._record(ContextInjected(text=entry.text, inbox_id=inbox_id))
+            taken.append(entry.text)
         return taken
 
     def start_step(self, model: str, *, max_steps: int = MAX_STEPS) -> int:
@@ -320,9 +263,9 @@ class Session(Aggregate):
         """The reply to the open step. With ``model`` (the spec that answered) the reply is
         metered: ``usage`` is the model call's, durable with it, and the step's ``step/end``
         carries none. Without, usage may come with the ``step/end`` (the older shape)."""
-        self._storable("assistant/message", text=text)
+        self._storable(AssistantMessage.wire_name, text=text)
         if usage is not None and model is None:
-            raise errors.InvalidPayload("assistant/message", "model",
+            raise errors.InvalidPayload(AssistantMessage.wire_name, "model",
                                         "usage is recorded with the model that reported it")
         self._require_turn()
         if not self.state.step_open or self.state.step_answered:
@@ -330,15 +273,16 @@ class Session(Aggregate):
         calls = list(tool_calls)
         ids = [c.id for c in calls]
         if len(set(ids)) != len(ids):
-            raise errors.InvalidPayload("assistant/message", "tool_calls", "duplicate call ids")
+            raise errors.InvalidPayload(AssistantMessage.wire_name, "tool_calls",
+                                        "duplicate call ids")
         self._record(AssistantMessage(text=text, tool_calls=calls, model=model, usage=usage))
 
     def record_tool_result(self, call_id: str, name: str, content: str, *,
                            is_error: bool = False) -> None:
         """R26: a result for a call that is not owed (closed turn, answered) is refused."""
-        self._storable("tool/result", call_id=call_id, name=name, content=content)
+        self._storable(ToolResult.wire_name, call_id=call_id, name=name, content=content)
         owed = self.state.owed.get(call_id)
-        if not self.state.turn_open or owed is None or owed["name"] != name:
+        if not self.state.turn_open or owed is None or owed.name != name:
             raise errors.ToolCallNotOwed(
                 f"call {shown(call_id)} ({shown(name)}) is not owed by the open turn of "
                 f"session {self.id}"
@@ -357,15 +301,15 @@ class Session(Aggregate):
                 f"step {self.state.step} still owes results for {sorted(self.state.owed)}"
             )
         if usage is not None and self.state.step_metered:
-            raise errors.InvalidPayload("step/end", "usage",
+            raise errors.InvalidPayload(StepEnded.wire_name, "usage",
                                         "the step's reply already carries its usage")
         self._record(StepEnded(turn=self.state.turn, step=self.state.step, usage=usage,
                                resumed=resumed or None))
 
-    def _owed(self, wire_name: str, call_id: str, name: str) -> dict[str, Any]:
+    def _owed(self, wire_name: str, call_id: str, name: str) -> OwedCall:
         self._storable(wire_name, call_id=call_id, name=name)
         owed = self.state.owed.get(call_id)
-        if not self.state.turn_open or owed is None or owed["name"] != name:
+        if not self.state.turn_open or owed is None or owed.name != name:
             raise errors.ToolCallNotOwed(
                 f"call {shown(call_id)} ({shown(name)}) is not owed by the open turn of "
                 f"session {self.id}")
@@ -375,10 +319,9 @@ class Session(Aggregate):
         """Record that a call of a tool that may not run twice is about to run. A call that
         started before and has no result is in doubt: it starts again only after a ``rerun``
         verdict (``CallInDoubt`` otherwise), so it is never re-run blindly."""
-        owed = self._owed("tool/started", call_id, name)
-        if call_id in self.state.started and (
-                self.doubt_verdict_for(call_id, name, owed["args"]) or {}).get(
-                    "verdict") != "rerun":
+        owed = self._owed(ToolStarted.wire_name, call_id, name)
+        verdict = self.doubt_verdict_for(call_id, name, owed.args)
+        if call_id in self.state.started and (verdict is None or verdict.verdict != "rerun"):
             raise errors.CallInDoubt(
                 f"call {shown(call_id)} ({shown(name)}) started before and has no result: "
                 "it runs again only on an operator's verdict")
@@ -386,27 +329,27 @@ class Session(Aggregate):
 
     def mark_in_doubt(self, call_id: str, name: str) -> None:
         """Record that a started call has no result and waits for a verdict."""
-        owed = self._owed("tool/in_doubt", call_id, name)
+        owed = self._owed(ToolInDoubt.wire_name, call_id, name)
         if call_id not in self.state.started:
             raise errors.CallNotInDoubt(f"call {shown(call_id)} has not started")
-        if call_id in self.state.doubts or self.doubt_verdict_for(call_id, name, owed["args"]):
+        if call_id in self.state.doubts or self.doubt_verdict_for(call_id, name, owed.args):
             raise errors.CallNotInDoubt(f"call {shown(call_id)} is already in doubt")
-        self._record(ToolInDoubt(call_id=call_id, name=name, args=owed["args"]))
+        self._record(ToolInDoubt(call_id=call_id, name=name, args=owed.args))
 
     def resolve_in_doubt(self, call_id: str, verdict: str, *, by: Actor,
                          reason: str | None = None, name: str | None = None,
                          args: dict[str, Any] | None = None) -> None:
         """A verdict on a call in doubt in the open turn: ``rerun`` or ``skipped``. When the
         caller names the tool and arguments it decided on, they must match (as R11)."""
-        self._storable("tool/in_doubt_resolved", call_id=call_id, reason=reason)
+        self._storable(InDoubtResolved.wire_name, call_id=call_id, reason=reason)
         payload = InDoubtResolved(call_id=call_id, verdict=verdict,  # type: ignore[arg-type]
                                   reason=reason, by=by)
         doubt = self.state.doubts.get(call_id) if self.state.turn_open else None
         if doubt is None:
             raise errors.CallNotInDoubt(
                 f"call {shown(call_id)} is not in doubt in the open turn of session {self.id}")
-        if name is not None and (doubt["name"] != name or
-                                 (args is not None and doubt["args"] != args)):
+        if name is not None and (doubt.name != name or
+                                 (args is not None and doubt.args != args)):
             raise errors.CallNotInDoubt(
                 f"call {shown(call_id)} is in doubt for a different tool or arguments")
         self._record(payload)
@@ -426,14 +369,14 @@ class Session(Aggregate):
                                     estimate=estimate, by=Actor(actor="budget")))
 
     def request_approval(self, call_id: str, name: str, args: dict[str, Any]) -> None:
-        self._storable("approval/requested", call_id=call_id, name=name)
+        self._storable(ApprovalRequested.wire_name, call_id=call_id, name=name)
         owed = self.state.owed.get(call_id)
-        if not self.state.turn_open or owed is None or owed["name"] != name:
+        if not self.state.turn_open or owed is None or owed.name != name:
             raise errors.ToolCallNotOwed(
                 f"call {shown(call_id)} ({shown(name)}) is not owed by the open turn")
         decided = self.state.verdicts.get(call_id)
         if call_id in self.state.pending or (
-                decided is not None and decided["key"] == _call_key(name, args)):
+                decided is not None and decided.key == call_key(name, args)):
             raise errors.ApprovalAlreadyRequested(
                 f"call {shown(call_id)} was already asked about")
         self._record(ApprovalRequested(call_id=call_id, name=name, args=args))
@@ -443,14 +386,14 @@ class Session(Aggregate):
                          args: dict[str, Any] | None = None) -> None:
         """R11: only a request pending in the open turn can be resolved; when the caller names
         the tool and arguments it decided on, they must match the request."""
-        self._storable("approval/resolved", call_id=call_id, reason=reason)
+        self._storable(ApprovalResolved.wire_name, call_id=call_id, reason=reason)
         request = self.state.pending.get(call_id) if self.state.turn_open else None
         if request is None:
             raise errors.ApprovalNotPending(
                 f"call {shown(call_id)} is not pending in the open turn of session {self.id}"
             )
-        if name is not None and (request["name"] != name or
-                                 (args is not None and request["args"] != args)):
+        if name is not None and (request.name != name or
+                                 (args is not None and request.args != args)):
             raise errors.ApprovalNotPending(
                 f"call {shown(call_id)} is pending for a different tool or arguments"
             )
@@ -468,7 +411,7 @@ class Session(Aggregate):
         closes owing a tool call: each call still owed (a cancelled or failed step) is answered
         with an error result first, so the history the model sees next never holds a tool call
         without its result (providers refuse such a history on every later request)."""
-        self._storable("turn/end", reason=reason, error=error)
+        self._storable(TurnEnded.wire_name, reason=reason, error=error)
         self._require_turn()
         # Every payload is validated before any is recorded: a refusal leaves nothing.
         ended = TurnEnded(turn=self.state.turn, status=status, reason=reason, by=by, error=error)
@@ -479,10 +422,10 @@ class Session(Aggregate):
         ]
         why = f"the turn ended {status}" + (f": {reason}" if reason else "")
         unanswered = [
-            ToolResult(call_id=c["id"], name=c["name"], is_error=True, content=(
-                f"{c['name']} was interrupted: it started, and whether it took effect is "
-                f"unknown; {why}" if c["id"] in self.state.started
-                else f"{c['name']} was not run: {why}"))
+            ToolResult(call_id=c.id, name=c.name, is_error=True, content=(
+                f"{c.name} was interrupted: it started, and whether it took effect is "
+                f"unknown; {why}" if c.id in self.state.started
+                else f"{c.name} was not run: {why}"))
             for c in self.state.owed.values()
         ]
         for payload in (*denials, *unanswered, ended):
@@ -491,7 +434,7 @@ class Session(Aggregate):
     def compact(self, summary: str, *, mark: int) -> int:
         """R18: ``upto_seq`` is the seq just before the compaction event; if any model-visible
         event landed after ``mark`` (the version the summarizer read), decline."""
-        self._storable("session/compacted", summary=summary)
+        self._storable(SessionCompacted.wire_name, summary=summary)
         self._require_open()
         if self.state.last_visible_seq > mark:
             raise errors.CompactionDeclined(
@@ -505,7 +448,7 @@ class Session(Aggregate):
 
     def title(self, title: str, *, by: Actor | None = None, automatic: bool = False) -> str:
         """R20: one automatic title per session; explicit titles replace it. Capped at 80."""
-        self._storable("session/titled", title=title)
+        self._storable(SessionTitled.wire_name, title=title)
         self._require_open()
         if automatic and self.state.titled:
             raise errors.AlreadyTitled(f"session {self.id} is already titled")
@@ -533,14 +476,14 @@ class Session(Aggregate):
         the old ownership is then ended first, attributed (R25)."""
         self._require_open()
         owner = self.state.owner
-        if owner is not None and owner.get("worker") != worker:
+        if owner is not None and owner.worker != worker:
             if taking_over is None:
                 raise errors.SessionOwned(
-                    f"session {self.id} is owned by worker {owner.get('worker')} "
-                    f"(agent {owner['agent_id']}, pid {owner['pid']} on {owner['host']})")
+                    f"session {self.id} is owned by worker {owner.worker} "
+                    f"(agent {owner.agent_id}, pid {owner.pid} on {owner.host})")
             self._record(AgentDetached(
-                agent_id=owner["agent_id"], host=owner["host"], pid=owner["pid"],
-                worker=owner.get("worker"), epoch=owner.get("epoch", 0), by=taking_over,
+                agent_id=owner.agent_id, host=owner.host, pid=owner.pid,
+                worker=owner.worker, epoch=owner.epoch, by=taking_over,
                 reason=reason or "taken over"))
         epoch = self.state.epoch + 1
         self._record(AgentAttached(agent_id=agent_id, host=host, pid=pid, reason=reason,
@@ -552,7 +495,7 @@ class Session(Aggregate):
         """Release ownership; only the owner's own release is recorded (a stale agent that
         lost the session releases nothing)."""
         owner = self.state.owner
-        if owner is not None and owner["agent_id"] != agent_id:
+        if owner is not None and owner.agent_id != agent_id:
             return
         self._record(AgentDetached(agent_id=agent_id, host=host, pid=pid, reason=reason,
                                    worker=worker, epoch=self.state.epoch, by=by))
@@ -570,214 +513,3 @@ class Session(Aggregate):
 
     def _apply(self, payload: EventPayload | OpaquePayload, seq: int) -> None:
         evolve(self.state, payload, seq)
-
-
-def evolve(state: SessionState, payload: EventPayload | OpaquePayload, seq: int) -> None:
-    """Apply one event at ``seq`` to a session's state. The aggregate and the status view both
-    evolve their state through this, so they cannot disagree about a log. An opaque event (a
-    wire name this process does not know, or a newer schema version of one it does) changes
-    nothing: its shape is unknown here."""
-    if isinstance(payload, OpaquePayload):
-        return
-    if payload.model_visible:
-        state.last_visible_seq = seq
-    handler = _APPLY.get(payload.wire_name)
-    if handler is not None:
-        handler(state, payload, seq)
-
-
-def _on_started(s: SessionState, p: Any, seq: int) -> None:
-    s.agent = p.agent
-    s.roles = dict(p.roles)
-
-
-def _on_model_set(s: SessionState, p: Any, seq: int) -> None:
-    s.roles[p.role] = p.spec
-
-
-def _on_policy(s: SessionState, p: Any, seq: int) -> None:
-    s.policy_seq = seq
-    s.policy = list(p.patterns)
-
-
-def _clear_turn(s: SessionState) -> None:
-    s.owed, s.pending, s.verdicts, s.cancel_requested = {}, {}, {}, False
-    s.cancel_by = s.cancel_reason = None
-    s.started, s.doubts, s.doubt_verdicts, s.budget_wait = {}, {}, {}, None
-    s.step_metered = False
-
-
-def _on_turn_start(s: SessionState, p: Any, seq: int) -> None:
-    s.turn, s.turn_open, s.step, s.step_open, s.step_answered = p.turn, True, 0, False, False
-    _clear_turn(s)
-    s.turn_input = s.last_reply_final = False
-    # The last turn's cost joins the total: summed turn by turn, as the usage view sums them.
-    s.spent += s.turn_cost
-    s.turn_cost = 0.0
-
-
-def _on_step_start(s: SessionState, p: Any, seq: int) -> None:
-    s.step, s.step_open, s.step_answered = p.step, True, False
-    s.step_metered = False
-    s.budget_wait = None
-
-
-def _cost(s: SessionState, usage: Any) -> None:
-    cost = (usage.cost or 0.0) if usage is not None else 0.0
-    s.turn_cost += cost
-    s.dearest_call = max(s.dearest_call, cost)
-
-
-def _on_assistant(s: SessionState, p: Any, seq: int) -> None:
-    s.step_answered = True
-    s.last_reply_final = not p.tool_calls
-    s.owed = {c.id: {"id": c.id, "name": c.name, "args": c.args} for c in p.tool_calls}
-    s.started = {}
-    s.step_metered = p.model is not None
-    if s.step_metered:
-        _cost(s, p.usage)
-
-
-def _on_tool_result(s: SessionState, p: Any, seq: int) -> None:
-    s.owed.pop(p.call_id, None)
-    s.started.pop(p.call_id, None)
-    s.doubts.pop(p.call_id, None)
-
-
-def _on_step_end(s: SessionState, p: Any, seq: int) -> None:
-    if not s.step_metered and p.usage is not None:
-        _cost(s, p.usage)  # the older shape: the step's usage on its step/end
-    s.step_open, s.step_answered = False, False
-    s.step_metered = False
-
-
-def _on_turn_end(s: SessionState, p: Any, seq: int) -> None:
-    s.last_turn_status = p.status
-    s.turn_open, s.step_open, s.step_answered = False, False, False
-    _clear_turn(s)
-
-
-def _on_tool_started(s: SessionState, p: Any, seq: int) -> None:
-    if p.call_id in s.owed:
-        s.started[p.call_id] = p.name
-        s.doubts.pop(p.call_id, None)
-        s.doubt_verdicts.pop(p.call_id, None)  # a rerun verdict is spent by the run it allowed
-
-
-def _on_in_doubt(s: SessionState, p: Any, seq: int) -> None:
-    if s.turn_open:
-        s.doubt_verdicts.pop(p.call_id, None)
-        s.doubts[p.call_id] = {"name": p.name, "args": p.args}
-
-
-def _on_doubt_resolved(s: SessionState, p: Any, seq: int) -> None:
-    doubt = s.doubts.pop(p.call_id, None)
-    if doubt is not None:
-        s.doubt_verdicts[p.call_id] = {
-            "verdict": p.verdict,
-            "reason": p.reason,
-            "by": p.by.model_dump(exclude_none=True),
-            "key": _call_key(doubt["name"], doubt["args"]),
-        }
-
-
-def _on_budget_set(s: SessionState, p: Any, seq: int) -> None:
-    s.budget, s.budget_set = p.limit, p.limit is not None
-
-
-def _on_budget_exceeded(s: SessionState, p: Any, seq: int) -> None:
-    if s.turn_open:
-        s.budget_wait = {"turn": p.turn, "limit": p.limit, "spent": p.spent,
-                         "estimate": p.estimate}
-
-
-def _on_requested(s: SessionState, p: Any, seq: int) -> None:
-    if s.turn_open:
-        # R11: an id reused for another tool or other arguments is a new ask; the verdict on
-        # the earlier call does not carry over to it.
-        s.verdicts.pop(p.call_id, None)
-        s.pending[p.call_id] = {"name": p.name, "args": p.args}
-
-
-def _on_resolved(s: SessionState, p: Any, seq: int) -> None:
-    request = s.pending.pop(p.call_id, None)
-    if request is not None:
-        s.verdicts[p.call_id] = {
-            "verdict": p.verdict,
-            "reason": p.reason,
-            "by": p.by.model_dump(exclude_none=True),
-            "key": _call_key(request["name"], request["args"]),
-        }
-
-
-def _on_inbox(s: SessionState, p: Any, seq: int) -> None:
-    s.inbox[p.inbox_id] = {"text": p.text, "wake": p.wake}
-
-
-def _on_taken(s: SessionState, p: Any, seq: int) -> None:
-    if s.turn_open:
-        s.turn_input = True
-    if p.inbox_id:
-        s.inbox.pop(p.inbox_id, None)
-
-
-def _set(attr: str, value: Any) -> Callable[[SessionState, Any, int], None]:
-    def apply(s: SessionState, p: Any, seq: int) -> None:
-        setattr(s, attr, value)
-
-    return apply
-
-
-def _on_cancel(s: SessionState, p: Any, seq: int) -> None:
-    if s.turn_open:
-        s.cancel_requested = True
-        s.cancel_by = p.by.model_dump()
-        s.cancel_reason = p.reason
-
-
-def _on_compacted(s: SessionState, p: Any, seq: int) -> None:
-    s.last_compaction_seq = seq
-
-
-def _on_attached(s: SessionState, p: Any, seq: int) -> None:
-    s.attached = p.agent_id
-    s.epoch = max(s.epoch, p.epoch)
-    s.owner = {"agent_id": p.agent_id, "worker": p.worker, "host": p.host, "pid": p.pid,
-               "epoch": p.epoch}
-
-
-def _on_detached(s: SessionState, p: Any, seq: int) -> None:
-    if s.attached == p.agent_id:
-        s.attached = None
-        s.owner = None
-
-
-_APPLY: dict[str, Callable[[SessionState, Any, int], None]] = {
-    "session/started": _on_started,
-    "turn/start": _on_turn_start,
-    "step/start": _on_step_start,
-    "assistant/message": _on_assistant,
-    "tool/result": _on_tool_result,
-    "step/end": _on_step_end,
-    "turn/end": _on_turn_end,
-    "approval/requested": _on_requested,
-    "approval/resolved": _on_resolved,
-    "inbox/queued": _on_inbox,
-    "user/message": _on_taken,
-    "context/injected": _on_taken,
-    "turn/cancel_requested": _on_cancel,
-    "session/titled": _set("titled", True),
-    "session/closed": _set("closed", True),
-    "session/compacted": _on_compacted,
-    "agent/attached": _on_attached,
-    "agent/detached": _on_detached,
-    "model/set": _on_model_set,
-    "policy/updated": _on_policy,
-    "tool/started": _on_tool_started,
-    "tool/in_doubt": _on_in_doubt,
-    "tool/in_doubt_resolved": _on_doubt_resolved,
-    "budget/set": _on_budget_set,
-    "budget/exceeded": _on_budget_exceeded,
-}
-
-EVOLVING = frozenset(_APPLY)

@@ -106,8 +106,8 @@ class StatusProjection(Projection):
 
 def _row(session: str, s: SessionState) -> tuple[Any, ...]:
     return (session, s.to_json().decode(), s.turn, int(s.turn_open), s.step, int(s.step_open),
-            json.dumps(list(s.owed.values())), json.dumps(list(s.pending)),
-            int(s.cancel_requested), json.dumps({k: e["wake"] for k, e in s.inbox.items()}),
+            json.dumps([c.to_dict() for c in s.owed.values()]), json.dumps(list(s.pending)),
+            int(s.cancel_requested), json.dumps({k: e.wake for k, e in s.inbox.items()}),
             int(s.closed), s.last_turn_status, waiting_on(s))
 
 
@@ -148,12 +148,13 @@ def read_status(db: sqlite3.Connection, stream: str) -> SessionStatus | None:
     return SessionStatus(
         session=stream, status=status_name(s.turn_open, waiting_on(s), s.closed),
         turn=s.turn, turn_open=s.turn_open, step=s.step,
-        step_open=s.step_open, owed=list(s.owed.values()), pending_approvals=len(s.pending),
-        cancel_requested=s.cancel_requested, inbox=len(s.inbox),
-        wake=any(e["wake"] for e in s.inbox.values()), closed=s.closed,
+        step_open=s.step_open, owed=[c.to_dict() for c in s.owed.values()],
+        pending_approvals=len(s.pending), cancel_requested=s.cancel_requested,
+        inbox=len(s.inbox), wake=any(e.wake for e in s.inbox.values()), closed=s.closed,
         last_turn_status=s.last_turn_status,
-        in_doubt=[{"id": k, **v} for k, v in s.doubts.items()],
-        budget=s.budget if s.budget_set else None, budget_wait=s.budget_wait,
+        in_doubt=[{"id": k, **v.to_dict()} for k, v in s.doubts.items()],
+        budget=s.budget if s.budget_set else None,
+        budget_wait=s.budget_wait.to_dict() if s.budget_wait is not None else None,
         cost=s.total_cost,
     )
 

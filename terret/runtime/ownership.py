@@ -232,15 +232,15 @@ class SessionLease:
 
     def held(self, s: Session) -> bool:
         owner = s.state.owner
-        return (owner is not None and owner["agent_id"] == self.agent_id
+        return (owner is not None and owner.agent_id == self.agent_id
                 and s.state.epoch == self.epoch and self.lease.valid(self.generation))
 
     def fence(self, s: Session) -> None:
         if self.held(s):
             return
         owner = s.state.owner
-        if owner is None or owner["agent_id"] != self.agent_id or s.state.epoch != self.epoch:
-            who = f"worker {owner.get('worker')}" if owner is not None else "nobody"
+        if owner is None or owner.agent_id != self.agent_id or s.state.epoch != self.epoch:
+            who = f"worker {owner.worker}" if owner is not None else "nobody"
             raise LostOwnership(f"session {s.id}: epoch {s.state.epoch} is {who}'s now, not "
                                 f"this agent's ({self.epoch}); it stops without writing")
         raise LostOwnership(f"session {s.id}: the lease of worker {self.lease.worker} lapsed; "
@@ -263,8 +263,8 @@ class SessionLease:
         owner = s.state.owner
         taking_over: Actor | None = None
         reason: str | None = None
-        if owner is not None and owner.get("worker") != self.lease.worker:
-            worker = owner.get("worker")
+        if owner is not None and owner.worker != self.lease.worker:
+            worker = owner.worker
             if not self.lease.alive(worker):
                 taking_over, reason = supervisor(self.lease), f"the lease of {worker} expired"
             elif take_idle and not s.turn_open:
@@ -277,7 +277,7 @@ class SessionLease:
     def release(self, s: Session, reason: str) -> None:
         """Record the release if this agent still owns the session (nothing otherwise)."""
         owner = s.state.owner
-        if owner is None or owner["agent_id"] != self.agent_id or s.state.epoch != self.epoch:
+        if owner is None or owner.agent_id != self.agent_id or s.state.epoch != self.epoch:
             return
         s.detach(self.agent_id, self.lease.host, self.lease.pid, reason,
                  worker=self.lease.worker)

@@ -118,12 +118,12 @@ def _run_command(data: st.DataObject, s: Session, command: str) -> None:
         s.record_assistant(draw(text_strategy), calls)
     elif command == "tool_result":
         call_id = draw(st.sampled_from(sorted(state.owed)))
-        s.record_tool_result(call_id, state.owed[call_id]["name"], draw(text_strategy),
+        s.record_tool_result(call_id, state.owed[call_id].name, draw(text_strategy),
                              is_error=draw(st.booleans()))
     elif command == "request_approval":
         call_id = draw(st.sampled_from(sorted(
             c for c in state.owed if c not in state.pending and c not in state.verdicts)))
-        s.request_approval(call_id, state.owed[call_id]["name"], state.owed[call_id]["args"])
+        s.request_approval(call_id, state.owed[call_id].name, state.owed[call_id].args)
     elif command == "resolve":
         call_id = draw(st.sampled_from(sorted(state.pending)))
         s.resolve_approval(call_id, draw(st.sampled_from(["approved", "denied"])),
@@ -358,7 +358,7 @@ def _check(store: EventStore, harness: Harness, writer: Writer, sessions: list[U
                            and decode(e).payload.call_id == call_id)  # type: ignore[union-attr]
             payload: Any = decode(request).payload
             found = views.verdict_for(sid, call_id, payload.name, payload.args)
-            assert found is not None and found.verdict == verdict["verdict"]
+            assert found is not None and found.verdict == verdict.verdict
 
 
 def _describe(store: EventStore) -> None:

@@ -16,6 +16,7 @@ from terret.domain.codec import decode
 from terret.domain.events import Actor, ToolCallData, UsageData
 from terret.domain.repository import SessionRepository
 from terret.domain.session import MAX_STEPS, Session
+from terret.domain.state import WaitingCall
 from terret.domain.store import session_stream
 
 MODEL = "openai:gpt-4o"
@@ -190,7 +191,7 @@ def test_r10_an_approval_request_names_an_owed_call_once() -> None:
             lambda: session.request_approval("c9", "deploy", {"env": "prod"}))
     session.request_approval("c1", "deploy", {"env": "prod"})
     assert wire_names(session) == ["approval/requested"]
-    assert session.pending_approvals() == {"c1": {"name": "deploy", "args": {"env": "prod"}}}
+    assert session.pending_approvals() == {"c1": WaitingCall("deploy", {"env": "prod"})}
     error = refused(session, errors.ApprovalAlreadyRequested,
                     lambda: session.request_approval("c1", "deploy", {"env": "prod"}))
     assert error.rule == "R10"
@@ -228,7 +229,7 @@ def test_r11_the_verdict_binds_call_id_tool_and_arguments() -> None:
     session.resolve_approval("c0", "approved", by=USER)
     session.collect_events()
     verdict = session.verdict_for("c0", "deploy", {"i": 0})
-    assert verdict is not None and verdict["verdict"] == "approved"
+    assert verdict is not None and verdict.verdict == "approved"
     assert session.verdict_for("c0", "deploy", {"i": 1}) is None
     assert session.verdict_for("c0", "rm", {"i": 0}) is None
     assert session.verdict_for("c1", "deploy", {"i": 0}) is None
@@ -280,7 +281,7 @@ def test_r13_a_refused_cancellation_leaves_every_request_standing() -> None:
     parked(session, "deploy")
     refused(session, errors.InvalidPayload,
             lambda: session.end_turn("cancelled", error=123))  # type: ignore[arg-type]
-    assert session.pending_approvals() == {"c0": {"name": "deploy", "args": {"i": 0}}}
+    assert session.pending_approvals() == {"c0": WaitingCall("deploy", {"i": 0})}
 
 
 # --- R14: resume -----------------------------------------------------------------------------

@@ -1,0 +1,256 @@
+"""The machinery of the event catalogue: the payload base class, opaque payloads, the
+``EventCatalogue`` and the process-wide instance.
+
+Import ``terret.domain.catalogue`` rather than this module: it also registers Terret's own
+events (``terret.domain.events``, which imports this module), so whoever reads the catalogue
+finds them. This module imports no event, so there is no import cycle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
+
+from terret.domain.errors import DuplicateEventType, InvalidPayload, UnknownEventType
+
+
+def _first_error(exc: ValidationError) -> tuple[str, str]:
+    error = exc.errors()[0]
+    loc = ".".join(str(part) for part in error.get("loc", ())) or "<payload>"
+    return loc, str(error.get("msg", "invalid"))
+
+
+_CREATING: dict[str, Any] = {"terret": "creating"}
+"""The validation context of a payload created in code (``EventPayload(...)``); decoding a stored
+one validates without it."""
+
+
+def creating(info: ValidationInfo) -> bool:
+    """In a field validator: whether the payload is being created (to be written), not read.
+
+    Rules added to a payload's text (pattern, spec and name syntax) are checked when an event is
+    created; a stored event is read as written, so a record an older release accepted stays
+    readable (its types are still checked)."""
+    return info.context is _CREATING
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored, or None. Stored text is UTF-8, and a lone surrogate has no
+    UTF-8 encoding: it is what bytes that are not UTF-8 become in a command line's arguments
+    (Python's ``surrogateescape``), or a JSON ``\\ud800`` escape decodes to."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"not valid Unicode text: a lone surrogate {text[exc.start]!r} at index "
+                f"{exc.start} (bytes that are not UTF-8?)")
+    return None
+
+
+def _clean_json(value: Any) -> bool:
+    """Whether a JSON-like value surely holds no lone surrogate: one pass in C (``json.dumps``
+    keeps surrogates as they are with ``ensure_ascii=False``) instead of a walk in Python."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, check_circular=False)
+    except (TypeError, ValueError):
+        return False  # not plain JSON: walk it
+    return text.isascii() or text_problem(text) is None
+
+
+def _unstorable(value: Any, loc: str) -> tuple[str, str] | None:
+    """The location and problem of the first text in ``value`` that cannot be stored."""
+    if isinstance(value, str):
+        problem = text_problem(value)
+        return (loc or "<payload>", problem) if problem else None
+    if isinstance(value, BaseModel):
+        items: Any = value.__dict__.items()  # the fields' values (extra fields are forbidden)
+    elif isinstance(value, dict):
+        if not value or _clean_json(value):
+            return None
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        if not value or (not isinstance(value[0], BaseModel) and _clean_json(value)):
+            return None
+        items = enumerate(value)
+    else:
+        return None
+    keyed = isinstance(value, dict)  # a model's keys are its field names
+    for key, item in items:
+        here = f"{loc}.{key}" if loc else str(key)
+        if keyed and isinstance(key, str) and (problem := text_problem(key)):
+            return here.encode("ascii", "backslashreplace").decode(), f"key: {problem}"
+        found = _unstorable(item, here)
+        if found is not None:
+            return found
+    return None
+
+
+class EventPayload(BaseModel):
+    """Base of every event payload.
+
+    Subclasses set ``wire_name`` (stable, e.g. ``"turn/start"``), ``version`` (the schema version
+    the class writes) and ``model_visible`` (whether the messages projection shows it to the model).
+    ``commutative`` marks events another process may append while a turn runs without taking the
+    session from its writer (R5). Creating a payload validates it and raises :class:`InvalidPayload`
+    naming the first offending field, also for text that cannot be stored (a lone surrogate, in
+    any string of the payload, nested ones included).
+    """
+
+    # Terret's own payload classes build their validators when first used (a command that
+    # reads five kinds of event does not pay for thirty at start-up); an extension registered
+    # later is built at once, so a mistake in its definition shows where it is made.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    wire_name: ClassVar[str] = ""
+    version: ClassVar[int] = 1
+    model_visible: ClassVar[bool] = False
+    commutative: ClassVar[bool] = False
+
+    def __init__(self, **data: Any) -> None:
+        name = type(self).wire_name or type(self).__name__
+        try:  # what BaseModel.__init__ does, in the context of a payload being created
+            self.__pydantic_validator__.validate_python(data, self_instance=self,
+                                                        context=_CREATING)
+        except ValidationError as exc:
+            loc, msg = _first_error(exc)
+            raise InvalidPayload(name, loc, msg) from None
+        found = _unstorable(self, "")
+        if found is not None:
+            raise InvalidPayload(name, *found)
+
+    # Only construction in code needs the typed error. Marked as pydantic's own ``__init__``,
+    # it is not called again by ``model_validate``/``model_validate_json`` (decoding), which
+    # would otherwise validate every stored payload twice.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(exclude_none=True).encode()
+
+
+@dataclass(frozen=True)
+class OpaquePayload:
+    """An event this process cannot read: a wire name it does not know (written by a newer
+    version or by an extension not installed here), or a known wire name at a newer schema
+    version than the registered class. It keeps its data so nothing is lost, and is never
+    processed by Terret's projections."""
+
+    wire_name: str
+    version: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+    model_visible: ClassVar[bool] = False
+    commutative: ClassVar[bool] = False
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.data).encode()
+
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+P = TypeVar("P", bound=type[EventPayload])
+
+
+class EventCatalogue:
+    """Maps wire names to payload models and upgrades old schema versions on read."""
+
+    def __init__(self) -> None:
+        self._types: dict[str, type[EventPayload]] = {}
+        self._upcasters: dict[tuple[str, int], Upcaster] = {}
+        self._builtin: set[str] = set()
+
+    def register(self, cls: P) -> P:
+        """Register a payload class (usable as a class decorator)."""
+        name = cls.wire_name
+        if not name or not isinstance(name, str):
+            raise UnknownEventType(f"{cls.__name__} has no wire_name")
+        existing = self._types.get(name)
+        if existing is not None and existing is not cls:
+            if existing.__qualname__ != cls.__qualname__ or existing.__module__ != cls.__module__:
+                raise DuplicateEventType(
+                    f"wire name {name!r} is already registered to {existing.__qualname__}"
+                )
+        self._types[name] = cls
+        if self._builtin:  # Terret's own are registered: this is an extension
+            cls.model_rebuild()
+        return cls
+
+    def mark_builtin(self) -> None:
+        self._builtin = set(self._types)
+
+    def unregister(self, wire_name: str) -> None:
+        """Remove an extension type (tests use this to simulate a process that lacks it)."""
+        self._types.pop(wire_name, None)
+        for key in [k for k in self._upcasters if k[0] == wire_name]:
+            del self._upcasters[key]
+
+    def upcaster(self, wire_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+        """Register a function turning ``from_version`` data into ``from_version + 1`` data."""
+
+        def decorate(fn: Upcaster) -> Upcaster:
+            self._upcasters[(wire_name, from_version)] = fn
+            return fn
+
+        return decorate
+
+    def payload_class(self, wire_name: str) -> type[EventPayload] | None:
+        return self._types.get(wire_name)
+
+    def __contains__(self, wire_name: object) -> bool:
+        return wire_name in self._types
+
+    def __iter__(self) -> Iterator[type[EventPayload]]:
+        return iter(sorted(self._types.values(), key=lambda c: c.wire_name))
+
+    def wire_names(self) -> frozenset[str]:
+        return frozenset(self._types)
+
+    def is_builtin(self, wire_name: str) -> bool:
+        return wire_name in self._builtin
+
+    def decode(
+        self, wire_name: str, version: int, data: dict[str, Any]
+    ) -> EventPayload | OpaquePayload:
+        """Decode stored data into its payload, upcasting old versions.
+
+        An unknown wire name gives an :class:`OpaquePayload`, and so does a known one at a
+        schema version above the registered class's (written by a newer release: its shape and
+        meaning may have changed, so it is kept as written, not guessed at). Data that fails
+        validation raises :class:`InvalidPayload` (the store turns it into a ``CorruptRecord``
+        naming the position).
+        """
+        cls = self._types.get(wire_name)
+        if cls is None or version > cls.version:
+            return OpaquePayload(wire_name, version, data)
+        while version < cls.version:
+            step = self._upcasters.get((wire_name, version))
+            if step is None:
+                raise InvalidPayload(
+                    wire_name, "<version>", f"no upcaster from version {version}"
+                )
+            data = step(dict(data))
+            version += 1
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            loc, msg = _first_error(exc)
+            raise InvalidPayload(wire_name, loc, msg) from None
+
+
+catalogue = EventCatalogue()
+"""The process-wide catalogue. Terret's events are registered in it when
+``terret.domain.catalogue`` is first imported."""
+
+
+def event_type(cls: P) -> P:
+    """Class decorator: register a payload class in the process-wide catalogue."""
+    return catalogue.register(cls)
+
+
+def upcaster(wire_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    """Decorator: register an upcaster in the process-wide catalogue."""
+    return catalogue.upcaster(wire_name, from_version)
+
