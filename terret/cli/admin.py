@@ -173,11 +173,12 @@ def policy_reset(obj: CliContext, session_id: UUID, app_spec: str | None) -> Non
     """Go back to the agent's floor: the allow-list the session recorded when it started, or
     (a session that recorded none) the app's agent definition's."""
     from terret.domain.errors import ConfigurationError
+    from terret.domain.events import SessionStarted
 
     obj.require_session(session_id)
     commands = obj.commands()
     floor = commands.policy_floor(session_id)
-    source = "session/started"
+    source = SessionStarted.wire_name
     if floor is None:
         agent = commands.writer.load(session_id).state.agent
         app = app_for(app_spec)

@@ -187,22 +187,29 @@ class Chat:
     # --- what the session does, as it happens ------------------------------------------------
 
     def on_event(self, event: RecordedEvent) -> None:
+        from terret.domain.events import (
+            ApprovalResolved,
+            AssistantMessage,
+            SessionCompacted,
+            ToolResult,
+        )
+
         if event.session_id != self.sid:
             return
         p: Any = event.payload
-        if event.wire_name == "approval/resolved":
+        if isinstance(p, ApprovalResolved):
             if p.call_id == self.asking:  # a verdict from elsewhere: take the question back
                 who = p.by.actor + (f" ({p.by.id})" if p.by.id else "")
                 self.withdrawn = f"{p.call_id} was {p.verdict} elsewhere by {who}"
                 self.screen.line(f"  ({self.withdrawn})", dim=True)
-        elif event.wire_name == "assistant/message":
+        elif isinstance(p, AssistantMessage):
             for c in p.tool_calls:
                 self.screen.line(f"  → {c.name}({as_json(c.args)})", fg="yellow")
-        elif event.wire_name == "tool/result":
+        elif isinstance(p, ToolResult):
             colour = "red" if p.is_error else "green"
             self.screen.line(f"  ← {p.name}: {_one_line(p.content, 200)}", fg=colour)
             self.screen.agent_prefix = True  # the text after a tool round is a new answer
-        elif event.wire_name == "session/compacted":
+        elif isinstance(p, SessionCompacted):
             self.screen.line("  (history compacted)", dim=True)
 
     # --- turns -----------------------------------------------------------------------------
@@ -446,8 +453,11 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
     session.banner(new=new)
     live = runtime.agent_for_session(sid) or runtime.spawn_agent(sid)
     live.on_text = session.screen.text
-    runtime.runner.add_listener(session.on_event, {"assistant/message", "tool/result",
-                                                   "session/compacted", "approval/resolved"})
+    from terret.domain import events as ev
+
+    runtime.runner.add_listener(session.on_event, {
+        c.wire_name for c in (ev.AssistantMessage, ev.ToolResult, ev.SessionCompacted,
+                              ev.ApprovalResolved)})
     if not new:
         session.recap()
     if runtime.resumable(sid):

@@ -141,6 +141,7 @@ def demo(path: Path, timeout: float) -> None:
     """Walk through a session's lifecycle on the embedded store: a tool call, an approval
     that survives a SIGKILL of the serving process, resume, compaction, title, usage, log."""
     from terret.cli.demo_app import COMPACTION_BUDGET
+    from terret.domain import events as ev
     from terret.domain.codec import decode
     from terret.domain.events import ApprovalRequested
     from terret.runtime.commands import SessionCommands
@@ -162,10 +163,11 @@ def demo(path: Path, timeout: float) -> None:
 
         run.say("An operator asks for a deploy; the serving process wakes on the inbox")
         run.terret("inject", str(sid), "Check the checkout service and deploy v2", "--wake")
-        run.wait_for(sid, "the status tool's result", _is("tool/result", name="service_status"))
+        run.wait_for(sid, "the status tool's result",
+                     _is(ev.ToolResult.wire_name, name="service_status"))
         run.tell("the agent called service_status (no approval needed)",
                  expect=" turn 1 started")
-        record = run.wait_for(sid, "the approval request", _is("approval/requested"))
+        record = run.wait_for(sid, "the approval request", _is(ev.ApprovalRequested.wire_name))
         requested = decode(record).payload
         assert isinstance(requested, ApprovalRequested)
         call_id = requested.call_id
@@ -185,19 +187,19 @@ def demo(path: Path, timeout: float) -> None:
 
         run.say("The approval is given from the CLI, another process again")
         run.terret("approve", str(sid), call_id, "--reason", "change window open")
-        run.wait_for(sid, "the end of turn 1", _is("turn/end", turn=1))
+        run.wait_for(sid, "the end of turn 1", _is(ev.TurnEnded.wire_name, turn=1))
         run.tell("the parked call ran, the turn resumed and completed",
                  expect=" turn 1 ended")
 
         run.say(f"A second turn passes the compaction budget ({COMPACTION_BUDGET} prompt tokens)")
         run.terret("inject", str(sid), "Write the release notes", "--wake")
-        run.wait_for(sid, "the end of turn 2", _is("turn/end", turn=2))
-        run.wait_for(sid, "the compaction", _is("session/compacted"))
+        run.wait_for(sid, "the end of turn 2", _is(ev.TurnEnded.wire_name, turn=2))
+        run.wait_for(sid, "the compaction", _is(ev.SessionCompacted.wire_name))
         run.tell("compacted: the model's next request starts from the summary",
                  expect=" compacted up to")
 
         run.say("Title and usage (projections of the log)")
-        run.wait_for(sid, "the title", _is("session/titled"))
+        run.wait_for(sid, "the title", _is(ev.SessionTitled.wire_name))
         run.terret("title", str(sid))
         run.terret("usage", str(sid), "--by", "model")
 

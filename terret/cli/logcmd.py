@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import collections
 import difflib
+import functools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -16,7 +17,8 @@ from terret.cli._context import SESSION, CliContext
 from terret.cli._params import TEXT
 from terret.domain.store import StoredRecord, session_stream
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the payload classes are loaded when a command reads events
+    from terret.domain import events as ev
     from terret.domain.codec import RecordedEvent
 
 PAGE = 1000
@@ -28,68 +30,123 @@ def _short(text: str, n: int = 70) -> str:
 
 
 def summarize(event: RecordedEvent) -> str:
-    """One line for a human: the gist of the payload."""
+    """One line for a human: the gist of the payload (one summary per payload class; any
+    other, an extension's, as its data)."""
     from terret.domain.catalogue import OpaquePayload
 
     p: Any = event.payload
-    name = event.wire_name
     if isinstance(p, OpaquePayload):
         return f"(unknown to this version) {_short(json.dumps(p.data))}"
-    if name in ("user/message", "context/injected"):
-        return repr(_short(p.text))
-    if name == "assistant/message":
-        calls = ", ".join(f"{c.name}#{c.id}({_short(json.dumps(c.args), 40)})"
-                          for c in p.tool_calls)
-        metered = ""
-        if p.model is not None:  # the model call's usage, durable with its reply
-            metered = f" [{p.model} " + (_tokens(p.usage) if p.usage is not None
-                                         else "no usage reported") + "]"
-        return ((repr(_short(p.text)) if p.text else "") + (f" calls {calls}" if calls else "")
-                + metered).lstrip()
-    if name == "tool/result":
-        return f"{p.name}#{p.call_id} {'ERROR ' if p.is_error else ''}{_short(p.content, 50)!r}"
-    if name == "turn/start":
-        return f"turn {p.turn} ({p.trigger})"
-    if name == "turn/end":
-        extra = f" by {p.by.actor}" if p.by else ""
-        extra += f": {p.reason}" if p.reason else ""
-        extra += f" [{_short(p.error, 50)}]" if p.error else ""
-        return f"turn {p.turn} {p.status}{extra}"
-    if name == "step/start":
-        return f"turn {p.turn} step {p.step} model {p.model}"
-    if name == "step/end":
-        # A metered step's usage is on its reply; an older log's step/end carries it.
-        usage = f" {_tokens(p.usage)}" if p.usage else ""
-        resumed = " (resumed: no usage of its own)" if p.resumed else ""
-        return f"turn {p.turn} step {p.step}{usage}{resumed}"
-    if name == "tool/started":
-        return f"{p.name}#{p.call_id}"
-    if name == "tool/in_doubt":
-        return f"{p.name}#{p.call_id} {_short(json.dumps(p.args), 50)} (started, no result)"
-    if name == "tool/in_doubt_resolved":
-        return f"{p.call_id} {p.verdict} by {p.by.actor}" + (f": {p.reason}" if p.reason else "")
-    if name == "budget/set":
-        limit = f"${p.limit:.6f}" if p.limit is not None else "the deployment's default"
-        return f"{limit} by {p.by.actor}" + (f": {p.reason}" if p.reason else "")
-    if name == "budget/exceeded":
-        return (f"turn {p.turn} parked: spent ${p.spent:.6f} of ${p.limit:.6f}, next call "
-                f"estimated at ${p.estimate:.6f}")
-    if name == "approval/requested":
-        return f"{p.name}#{p.call_id} {_short(json.dumps(p.args), 50)}"
-    if name == "approval/resolved":
-        return f"{p.call_id} {p.verdict} by {p.by.actor}" + (f": {p.reason}" if p.reason else "")
-    if name == "session/compacted":
-        return f"up to seq {p.upto_seq}: {_short(p.summary, 50)!r}"
-    if name == "session/titled":
-        return repr(p.title)
-    if name == "policy/updated":
-        return ", ".join(p.patterns) or "(deny all)"
-    if name == "model/set":
-        return f"{p.role} = {p.spec}"
-    if name == "inbox/queued":
-        return f"{p.inbox_id[:8]} {'wake ' if p.wake else ''}{_short(p.text)!r}"
+    gist = _summaries().get(type(p))
+    if gist is not None:
+        return gist(p)
     data = p.model_dump(exclude_none=True)
     return _short(json.dumps(data, default=str), 90)
+
+
+def _text(p: ev.UserMessage | ev.ContextInjected) -> str:
+    return repr(_short(p.text))
+
+
+def _assistant(p: ev.AssistantMessage) -> str:
+    calls = ", ".join(f"{c.name}#{c.id}({_short(json.dumps(c.args), 40)})"
+                      for c in p.tool_calls)
+    metered = ""
+    if p.model is not None:  # the model call's usage, durable with its reply
+        metered = f" [{p.model} " + (_tokens(p.usage) if p.usage is not None
+                                     else "no usage reported") + "]"
+    return ((repr(_short(p.text)) if p.text else "") + (f" calls {calls}" if calls else "")
+            + metered).lstrip()
+
+
+def _tool_result(p: ev.ToolResult) -> str:
+    return f"{p.name}#{p.call_id} {'ERROR ' if p.is_error else ''}{_short(p.content, 50)!r}"
+
+
+def _turn_start(p: ev.TurnStarted) -> str:
+    return f"turn {p.turn} ({p.trigger})"
+
+
+def _turn_end(p: ev.TurnEnded) -> str:
+    extra = f" by {p.by.actor}" if p.by else ""
+    extra += f": {p.reason}" if p.reason else ""
+    extra += f" [{_short(p.error, 50)}]" if p.error else ""
+    return f"turn {p.turn} {p.status}{extra}"
+
+
+def _step_start(p: ev.StepStarted) -> str:
+    return f"turn {p.turn} step {p.step} model {p.model}"
+
+
+def _step_end(p: ev.StepEnded) -> str:
+    # A metered step's usage is on its reply; an older log's step/end carries it.
+    usage = f" {_tokens(p.usage)}" if p.usage else ""
+    resumed = " (resumed: no usage of its own)" if p.resumed else ""
+    return f"turn {p.turn} step {p.step}{usage}{resumed}"
+
+
+def _tool_started(p: ev.ToolStarted) -> str:
+    return f"{p.name}#{p.call_id}"
+
+
+def _in_doubt(p: ev.ToolInDoubt) -> str:
+    return f"{p.name}#{p.call_id} {_short(json.dumps(p.args), 50)} (started, no result)"
+
+
+def _verdict(p: ev.InDoubtResolved | ev.ApprovalResolved) -> str:
+    return f"{p.call_id} {p.verdict} by {p.by.actor}" + (f": {p.reason}" if p.reason else "")
+
+
+def _budget_set(p: ev.BudgetSet) -> str:
+    limit = f"${p.limit:.6f}" if p.limit is not None else "the deployment's default"
+    return f"{limit} by {p.by.actor}" + (f": {p.reason}" if p.reason else "")
+
+
+def _budget_exceeded(p: ev.BudgetExceeded) -> str:
+    return (f"turn {p.turn} parked: spent ${p.spent:.6f} of ${p.limit:.6f}, next call "
+            f"estimated at ${p.estimate:.6f}")
+
+
+def _approval_requested(p: ev.ApprovalRequested) -> str:
+    return f"{p.name}#{p.call_id} {_short(json.dumps(p.args), 50)}"
+
+
+def _compacted(p: ev.SessionCompacted) -> str:
+    return f"up to seq {p.upto_seq}: {_short(p.summary, 50)!r}"
+
+
+def _titled(p: ev.SessionTitled) -> str:
+    return repr(p.title)
+
+
+def _policy(p: ev.PolicyUpdated) -> str:
+    return ", ".join(p.patterns) or "(deny all)"
+
+
+def _model_set(p: ev.ModelSet) -> str:
+    return f"{p.role} = {p.spec}"
+
+
+def _inbox(p: ev.InboxQueued) -> str:
+    return f"{p.inbox_id[:8]} {'wake ' if p.wake else ''}{_short(p.text)!r}"
+
+
+@functools.cache
+def _summaries() -> dict[type[Any], Callable[[Any], str]]:
+    """Each payload class and its one-line summary (the classes loaded on first use)."""
+    from terret.domain import events
+
+    e = events
+    return {
+        e.UserMessage: _text, e.ContextInjected: _text, e.AssistantMessage: _assistant,
+        e.ToolResult: _tool_result, e.TurnStarted: _turn_start, e.TurnEnded: _turn_end,
+        e.StepStarted: _step_start, e.StepEnded: _step_end, e.ToolStarted: _tool_started,
+        e.ToolInDoubt: _in_doubt, e.InDoubtResolved: _verdict, e.BudgetSet: _budget_set,
+        e.BudgetExceeded: _budget_exceeded, e.ApprovalRequested: _approval_requested,
+        e.ApprovalResolved: _verdict, e.SessionCompacted: _compacted,
+        e.SessionTitled: _titled, e.PolicyUpdated: _policy, e.ModelSet: _model_set,
+        e.InboxQueued: _inbox,
+    }
 
 
 def _tokens(usage: Any) -> str:

@@ -225,6 +225,6 @@ def _targets(projections: Sequence[Projection], wire_name: str) -> list[Callable
     """What to call for each projection that wants an event of this wire name: its
     ``process`` straight away when ``Projection.apply`` would only forward to it."""
     return [
-        p.process if wire_name != PURGED and type(p).apply is Projection.apply else p.apply
+        p.process if wire_name not in PURGED and type(p).apply is Projection.apply else p.apply
         for p in projections if p.wants(wire_name)
     ]

@@ -8,7 +8,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from terret.projections.base import Projection
+from terret.projections.base import Projection, WireNames
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
@@ -33,7 +33,8 @@ class RecordedVerdict:
 
 class ApprovalsProjection(Projection):
     name = "approvals"
-    handles = frozenset({"turn/start", "turn/end", "approval/requested", "approval/resolved"})
+    handles = WireNames(lambda ev: (ev.TurnStarted, ev.TurnEnded, ev.ApprovalRequested,
+                                    ev.ApprovalResolved))
     schema = """
     CREATE TABLE IF NOT EXISTS approvals (
         session TEXT NOT NULL, call_id TEXT NOT NULL, name TEXT NOT NULL, args TEXT NOT NULL,
@@ -54,15 +55,16 @@ class ApprovalsProjection(Projection):
         self._turns, self._cleared = {}, set()
 
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        from terret.domain.events import ApprovalRequested, TurnEnded, TurnStarted
+
         p: Any = event.payload
         session = event.stream
-        name = event.wire_name
-        if name == "turn/start" or name == "turn/end":
+        if isinstance(p, TurnStarted | TurnEnded):
             if session not in self._cleared:
                 db.execute("DELETE FROM approvals WHERE session = ?", (session,))
                 self._cleared.add(session)
-            self._turns[session] = p.turn if name == "turn/start" else None
-        elif name == "approval/requested":
+            self._turns[session] = p.turn if isinstance(p, TurnStarted) else None
+        elif isinstance(p, ApprovalRequested):
             if session in self._turns:
                 turn = self._turns[session]
             else:

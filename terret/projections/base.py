@@ -24,11 +24,13 @@ import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
 from uuid import UUID, uuid4
 
 from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
@@ -87,7 +89,38 @@ def views_error(exc: sqlite3.Error, path: str) -> Exception | None:
     return None
 
 
-PURGED = "session/purged"
+class WireNames(AbstractSet[str]):
+    """The wire names of some event classes, named through the classes and resolved when first
+    asked (``WireNames(lambda ev: (ev.TurnStarted, ev.TurnEnded))``, ``ev`` being
+    ``terret.domain.events``): importing a projection does not load the payload classes."""
+
+    def __init__(self, classes: Callable[[ModuleType], Iterable[type[Any]]]) -> None:
+        self._classes = classes
+        self._names: frozenset[str] | None = None
+
+    def resolved(self) -> frozenset[str]:
+        names = self._names
+        if names is None:
+            from terret.domain import events  # the payload classes: on first use
+
+            names = self._names = frozenset(c.wire_name for c in self._classes(events))
+        return names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.resolved()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.resolved())
+
+    def __len__(self) -> int:
+        return len(self.resolved())
+
+    def __repr__(self) -> str:
+        return f"WireNames({sorted(self.resolved())})"
+
+
+PURGED = WireNames(lambda ev: (ev.SessionPurged,))
+"""``session/purged``: every projection forgets the session it names (R27)."""
 
 
 class Projection(ABC):
@@ -95,7 +128,7 @@ class Projection(ABC):
     ``schema`` (CREATE statements), and implement ``process``."""
 
     name: ClassVar[str]
-    handles: ClassVar[frozenset[str]]
+    handles: ClassVar[AbstractSet[str]]
     tables: ClassVar[tuple[str, ...]]
     schema: ClassVar[str]
     version: ClassVar[int] = 1
@@ -117,10 +150,10 @@ class Projection(ABC):
     def wants(self, wire_name: str) -> bool:
         """Whether the runner feeds this projection the event: what it handles, and the purge
         of a session (R27), which every projection applies by forgetting the session."""
-        return wire_name in self.handles or wire_name == PURGED
+        return wire_name in self.handles or wire_name in PURGED
 
     def apply(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        if event.wire_name == PURGED:
+        if event.wire_name in PURGED:
             session_id = getattr(event.payload, "session_id", None)
             if session_id:
                 self.flush(db)  # what the batch holds in memory goes first

@@ -11,39 +11,54 @@ size, which is most of the cost of writing a message row during a rebuild.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from terret.domain.messages import Message, ToolCall
-from terret.projections.base import Projection
+from terret.projections.base import Projection, WireNames
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
+    from terret.domain.events import AssistantMessage, ContextInjected, ToolResult, UserMessage
 
 
 def message_of(payload: Any) -> Message | None:
     """What one model-visible event shows the model (None for anything else). The messages
     view and the loop's own bookkeeping both render through this."""
-    name = getattr(payload, "wire_name", None)
-    if name in ("user/message", "context/injected"):
-        return Message(role="user", text=payload.text)
-    if name == "assistant/message":
-        calls = tuple(ToolCall(id=c.id, name=c.name, args=dict(c.args))
-                      for c in payload.tool_calls)
-        return Message(role="assistant", text=payload.text, tool_calls=calls)
-    if name == "tool/result":
-        return Message(role="tool", text=payload.content, tool_call_id=payload.call_id,
-                       tool_name=payload.name, is_error=payload.is_error)
-    return None
+    render = _renderers().get(type(payload))
+    return render(payload) if render is not None else None
+
+
+def _user(p: UserMessage | ContextInjected) -> Message:
+    return Message(role="user", text=p.text)
+
+
+def _assistant(p: AssistantMessage) -> Message:
+    calls = tuple(ToolCall(id=c.id, name=c.name, args=dict(c.args)) for c in p.tool_calls)
+    return Message(role="assistant", text=p.text, tool_calls=calls)
+
+
+def _tool(p: ToolResult) -> Message:
+    return Message(role="tool", text=p.content, tool_call_id=p.call_id, tool_name=p.name,
+                   is_error=p.is_error)
+
+
+@functools.cache
+def _renderers() -> dict[type[Any], Callable[[Any], Message]]:
+    """Each model-visible payload class and its renderer (the classes loaded on first use)."""
+    from terret.domain import events as ev
+
+    return {ev.UserMessage: _user, ev.ContextInjected: _user,
+            ev.AssistantMessage: _assistant, ev.ToolResult: _tool}
 
 
 class MessagesProjection(Projection):
     name = "messages"
     version = 3  # 3: rows keyed by a per-session integer; 2: rows hold the payload's JSON
-    handles = frozenset(
-        {"user/message", "context/injected", "assistant/message", "tool/result",
-         "session/compacted"}
-    )
+    handles = WireNames(lambda ev: (ev.UserMessage, ev.ContextInjected, ev.AssistantMessage,
+                                    ev.ToolResult, ev.SessionCompacted))
     tables = ("messages", "message_streams", "message_summaries")
     schema = """
     CREATE TABLE IF NOT EXISTS message_streams (
@@ -67,10 +82,12 @@ class MessagesProjection(Projection):
         self._rows, self._keys = [], {}
 
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        from terret.domain.events import SessionCompacted
+
         session = event.stream
         p: Any = event.payload
         name = event.wire_name
-        if name == "session/compacted":
+        if isinstance(p, SessionCompacted):
             db.execute(
                 "INSERT OR REPLACE INTO message_summaries VALUES (?, ?, ?, ?)",
                 (session, p.upto_seq, event.seq, p.summary),

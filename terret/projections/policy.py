@@ -8,7 +8,7 @@ import json
 import sqlite3
 from typing import TYPE_CHECKING, Any
 
-from terret.projections.base import Projection
+from terret.projections.base import Projection, WireNames
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # importing the codec loads every payload class
 
 class PolicyProjection(Projection):
     name = "policy"
-    handles = frozenset({"policy/updated"})
+    handles = WireNames(lambda ev: (ev.PolicyUpdated,))
     tables = ("policies",)
     schema = "CREATE TABLE IF NOT EXISTS policies (session TEXT PRIMARY KEY, patterns TEXT);"
 
@@ -34,15 +34,17 @@ def read_policy(db: sqlite3.Connection, stream: str) -> list[str] | None:
 
 class ModelsProjection(Projection):
     name = "models"
-    handles = frozenset({"session/started", "model/set"})
+    handles = WireNames(lambda ev: (ev.SessionStarted, ev.ModelSet))
     tables = ("model_roles",)
     schema = """CREATE TABLE IF NOT EXISTS model_roles (
         session TEXT NOT NULL, role TEXT NOT NULL, spec TEXT NOT NULL,
         PRIMARY KEY (session, role)) WITHOUT ROWID;"""
 
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        from terret.domain.events import SessionStarted
+
         p: Any = event.payload
-        roles = p.roles.items() if event.wire_name == "session/started" else [(p.role, p.spec)]
+        roles = p.roles.items() if isinstance(p, SessionStarted) else [(p.role, p.spec)]
         db.executemany("INSERT OR REPLACE INTO model_roles VALUES (?, ?, ?)",
                        [(event.stream, role, spec) for role, spec in roles])
 

@@ -83,13 +83,15 @@ class SessionsProjection(Projection):
         self._last, self._started, self._closed, self._ended = {}, {}, set(), {}
 
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        from terret.domain.events import SessionClosed, SessionStarted, TurnEnded
+
         self._last[event.stream] = event
-        name = event.wire_name
-        if name == "session/started":
+        p = event.payload
+        if isinstance(p, SessionStarted):
             self._started[event.stream] = event
-        elif name == "session/closed":
+        elif isinstance(p, SessionClosed):
             self._closed.add(event.stream)
-        elif name == "turn/end":
+        elif isinstance(p, TurnEnded):
             self._ended[event.stream] = event
 
     def flush(self, db: sqlite3.Connection) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import TYPE_CHECKING, Any
 
-from terret.projections.base import Projection
+from terret.projections.base import Projection, WireNames
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # importing the codec loads every payload class
 
 class TitleProjection(Projection):
     name = "title"
-    handles = frozenset({"session/titled"})
+    handles = WireNames(lambda ev: (ev.SessionTitled,))
     tables = ("titles",)
     schema = "CREATE TABLE IF NOT EXISTS titles (session TEXT PRIMARY KEY, title TEXT NOT NULL);"
 

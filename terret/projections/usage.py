@@ -13,7 +13,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from terret.projections.base import Projection
+from terret.projections.base import Projection, WireNames
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
@@ -38,7 +38,7 @@ class UsageTotals:
 class UsageProjection(Projection):
     name = "usage"
     version = 2  # 2: usage from metered replies; usage_steps knows whether the step was metered
-    handles = frozenset({"step/start", "assistant/message", "step/end"})
+    handles = WireNames(lambda ev: (ev.StepStarted, ev.AssistantMessage, ev.StepEnded))
     tables = ("usage_steps", "usage_turns", "usage_models")
     schema = """
     CREATE TABLE IF NOT EXISTS usage_steps (
@@ -75,14 +75,15 @@ class UsageProjection(Projection):
         """A model call counts once: with its reply when the reply is metered (version 2 of
         ``assistant/message``: its model and usage), else with its step's ``step/end`` (logs
         written before, whose replies carry no usage)."""
+        from terret.domain.events import AssistantMessage, StepStarted
+
         p: Any = event.payload
         session = event.stream
-        name = event.wire_name
-        if name == "step/start":
+        if isinstance(p, StepStarted):
             # Only the open step is needed; older rows of the session are dropped.
             self._steps[session] = (p.turn, p.step, p.model, False)
             return
-        if name == "assistant/message":
+        if isinstance(p, AssistantMessage):
             if p.model is None:
                 return  # unmetered: its usage, if any, comes with the step/end
             turn_no, step_no, _, _ = self._open_step(db, session) or (0, 0, p.model, False)
