@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from terret.runtime.agent import Agent, AgentDefinition, TurnResult
     from terret.runtime.allowlist import AllowList
     from terret.runtime.approvals import ApprovalGate, TurnCancelled
+    from terret.runtime.config import RuntimeConfig
     from terret.runtime.hooks import BudgetGuard, PreStepHook, Refusal, StepClaim
     from terret.runtime.model import (
         ModelProvider,
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
         StaticResolver,
         ToolSpec,
     )
-    from terret.runtime.runtime import Runtime, RuntimeConfig
+    from terret.runtime.runtime import Runtime
     from terret.runtime.scripted import Reply, ScriptedProvider, call
     from terret.runtime.summarizer import FixedSummarizer, Summarizer, render_history
     from terret.runtime.tools import CallContext, Tool, ToolContext, ToolOutcome, Veto, tool
@@ -44,7 +45,7 @@ _LAZY: dict[str, str] = {
     "StaticResolver": "terret.runtime.model:StaticResolver",
     "ToolSpec": "terret.runtime.model:ToolSpec",
     "Runtime": "terret.runtime.runtime:Runtime",
-    "RuntimeConfig": "terret.runtime.runtime:RuntimeConfig",
+    "RuntimeConfig": "terret.runtime.config:RuntimeConfig",
     "Reply": "terret.runtime.scripted:Reply",
     "ScriptedProvider": "terret.runtime.scripted:ScriptedProvider",
     "call": "terret.runtime.scripted:call",

@@ -12,7 +12,8 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 from uuid import UUID
 
 from terret.domain import errors
@@ -20,16 +21,17 @@ from terret.domain.codec import RecordedEvent
 from terret.domain.events import Actor, ToolCallData, TurnStatus, UsageData
 from terret.domain.messages import Message
 from terret.domain.session import Session
-from terret.projections.messages import message_of
+from terret.projections._bus import Listener, ListenerHandle
+from terret.projections.views import Views
 from terret.runtime.allowlist import AllowList
-from terret.runtime.approvals import ApprovalGate, TurnCancelled, TurnSuspended
-from terret.runtime.hooks import PreStepHook, StepClaim
-from terret.runtime.model import ModelReply, ModelRequest, TextSink
-from terret.runtime.ownership import SessionLease
+from terret.runtime.approvals import ApprovalGate, ApprovalSignals
+from terret.runtime.hooks import BudgetGuard, PreStepHook, StepClaim
+from terret.runtime.model import ModelReply, ModelRequest, ModelResolver, TextSink
+from terret.runtime.ownership import SessionLease, WorkerLease
+from terret.runtime.stops import TurnCancelled, TurnSuspended
 from terret.runtime.tools import CallContext, Tool, ToolContext, ToolOutcome, ToolPipeline
-
-if TYPE_CHECKING:
-    from terret.runtime.runtime import Runtime
+from terret.runtime.unit import Command, ModelContext, StepWork
+from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.agent")
 
@@ -57,10 +59,37 @@ class TurnResult:
     text: str = ""
 
 
+@dataclass(frozen=True)
+class TurnServices:
+    """What a turn needs from the process that runs it (the ``Runtime`` builds one and hands it
+    to every agent): the session writer and the views, the model resolver and the session's
+    model spec for a role, the approval signals and the worker's lease, the pre-step hooks and
+    the budget guard, the read-your-writes wait, the stopping flag and the config values."""
+
+    writer: SessionWriter
+    views: Views
+    resolver: ModelResolver
+    model_spec: Callable[[Session, str], str]
+    signals: ApprovalSignals
+    lease: WorkerLease
+    tool_context: ToolContext
+    add_listener: Callable[[Listener, set[str]], ListenerHandle]
+    wait_for: Callable[[int], None]
+    """Read-your-writes: until the views include this store position."""
+    catch_up_views: Callable[[], None]
+    budget_guard: BudgetGuard
+    pre_step: Sequence[PreStepHook]
+    """The runtime's own hooks (a live list: hooks added later apply to the next step)."""
+    stopping: threading.Event
+    max_steps: int
+    approval_max_wait: float | None = None
+    tool_timeout: float | None = None
+
+
 class Agent:
-    def __init__(self, runtime: Runtime, agent_id: str, session_id: UUID,
+    def __init__(self, services: TurnServices, agent_id: str, session_id: UUID,
                  definition: AgentDefinition) -> None:
-        self.runtime = runtime
+        self.services = services
         self.id = agent_id
         self.session_id = session_id
         self.definition = definition
@@ -68,31 +97,27 @@ class Agent:
         self._lock = threading.Lock()
         self.cancel_event = threading.Event()
         self.on_text: TextSink | None = None
-        self.context: ToolContext = runtime.tool_context.fork()
-        self.allowlist = AllowList(definition.allow,
-                                   lambda sid: runtime.writer.load(sid).state.policy)
+        self.context: ToolContext = services.tool_context.fork()
+        writer = services.writer
+        self.allowlist = AllowList(definition.allow, lambda sid: writer.load(sid).state.policy)
         self.context.pre_execute.append(self.allowlist)
-        self.ownership = SessionLease(runtime.lease, agent_id)
+        self.ownership = SessionLease(services.lease, agent_id)
         self.gate = ApprovalGate(
-            runtime.writer, runtime.signals,
-            max_wait=runtime.config.approval_max_wait,
+            writer, services.signals,
+            max_wait=services.approval_max_wait,
             on_park=lambda: self._parked("approval"),
             on_unpark=lambda: self._set_status("running"),
-            stopping=runtime.stopping,
+            stopping=services.stopping,
             fence=self.ownership.fence,
         )
         self.pipeline = ToolPipeline(definition.tools, self.context, self.gate,
-                                     timeout=runtime.config.tool_timeout,
+                                     timeout=services.tool_timeout,
                                      cancel=self.cancel_event, on_start=self._tool_started)
-        self._listeners = [
-            runtime.runner.add_listener(self._on_cancel, {"turn/cancel_requested"}),
-        ]
+        self._listeners = [services.add_listener(self._on_cancel, {"turn/cancel_requested"})]
         self._thread: threading.Thread | None = None
-        self._last_position = 0
-        self._last_version = 0
-        self._carry: Callable[[Session], None] | None = None
-        self._context: list[Message] | None = None  # the last request's messages (see _step)
-        self._context_version = 0
+        self.model_context = ModelContext()  # the last request's messages (see _messages)
+        self.work = StepWork(writer, session_id, fence=self.ownership.fence,
+                             on_commit=self.model_context.follow)
 
     # --- status --------------------------------------------------------------------------
 
@@ -105,7 +130,7 @@ class Agent:
 
     def _parked(self, kind: str) -> None:
         """``kind``: ``approval``, ``budget`` or ``in_doubt``."""
-        self._context = None  # a parked turn may wait for days: it keeps no history around
+        self.model_context.drop()  # a parked turn may wait for days: it keeps no history around
         log.info("session %s parked on %s", self.session_id,
                  {"approval": "an approval", "budget": "its budget",
                   "in_doubt": "a call in doubt"}.get(kind, kind))
@@ -114,11 +139,14 @@ class Agent:
     @property
     def max_steps(self) -> int:
         """R2: the definition's cap, else the runtime's (``MAX_STEPS`` by default)."""
-        return self.definition.max_steps or self.runtime.config.max_steps
+        return self.definition.max_steps or self.services.max_steps
 
     @property
     def busy(self) -> bool:
         return self._lock.locked()
+
+    def _load(self) -> Session:
+        return self.services.writer.load(self.session_id)
 
     def _on_cancel(self, event: RecordedEvent) -> None:
         """A cancel recorded by any process stops this agent's turn at its next boundary and
@@ -126,7 +154,7 @@ class Agent:
         delivered late, after its turn closed, must not cancel the next turn."""
         if event.session_id != self.session_id or not self.busy:
             return
-        if self.runtime.writer.load(self.session_id).state.cancel_requested:
+        if self._load().state.cancel_requested:
             self.cancel_event.set()
 
     def release(self) -> None:
@@ -164,7 +192,7 @@ class Agent:
 
             # Not yet the turn's owner: the start is validated on the store's latest state (and
             # again on a conflict), so a turn another process opened is refused, not fought.
-            turn = self._write(start, owner=False)
+            turn = self.work.commit(start, owner=False)
             log.info("session %s turn %d started (%s)", self.session_id, turn, trigger)
             return self._drive(turn, resumed=False)
         finally:
@@ -175,12 +203,12 @@ class Agent:
         turn open (it stays resumable) and is re-raised."""
         self._claim()
         try:
-            session = self.runtime.writer.load(self.session_id)
+            session = self._load()
             if not session.turn_open:
                 raise errors.NoOpenTurn(f"session {self.session_id} has no open turn to resume")
             if not self.ownership.held(session):
                 # Taken over from an owner whose lease expired (never from a live one).
-                self._write(lambda s: self.ownership.take(s, take_idle=False), owner=False)
+                self.work.commit(lambda s: self.ownership.take(s, take_idle=False), owner=False)
             log.info("session %s turn %d resumed", self.session_id, session.current_turn)
             return self._drive(session.current_turn, resumed=True)
         finally:
@@ -203,61 +231,20 @@ class Agent:
 
     # --- the loop ------------------------------------------------------------------------
 
-    def _write(self, command: Callable[[Session], Any], *, owner: bool = True) -> Any:
-        """Append what ``command`` records, after whatever the loop is carrying (a step's last
-        tool result and its ``step/end`` ride with the next step's ``step/start``: one durable
-        append instead of two). If the append fails, the carried part stays carried."""
-        carry, self._carry = self._carry, None
-        attempt: list[Any] = []
-
-        def run(s: Session) -> Any:
-            if owner:
-                self.ownership.fence(s)  # R28: only the lease holder's writes land
-            attempt[:] = [s.version]  # the version this attempt appends after
-            if carry is not None:
-                carry(s)
-            value = command(s)
-            attempt.append([getattr(e, "payload", None) for e in s.pending_events])
-            return value
-
-        try:
-            value, result = self.runtime.writer.execute(self.session_id, run, owner=owner)
-        except BaseException:
-            self._carry = carry
-            raise
-        if result is not None:
-            self._last_position, self._last_version = result.position, result.version
-            self._follow_context(attempt[0], attempt[1], result.version)
-        return value
-
-    def _follow_context(self, base: int, payloads: list[Any], version: int) -> None:
-        """Keep the model's context (the last request's messages) in step with this agent's own
-        appends: while nothing else lands in the session, the next request is that context plus
-        what these appends show the model, exactly as the messages projection renders it."""
-        if self._context is None:
-            return
-        rendered = _rendered(payloads) if base == self._context_version else None
-        if rendered is None:
-            self._context = None  # something else landed (or a compaction): read the view
-            return
-        self._context.extend(rendered)
-        self._context_version = version
-
-    def _drop_carry(self) -> None:
-        self._carry = None
-
-    def _flush(self) -> None:
-        if self._carry is not None:
-            self._write(lambda s: None)
+    def _write(self, command: Command) -> Any:
+        """Append what ``command`` records as the turn's owner, after whatever the unit of work
+        carries (a step's last tool result and its ``step/end`` ride with the next step's
+        ``step/start``: one durable append instead of two)."""
+        return self.work.commit(command)
 
     def _flush_quietly(self) -> None:
         """On the way out of a turn that stays open: what ran is logged, if it still can be."""
         try:
-            self._flush()
+            self.work.flush()
         except errors.TerretError as exc:
             log.warning("session %s: a tool result could not be logged (%s); the call will run "
                         "again on resume", self.session_id, exc)
-        self._drop_carry()
+        self.work.discard()
 
     def _end(self, turn: int, status: TurnStatus, *, reason: str | None = None,
              by: Actor | None = None, error: str | None = None, text: str = "") -> TurnResult:
@@ -266,66 +253,77 @@ class Agent:
         return TurnResult(self.session_id, turn, status, text)
 
     def _drive(self, turn: int, *, resumed: bool) -> TurnResult:
-        self._drop_carry()
-        self._context = None
+        self.work.discard()
+        self.model_context.drop()
         try:
-            return self._drive_steps(turn, resumed=resumed)
+            return self._steps(turn, resumed=resumed)
+        except BaseException as exc:
+            return self._ending(turn, exc, resumed=resumed)
         finally:
-            self._context = None
+            self.model_context.drop()
 
-    def _drive_steps(self, turn: int, *, resumed: bool) -> TurnResult:
-        try:
-            if resumed:
-                closed = self._close_open_step(turn)
-                if closed is not None:
-                    return closed
-            else:
-                session = self.runtime.writer.load(self.session_id)
-                if not session.state.turn_input and not session.state.inbox:
-                    return self._end(turn, "empty", reason="nothing to do")
-            while True:
-                result = self._step(turn)
-                if result is not None:
-                    return result
-        except (TurnCancelled, errors.ModelCancelled):
+    def _steps(self, turn: int, *, resumed: bool) -> TurnResult:
+        if resumed:
+            closed = self._close_open_step(turn)
+            if closed is not None:
+                return closed
+        else:
+            state = self._load().state
+            if not state.turn_input and not state.inbox:
+                return self._end(turn, "empty", reason="nothing to do")
+        while True:
+            result = self._step(turn)
+            if result is not None:
+                return result
+
+    # --- how a turn ends on an exception: the one place that decides ---------------------
+
+    def _ending(self, turn: int, exc: BaseException, *, resumed: bool) -> TurnResult:
+        """Map what stopped the turn to its ending: a cancel closes it ``cancelled``; a stop of
+        the process (``TurnSuspended``) or a failed resume leaves it open, what ran logged; a
+        lost lease or a turn another writer closed stops it without writing; anything else —
+        the step cap, a failure, a ``KeyboardInterrupt`` — records ``turn/end failed``. Every
+        ending but a cancel re-raises ``exc``."""
+        if isinstance(exc, (TurnCancelled, errors.ModelCancelled)):
             return self._close_cancelled(turn)
-        except TurnSuspended:
+        if isinstance(exc, TurnSuspended):
             self._flush_quietly()
             log.info("session %s turn %d suspended; it stays resumable", self.session_id, turn)
-            raise
-        except errors.LostOwnership:
-            self._drop_carry()
+        elif isinstance(exc, errors.LostOwnership):
+            self.work.discard()
             log.warning("session %s: lost ownership; turn %d stops without writing",
                         self.session_id, turn)
-            raise
-        except errors.MaxStepsExceeded as exc:
+        elif isinstance(exc, errors.MaxStepsExceeded):
             self._end(turn, "failed", error=str(exc))
-            raise
-        except Exception as exc:
-            if resumed:
-                self._flush_quietly()
-                log.warning("resume of session %s failed; the turn stays open: %s",
-                            self.session_id, exc)
-                raise
-            if not self._still_open(turn):
-                self._drop_carry()
-                log.warning("session %s turn %d was closed by another writer; stopping without "
-                            "writing: %s", self.session_id, turn, exc)
-                raise
+        elif isinstance(exc, Exception):
+            self._fail(turn, exc, resumed=resumed)
+        else:  # KeyboardInterrupt, SystemExit: a stop, never retried
+            self._stop(turn, exc)
+        raise exc
+
+    def _fail(self, turn: int, exc: Exception, *, resumed: bool) -> None:
+        if resumed:
+            self._flush_quietly()
+            log.warning("resume of session %s failed; the turn stays open: %s",
+                        self.session_id, exc)
+        elif not self._still_open(turn):
+            self.work.discard()
+            log.warning("session %s turn %d was closed by another writer; stopping without "
+                        "writing: %s", self.session_id, turn, exc)
+        else:
             self._end(turn, "failed", error=f"{type(exc).__name__}: {exc}")
-            raise
-        except BaseException as exc:  # KeyboardInterrupt, SystemExit: a stop, never retried
-            try:
-                self._end(turn, "failed", error=type(exc).__name__ + (f": {exc}" if str(exc)
-                                                                      else ""))
-            except Exception as end_exc:  # noqa: BLE001 - the stop is what propagates
-                self._drop_carry()
-                log.warning("session %s turn %d stopped by %s and left open: %s",
-                            self.session_id, turn, type(exc).__name__, end_exc)
-            raise
+
+    def _stop(self, turn: int, exc: BaseException) -> None:
+        try:
+            self._end(turn, "failed", error=type(exc).__name__ + (f": {exc}" if str(exc)
+                                                                  else ""))
+        except Exception as end_exc:  # noqa: BLE001 - the stop is what propagates
+            self.work.discard()
+            log.warning("session %s turn %d stopped by %s and left open: %s",
+                        self.session_id, turn, type(exc).__name__, end_exc)
 
     def _still_open(self, turn: int) -> bool:
-        session = self.runtime.writer.load(self.session_id)
+        session = self._load()
         return session.turn_open and session.current_turn == turn
 
     def _close_cancelled(self, turn: int) -> TurnResult:
@@ -333,15 +331,17 @@ class Agent:
         log.info("session %s turn %d ended cancelled", self.session_id, turn)
         return TurnResult(self.session_id, turn, "cancelled")
 
+    # --- a step ----------------------------------------------------------------------------
+
     def _close_open_step(self, turn: int) -> TurnResult | None:
         """R15/R16: re-execute owed calls, close the step without usage; decide the edges."""
-        session = self.runtime.writer.load(self.session_id)
+        session = self._load()
         state = session.state
         if state.cancel_requested:
             raise TurnCancelled("cancel recorded before resume")
         # The owed calls go through the allow-list and the steps through pre-step hooks, which
         # read the views: bring them up to the log a previous process left.
-        self.runtime.catch_up_views()
+        self.services.catch_up_views()
         if state.step_open and state.step_answered:
             owed = session.owed_calls()
             if owed:  # the last result and the step's end (without usage) in one append
@@ -356,76 +356,22 @@ class Agent:
         return None
 
     def _step(self, turn: int) -> TurnResult | None:
-        runtime = self.runtime
-        if runtime.stopping.is_set():
-            raise TurnSuspended("the process is stopping")
-        # Other processes may have queued text or recorded a cancel since the last write.
-        session = runtime.writer.load(self.session_id)
-        if session.state.cancel_requested or self.cancel_event.is_set():
-            raise TurnCancelled("cancel requested")
-        spec = runtime.model_spec(session, "main")
+        """One step: at its boundary (stopping, cancel, budget, pre-step hooks), open it, ask
+        the model, record the reply (a final one ends the turn), run the calls."""
+        session = self._at_boundary()
+        spec = self.services.model_spec(session, "main")
         session = self._within_budget(session)
-        claim = StepClaim(self.session_id, turn, session.current_step + 1, spec)
-        hooks = (*runtime.pre_step, *self.definition.pre_step)
-        if hooks:  # hooks may read views: let them see this turn's own writes
-            self._flush()
-            runtime.wait_for(self._last_position)
-        for hook in hooks:
-            refusal = hook(claim)
-            if refusal is not None:
-                return self._end(turn, "rejected", reason=refusal.reason,
-                                 by=Actor(actor=refusal.actor))  # type: ignore[arg-type]
-
-        def open_step(s: Session) -> int:
-            if s.state.cancel_requested:  # folded in on a conflict: the cancel wins (R13)
-                raise TurnCancelled("cancel requested")
-            step = s.start_step(spec, max_steps=self.max_steps)
-            s.take_inbox()
-            return step
-
-        step = self._write(open_step)
-        if self._context is not None:
-            # Nothing but this agent's own appends since the last request: the messages view
-            # would show the last request's messages plus what those appends added.
-            messages = list(self._context)
-        else:
-            # Read-your-writes: the view, once the projections include this step's start.
-            runtime.wait_for(self._last_position)
-            messages = runtime.views.messages(self.session_id)
-            self._context = list(messages)
-            self._context_version = self._last_version  # the version the view was read at
-        reply = self._ask(spec, messages)
-        del messages  # what a parked call keeps alive is bounded, not its history
+        refused = self._pre_step(StepClaim(self.session_id, turn, session.current_step + 1,
+                                           spec))
+        if refused is not None:
+            return refused
+        step = self._write(partial(_open_step, spec, self.max_steps))
+        # What a parked call keeps alive is bounded, not its history: the messages live only
+        # as long as the request.
+        reply = self._ask(spec, self._messages())
         calls = [ToolCallData(id=c.id, name=c.name, args=c.args) for c in reply.tool_calls]
-        usage = None
-        if reply.usage is not None:
-            usage = UsageData(prompt_tokens=reply.usage.prompt_tokens,
-                              completion_tokens=reply.usage.completion_tokens,
-                              cost=reply.usage.cost)
-
-        def answer(s: Session) -> TurnStatus | None:
-            """Record the reply with the model call's usage (durable with it: a cancel, a kill
-            or a resume later cannot lose it); a final one ends the step and the turn in the
-            same append (a crash leaves the step open, and resume asks again). A cancel
-            recorded while the model answered wins here, at the step's boundary (R13): the
-            reply and its usage are kept, its calls answered as not run, and the turn closes
-            cancelled."""
-            s.record_assistant(reply.text, calls, model=spec, usage=usage)
-            if s.state.cancel_requested:
-                for c in calls:
-                    s.record_tool_result(c.id, c.name, f"{c.name} was not run: the turn was "
-                                         "cancelled", is_error=True)
-                s.end_step()
-                _end_cancelled(s)
-                return "cancelled"
-            if calls:
-                return None
-            s.end_step()
-            s.end_turn("completed")
-            return "completed"
-
         # The calls are durable before any of them runs (R15: at-least-once, never lost).
-        ended = self._write(answer)
+        ended = self._write(partial(_answer, reply.text, calls, spec, _usage_of(reply)))
         if ended is not None:
             log.info("session %s turn %d ended %s", self.session_id, turn, ended)
             return TurnResult(self.session_id, turn, ended, reply.text)
@@ -433,14 +379,55 @@ class Agent:
         log.debug("session %s turn %d step %d closed", self.session_id, turn, step)
         return None
 
+    def _at_boundary(self) -> Session:
+        """The session at a step's boundary; raises if the process stops or the turn was
+        cancelled (other processes may have queued text or recorded a cancel since the last
+        write)."""
+        if self.services.stopping.is_set():
+            raise TurnSuspended("the process is stopping")
+        session = self._load()
+        if session.state.cancel_requested or self.cancel_event.is_set():
+            raise TurnCancelled("cancel requested")
+        return session
+
+    def _pre_step(self, claim: StepClaim) -> TurnResult | None:
+        """The runtime's and the definition's pre-step hooks; the first refusal ends the turn
+        ``rejected``."""
+        hooks = (*self.services.pre_step, *self.definition.pre_step)
+        if not hooks:
+            return None
+        self.work.flush()  # hooks may read views: let them see this turn's own writes
+        self.services.wait_for(self.work.position)
+        for hook in hooks:
+            refusal = hook(claim)
+            if refusal is not None:
+                return self._end(claim.turn, "rejected", reason=refusal.reason,
+                                 by=Actor(actor=refusal.actor))  # type: ignore[arg-type]
+        return None
+
+    def _messages(self) -> list[Message]:
+        """The model's context for this step's request."""
+        messages = self.model_context.messages()
+        if messages is not None:
+            # Nothing but this agent's own appends since the last request: the messages view
+            # would show the last request's messages plus what those appends added.
+            return messages
+        # Read-your-writes: the view, once the projections include this step's start.
+        self.services.wait_for(self.work.position)
+        messages = self.services.views.messages(self.session_id)
+        self.model_context.start(messages, self.work.version)  # the version it was read at
+        return messages
+
     def _ask(self, spec: str, messages: list[Message]) -> ModelReply:
         self.ownership.check()  # R28: no model request on a lease that may have run out
-        provider, model = self.runtime.resolver.resolve(spec)
+        provider, model = self.services.resolver.resolve(spec)
         system = [Message(role="system", text=self.definition.instructions)] \
             if self.definition.instructions else []
         request = ModelRequest(model=model, messages=[*system, *messages],
                                tools=self.pipeline.specs())
         return provider.complete(request, on_text=self.on_text, cancel=self.cancel_event)
+
+    # --- the step's calls --------------------------------------------------------------------
 
     def _run_calls(self, turn: int, calls: Sequence[ToolCallData], *,
                    resumed: bool = False) -> None:
@@ -451,7 +438,7 @@ class Agent:
             # R28: confirm the lease before each call: no tool runs for a worker that may have
             # lost the session (frozen past its lease, taken over meanwhile).
             self.ownership.check()
-            session = self.runtime.writer.load(self.session_id)
+            session = self._load()
             self.ownership.fence(session)
             ctx = CallContext(self.session_id, call.id, call.name, dict(call.args), turn)
             outcome = None
@@ -459,8 +446,12 @@ class Agent:
                 outcome = self._settle_in_doubt(ctx, session)
             if outcome is None:
                 outcome = self.pipeline.run(ctx)
-            self._record_result(call, outcome.content, outcome.is_error,
-                                close_step=i == len(calls) - 1, resumed=resumed)
+            record = partial(_record_result, call, outcome.content, outcome.is_error,
+                             close_step=i == len(calls) - 1, resumed=resumed)
+            if i == len(calls) - 1:
+                self.work.carry(record)  # written with whatever comes next: step/start, turn/end
+            else:
+                self._write(record)
             if outcome.stop is not None:  # recorded first: the log says why the call ended
                 raise outcome.stop
 
@@ -497,7 +488,7 @@ class Agent:
         would pass its budget, park the turn (``budget/exceeded``, by budget) until a budget
         covers it — raised from any process — or it is cancelled. Returns the session as the
         decision read it."""
-        guard = self.runtime.budget_guard
+        guard = self.services.budget_guard
         check = guard.check(session.state)
         if check is None or not check.exceeded:
             return session
@@ -505,7 +496,7 @@ class Agent:
             self._write(lambda s: s.park_on_budget(limit=check.limit, spent=check.spent,
                                                    estimate=check.estimate))
         else:
-            self._flush()  # a resumed turn parks again: what it ran is logged first
+            self.work.flush()  # a resumed turn parks again: what it ran is logged first
         log.warning("session %s: spent %g of its budget %g (next model call estimated at %g); "
                     "the turn waits for a higher budget", self.session_id, check.spent,
                     check.limit, check.estimate)
@@ -517,17 +508,52 @@ class Agent:
         return self.gate.wait(self.session_id, covered, what="parked on its budget",
                               on_park=lambda: self._parked("budget"))
 
-    def _record_result(self, call: ToolCallData, content: str, is_error: bool, *,
-                       close_step: bool = False, resumed: bool = False) -> None:
-        def record(s: Session) -> None:
-            s.record_tool_result(call.id, call.name, content, is_error=is_error)
-            if close_step:
-                s.end_step(resumed=resumed)
 
-        if close_step:
-            self._carry = record  # written with whatever comes next, step/start or turn/end
-        else:
-            self._write(record)
+# --- the commands a step records -------------------------------------------------------------
+
+
+def _open_step(spec: str, max_steps: int, s: Session) -> int:
+    if s.state.cancel_requested:  # folded in on a conflict: the cancel wins (R13)
+        raise TurnCancelled("cancel requested")
+    step = s.start_step(spec, max_steps=max_steps)
+    s.take_inbox()
+    return step
+
+
+def _answer(text: str, calls: list[ToolCallData], spec: str, usage: UsageData | None,
+            s: Session) -> TurnStatus | None:
+    """Record the reply with the model call's usage (durable with it: a cancel, a kill or a
+    resume later cannot lose it); a final one ends the step and the turn in the same append (a
+    crash leaves the step open, and resume asks again). A cancel recorded while the model
+    answered wins here, at the step's boundary (R13): the reply and its usage are kept, its
+    calls answered as not run, and the turn closes cancelled."""
+    s.record_assistant(text, calls, model=spec, usage=usage)
+    if s.state.cancel_requested:
+        for c in calls:
+            s.record_tool_result(c.id, c.name, f"{c.name} was not run: the turn was "
+                                 "cancelled", is_error=True)
+        s.end_step()
+        _end_cancelled(s)
+        return "cancelled"
+    if calls:
+        return None
+    s.end_step()
+    s.end_turn("completed")
+    return "completed"
+
+
+def _record_result(call: ToolCallData, content: str, is_error: bool, s: Session, *,
+                   close_step: bool = False, resumed: bool = False) -> None:
+    s.record_tool_result(call.id, call.name, content, is_error=is_error)
+    if close_step:
+        s.end_step(resumed=resumed)
+
+
+def _usage_of(reply: ModelReply) -> UsageData | None:
+    if reply.usage is None:
+        return None
+    return UsageData(prompt_tokens=reply.usage.prompt_tokens,
+                     completion_tokens=reply.usage.completion_tokens, cost=reply.usage.cost)
 
 
 def _end_cancelled(s: Session) -> None:
@@ -535,17 +561,3 @@ def _end_cancelled(s: Session) -> None:
     event without a recorded one is this process stopping the turn: no actor)."""
     by = Actor(**s.state.cancel_by) if s.state.cancel_by else None
     s.end_turn("cancelled", reason=s.state.cancel_reason, by=by)
-
-
-def _rendered(payloads: list[Any]) -> list[Message] | None:
-    """What these events show the model, as the messages projection renders them; None when
-    one of them is something the loop does not render itself (a compaction, a model-visible
-    extension event): the caller then reads the view."""
-    out: list[Message] = []
-    for p in payloads:
-        message = message_of(p)
-        if message is not None:
-            out.append(message)
-        elif getattr(p, "model_visible", False):
-            return None
-    return out

@@ -20,11 +20,14 @@ from typing import TypeVar
 from uuid import UUID
 
 from terret.domain.codec import RecordedEvent
-from terret.domain.errors import ApprovalNotPending, TerretError
+from terret.domain.errors import ApprovalNotPending
 from terret.domain.events import Actor
 from terret.domain.session import Session
+from terret.runtime.stops import TurnCancelled, TurnSuspended
 from terret.runtime.tools import CallContext, Tool, ToolOutcome
 from terret.runtime.writer import SessionWriter
+
+__all__ = ["WAKING", "ApprovalGate", "ApprovalSignals", "TurnCancelled", "TurnSuspended"]
 
 log = logging.getLogger("terret.approvals")
 
@@ -34,15 +37,6 @@ WAKING = frozenset({"approval/resolved", "turn/cancel_requested", "turn/end", "a
                     "budget/set", "tool/in_doubt_resolved"})
 """What a parked wait waits for: a verdict, a cancel, the turn's end, a takeover, a budget, a
 verdict on a call in doubt. ``Runtime.start`` signals the parked waits on these."""
-
-
-class TurnCancelled(TerretError):
-    """Raised inside a turn when its cancellation was recorded; the loop closes it cancelled."""
-
-
-class TurnSuspended(TerretError):
-    """The process is stopping: the turn stops at a step boundary (or leaves its parked
-    approval) without writing anything, and stays open and resumable."""
 
 
 class ApprovalSignals:
@@ -144,7 +138,10 @@ class ApprovalGate:
         generation ``seen``, when given), and waits for the next signal (or ``poll``) between
         rounds. A recorded cancel raises ``TurnCancelled``, a stopping process
         ``TurnSuspended``, a takeover ``LostOwnership`` (the fence); past ``deadline`` (a
-        wall-clock time), ``on_deadline`` runs once per round and the next read decides."""
+        wall-clock time), ``on_deadline`` runs once per round and the next read decides.
+
+        Its branches are the wait's exits, one per recorded event a parked turn waits for;
+        they are kept in one loop so that every round decides on one read."""
         if session is None or seen is None:
             seen, session = self._read(sid)
         (on_park or self.on_park)()

@@ -16,8 +16,9 @@ from __future__ import annotations
 import copy
 import logging
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, Self
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, Self
 from uuid import UUID
 
 from terret.domain import errors
@@ -25,8 +26,9 @@ from terret.domain.codec import RecordedEvent, decode
 from terret.domain.events import TITLE_MAX, Actor
 from terret.domain.messages import Message
 from terret.domain.session import Session
-from terret.domain.store import session_stream
-from terret.runtime.model import ModelProvider, ModelRequest
+from terret.domain.store import EventStore, session_stream
+from terret.projections.views import Views
+from terret.runtime.model import ModelProvider, ModelRequest, ModelResolver
 from terret.runtime.summarizer import (
     RoleBound,
     RoleResolver,
@@ -34,9 +36,7 @@ from terret.runtime.summarizer import (
     Summarizer,
     render_history,
 )
-
-if TYPE_CHECKING:
-    from terret.runtime.runtime import Runtime
+from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.maintenance")
 
@@ -49,13 +49,30 @@ class Titler(Protocol):
     def title(self, messages: Sequence[Message]) -> str | None: ...
 
 
-def session_roles(runtime: Runtime, session: Session) -> RoleResolver:
+@dataclass(frozen=True)
+class UpkeepServices:
+    """What between-turn upkeep needs from the process that runs it (the ``Runtime`` builds
+    one for its compactor and its titler): the store, the session writer and the views, the
+    model resolver and the session's model spec for a role, the upkeep pool and the views'
+    catch-up."""
+
+    store: EventStore
+    writer: SessionWriter
+    views: Views
+    resolver: ModelResolver
+    model_spec: Callable[[Session, str], str]
+    background: Callable[[Callable[[], object]], None]
+    """Queue a task on the upkeep pool (never the projection runner's thread)."""
+    catch_up_views: Callable[[], None]
+
+
+def session_roles(upkeep: UpkeepServices, session: Session) -> RoleResolver:
     """Resolves a role the way the session's own steps do: its recorded spec
     (``Runtime.model_spec``: ``session/started`` and ``model/set``, else the runtime's
     configuration) through the runtime's resolver."""
 
     def resolve(role: str) -> tuple[ModelProvider, str]:
-        return runtime.resolver.resolve(runtime.model_spec(session, role))
+        return upkeep.resolver.resolve(upkeep.model_spec(session, role))
 
     return resolve
 
@@ -65,9 +82,9 @@ class Compactor:
     ``prompt_tokens >= budget``, and on demand via ``compact``. ``summarizer`` defaults to the
     role summarizer on the session's ``compactor`` role."""
 
-    def __init__(self, runtime: Runtime, summarizer: Summarizer | None,
+    def __init__(self, upkeep: UpkeepServices, summarizer: Summarizer | None,
                  budget: int | None) -> None:
-        self.runtime = runtime
+        self.upkeep = upkeep
         self.summarizer: Summarizer = summarizer if summarizer is not None else RoleSummarizer()
         self.budget = budget
 
@@ -76,10 +93,10 @@ class Compactor:
         if self.budget is None or sid is None:
             return
         turn = getattr(event.payload, "turn", 0)
-        self.runtime.background(lambda: self._maybe_compact(sid, turn, event.seq))
+        self.upkeep.background(lambda: self._maybe_compact(sid, turn, event.seq))
 
     def _maybe_compact(self, sid: UUID, turn: int, end_seq: int) -> None:
-        prompt = self.runtime.views.last_prompt_tokens(sid, turn)
+        prompt = self.upkeep.views.last_prompt_tokens(sid, turn)
         if prompt is None or self.budget is None or prompt < self.budget:
             return
         try:
@@ -94,10 +111,10 @@ class Compactor:
         return self._compact(sid)
 
     def _compact(self, sid: UUID, *, after: int | None = None) -> int | None:
-        runtime = self.runtime
+        upkeep = self.upkeep
         # R18: the mark is the store's head for the stream when the compactor starts (the tail
         # other processes appended is folded in), not this process's last write.
-        session = runtime.writer.refresh(sid)
+        session = upkeep.writer.refresh(sid)
         mark = session.version
         if after is not None and session.state.last_compaction_seq > after:
             log.info("session %s was compacted after seq %d already", sid, after)
@@ -113,14 +130,14 @@ class Compactor:
                 f"{last}")
         summarizer = self.summarizer
         if isinstance(summarizer, RoleBound):
-            summarizer = summarizer.for_session(session_roles(runtime, session))
-        runtime.catch_up_views()  # the views now hold at least everything up to the mark
-        messages = runtime.views.messages(sid)
+            summarizer = summarizer.for_session(session_roles(upkeep, session))
+        upkeep.catch_up_views()  # the views now hold at least everything up to the mark
+        messages = upkeep.views.messages(sid)
         summary = summarizer.summarize(messages)
         if summary is None:
             log.warning("compaction of %s declined by the summarizer", sid)
             return None
-        upto, _ = runtime.writer.execute(sid, lambda s: s.compact(summary, mark=mark))
+        upto, _ = upkeep.writer.execute(sid, lambda s: s.compact(summary, mark=mark))
         log.info("session %s compacted up to seq %d", sid, upto)
         return int(upto)
 
@@ -130,27 +147,27 @@ class AutoTitler:
     ``titler`` (default: the role titler on the session's ``titler`` role, when that role is
     configured), else the first user message cut to 40 characters."""
 
-    def __init__(self, runtime: Runtime, titler: Titler | None) -> None:
-        self.runtime = runtime
+    def __init__(self, upkeep: UpkeepServices, titler: Titler | None) -> None:
+        self.upkeep = upkeep
         self.titler: Titler = titler if titler is not None else RoleTitler()
 
     def on_turn_end(self, event: RecordedEvent) -> None:
         sid = event.session_id
         if sid is None:
             return
-        self.runtime.background(lambda: self.title_now(sid))
+        self.upkeep.background(lambda: self.title_now(sid))
 
     def title_now(self, sid: UUID) -> None:
-        if self.runtime.views.title(sid) is not None:
+        if self.upkeep.views.title(sid) is not None:
             return  # titled already: a local view read; a title once projected stays until a purge
-        session = self.runtime.writer.refresh(sid)
+        session = self.upkeep.writer.refresh(sid)
         if session.state.titled:
             return
         title = None
         titler = self._titler_for(session)
         if titler is not None:
             try:
-                title = titler.title(self.runtime.views.messages(sid))
+                title = titler.title(self.upkeep.views.messages(sid))
             except Exception as exc:
                 log.warning("titler failed for %s, using the first message: %s", sid, exc)
         if not title:
@@ -158,7 +175,7 @@ class AutoTitler:
         if not title.strip():
             title = "Untitled session"
         try:
-            self.runtime.writer.execute(
+            self.upkeep.writer.execute(
                 sid, lambda s: s.title(title, by=Actor(actor="agent"), automatic=True))
         except (errors.AlreadyTitled, errors.SessionClosed):
             pass  # titled meanwhile (another process), or closed: nothing to do
@@ -169,17 +186,17 @@ class AutoTitler:
         titler = self.titler
         if not isinstance(titler, RoleBound):
             return titler
-        bound: Titler = titler.for_session(session_roles(self.runtime, session))
+        bound: Titler = titler.for_session(session_roles(self.upkeep, session))
         if bound is titler:
             return titler  # it brought its own resolver
         try:
-            self.runtime.model_spec(session, titler.role)
+            self.upkeep.model_spec(session, titler.role)
         except errors.ConfigurationError:
             return None
         return bound
 
     def _first_user_message(self, sid: UUID) -> str:
-        store = self.runtime.store
+        store = self.upkeep.store
         stream = session_stream(sid)
         start = 1
         while True:

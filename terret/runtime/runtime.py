@@ -12,58 +12,34 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.events import Actor
 from terret.domain.repository import SessionRepository
-from terret.domain.session import MAX_STEPS, Session
+from terret.domain.session import Session
 from terret.domain.store import EventStore
 from terret.projections.base import ViewStore
 from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views, default_projections
-from terret.runtime.agent import Agent, AgentDefinition, TurnResult
+from terret.runtime.agent import Agent, AgentDefinition, TurnResult, TurnServices
 from terret.runtime.approvals import WAKING, ApprovalSignals
 from terret.runtime.commands import SessionCommands
+from terret.runtime.config import RuntimeConfig
 from terret.runtime.hooks import BudgetCheck, BudgetGuard, PreStepHook
-from terret.runtime.maintenance import AutoTitler, Compactor, Titler
+from terret.runtime.host import AgentHost
+from terret.runtime.maintenance import AutoTitler, Compactor, Titler, UpkeepServices
 from terret.runtime.model import ModelResolver
 from terret.runtime.ownership import WorkerLease
-from terret.runtime.serving import Supervisor
+from terret.runtime.serving import ServingServices, Supervisor
 from terret.runtime.summarizer import Summarizer
 from terret.runtime.tools import ToolContext
 from terret.runtime.writer import SessionWriter
 
+__all__ = ["Runtime", "RuntimeConfig"]
+
 log = logging.getLogger("terret.runtime")
-
-
-@dataclass
-class RuntimeConfig:
-    """Deployment settings. ``roles`` maps model roles to ``provider:model`` specs; sessions
-    record their own at start and ``model/set`` changes them."""
-
-    roles: dict[str, str] = field(default_factory=lambda: {"main": "scripted:default"})
-    max_steps: int = MAX_STEPS
-    max_agents: int = 128
-    compaction_budget: int | None = None
-    approval_max_wait: float | None = None
-    spend_cap: float | None = None
-    """The default spend budget (lifetime cost) of every session: a turn whose next step would
-    pass it parks until a budget covers it (``set_budget``, ``terret budget set``)."""
-    wait_timeout: float = 30.0
-    lease_ttl: float = 15.0
-    """Seconds a worker's ownership of a session outlives its last heartbeat (R28, R29): after
-    a crash another worker takes the open turn over this long after the last beat."""
-    tool_timeout: float | None = None
-    """Seconds a tool's handler may run, for tools without their own ``timeout``; None: no
-    limit."""
-
-
-def _release(agent: Agent, reason: str, s: Session) -> None:
-    agent.ownership.release(s, reason)
 
 
 class Runtime:
@@ -96,19 +72,43 @@ class Runtime:
             self.define(definition)
         self.pre_step: list[PreStepHook] = list(pre_step)
         self.budget_guard = BudgetGuard(self.config.spend_cap)
-        # Defaults: the role summarizer and role titler on the session's roles (R19, R20).
-        self.compactor = Compactor(self, summarizer, self.config.compaction_budget)
-        self.titler = AutoTitler(self, titler)
-        self._agents: dict[str, Agent] = {}
-        self._by_session: dict[UUID, Agent] = {}
-        self._registry_lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="terret-upkeep")
         self._started = False
         self.stopping = threading.Event()
-        self.lease = WorkerLease(store.workers(), ttl=self.config.lease_ttl,
-                                 sessions=lambda: [str(s) for s in list(self._by_session)])
-        self.supervisor = Supervisor(self)
+        self._build_parts(summarizer, titler)
+
+    def _build_parts(self, summarizer: Summarizer | None, titler: Titler | None) -> None:
+        """The three parts, each given what it uses (never this runtime): maintenance, the
+        agent host with its turn drivers, serving."""
+        upkeep = UpkeepServices(self.store, self.writer, self.views, self.resolver,
+                                self.model_spec, self.background, self.catch_up_views)
+        # Defaults: the role summarizer and role titler on the session's roles (R19, R20).
+        self.compactor = Compactor(upkeep, summarizer, self.config.compaction_budget)
+        self.titler = AutoTitler(upkeep, titler)
+        self.agent_host = AgentHost(self.writer, max_agents=self.config.max_agents,
+                                    definition=self._definition, make_agent=self._make_agent)
+        self.lease = WorkerLease(self.store.workers(), ttl=self.config.lease_ttl,
+                                 sessions=lambda: [str(s) for s in self.agent_host.session_ids()])
+        self._turn_services = self._turn_services_of()
+        self.supervisor = Supervisor(self.agent_host, ServingServices(
+            self.writer, self.views, self.lease, self.stopping, self.start,
+            self.catch_up_views, self.background, self.titler.title_now))
         self.host = self.lease.host
+
+    def _turn_services_of(self) -> TurnServices:
+        c = self.config
+        return TurnServices(
+            writer=self.writer, views=self.views, resolver=self.resolver,
+            model_spec=self.model_spec, signals=self.signals, lease=self.lease,
+            tool_context=self.tool_context, add_listener=self.runner.add_listener,
+            wait_for=self.wait_for, catch_up_views=self.catch_up_views,
+            budget_guard=self.budget_guard, pre_step=self.pre_step, stopping=self.stopping,
+            max_steps=c.max_steps, approval_max_wait=c.approval_max_wait,
+            tool_timeout=c.tool_timeout)
+
+    def _make_agent(self, agent_id: str, session_id: UUID,
+                    definition: AgentDefinition) -> Agent:
+        return Agent(self._turn_services, agent_id, session_id, definition)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -134,10 +134,10 @@ class Runtime:
             return
         self.supervisor.stop()
         self.stopping.set()
-        for sid in list(self._by_session):
+        for sid in self.agent_host.session_ids():
             self.signals.signal(sid)
         deadline = time.monotonic() + grace
-        threads = [a._thread for a in list(self._agents.values()) if a._thread is not None]
+        threads = self.agent_host.turn_threads()
         threads += self.supervisor.waiting_threads()
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -150,7 +150,7 @@ class Runtime:
             except (TimeoutError, errors.TerretError):
                 log.warning("stopping before the views caught up; upkeep resumes at next start")
         self._pool.shutdown(wait=True)
-        self._release_all("shutdown")
+        self.agent_host.release_all("shutdown")
         self.lease.stop()
         self.runner.stop()
         self.view_store.close()
@@ -206,7 +206,7 @@ class Runtime:
 
     def close_session(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
         self.commands.close(session_id, by=by, reason=reason)
-        agent = self._by_session.get(session_id)
+        agent = self.agent_for_session(session_id)
         if agent is not None and not agent.busy:
             self.dispose_agent(agent.id, reason="session closed")
 
@@ -222,89 +222,29 @@ class Runtime:
         """Create this process's agent for the session and take ownership of it (R22, R28):
         ``SessionOwned`` if another live worker owns it (an idle one is moved here when
         ``take_idle``); a session whose owner's lease expired is taken over, attributed."""
-        with self._registry_lock:
-            agent_id = agent_id or f"agent-{uuid4().hex[:12]}"
-            if agent_id in self._agents:
-                raise errors.AgentExists(f"agent id {agent_id!r} is taken")
-            if session_id in self._by_session:
-                raise errors.AgentExists(
-                    f"session {session_id} already has agent {self._by_session[session_id].id}")
-            if len(self._agents) >= self.config.max_agents:
-                raise errors.AgentCapExceeded(
-                    f"this process already holds {self.config.max_agents} agents")
-            session = self.writer.load(session_id)
-            if session.closed:
-                raise errors.SessionClosed(f"session {session_id} is closed")
-            if _for_new_turn:
-                # R4: a refusal appends nothing, not even the attach it would have needed.
-                session.require_no_open_turn()
-            agent = Agent(self, agent_id, session_id,
-                          self._definition(session.state.agent))
-            self._agents[agent_id] = agent
-            self._by_session[session_id] = agent
-        try:
-            self.writer.execute(session_id,
-                                lambda s: agent.ownership.take(s, take_idle=take_idle))
-        except BaseException:
-            self._forget_agent(agent)
-            raise
-        return agent
+        return self.agent_host.spawn(session_id, agent_id=agent_id, take_idle=take_idle,
+                                     for_new_turn=_for_new_turn)
 
     def dispose_agent(self, agent_id: str, *, reason: str | None = None) -> None:
-        with self._registry_lock:
-            agent = self._agents.get(agent_id)
-            if agent is None:
-                raise errors.RuntimeFault(f"no agent {agent_id!r}")
-            if agent.busy:
-                raise errors.AgentBusy(f"agent {agent_id} is {agent.status}; only idle agents "
-                                       "can be disposed")
-            self._forget_agent(agent)
-        self.writer.execute(agent.session_id,
-                            lambda s: agent.ownership.release(s, reason or "disposed"))
-
-    def _release_all(self, reason: str) -> None:
-        """Release every session this worker still owns (a graceful stop): nothing is written
-        for a session it lost meanwhile."""
-        for agent in list(self._agents.values()):
-            if agent.busy:
-                continue  # a turn that did not stop in time keeps its lease until it expires
-            try:
-                self.writer.execute(agent.session_id, partial(_release, agent, reason))
-            except errors.TerretError as exc:
-                log.warning("session %s not released (%s); its lease expires instead",
-                            agent.session_id, exc)
-
-    def _forget_agent(self, agent: Agent) -> None:
-        with self._registry_lock:
-            agent.release()
-            self._agents.pop(agent.id, None)
-            if self._by_session.get(agent.session_id) is agent:
-                del self._by_session[agent.session_id]
+        self.agent_host.dispose(agent_id, reason=reason)
 
     def agent_for_session(self, session_id: UUID) -> Agent | None:
-        return self._by_session.get(session_id)
+        return self.agent_host.agent_for_session(session_id)
 
     @property
     def agents(self) -> list[Agent]:
-        return list(self._agents.values())
+        return self.agent_host.agents
 
     def agent_for(self, session_id: UUID, *, take_idle: bool = False,
                   for_new_turn: bool = False) -> Agent:
         """This process's agent for the session, spawned (and owning it) if there is none."""
-        # Under the registry lock: two racing callers must share one agent, not collide on a
-        # spawn (the loser would see AgentExists instead of TurnAlreadyRunning).
-        with self._registry_lock:
-            return self.agent_for_session(session_id) or self.spawn_agent(
-                session_id, take_idle=take_idle, _for_new_turn=for_new_turn)
+        return self.agent_host.agent_for(session_id, take_idle=take_idle,
+                                         for_new_turn=for_new_turn)
 
     def drive(self, agent: Agent, turn: Callable[[], TurnResult]) -> TurnResult:
         """Run one of the agent's turn methods; an agent that lost its session is dropped
         from this process (it wrote nothing after losing it)."""
-        try:
-            return turn()
-        except errors.LostOwnership:
-            self._forget_agent(agent)
-            raise
+        return self.agent_host.drive(agent, turn)
 
     # --- turns ---------------------------------------------------------------------------
 

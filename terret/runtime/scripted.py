@@ -70,6 +70,21 @@ class ScriptedProvider:
         on_text: TextSink | None = None,
         cancel: threading.Event | None = None,
     ) -> ModelReply:
+        reply, calls = self._next(request)
+        if reply.gate is not None:
+            while not reply.gate.wait(0.05):
+                if cancel is not None and cancel.is_set():
+                    raise ModelCancelled(f"{self.name}: request cancelled")
+        if reply.raises is not None:
+            raise reply.raises
+        if on_text is not None:
+            self._stream(reply.text, on_text, cancel)
+        return ModelReply(text=reply.text, tool_calls=tuple(calls), usage=reply.usage,
+                          finish_reason="tool_calls" if calls else "stop")
+
+    def _next(self, request: ModelRequest) -> tuple[Reply, list[ToolCall]]:
+        """The scripted reply to ``request`` and its calls, ids given where the script has
+        none."""
         with self._lock:
             self.requests.append(request)
             if self._replies:
@@ -85,16 +100,10 @@ class ScriptedProvider:
                 self._counter += 1
                 calls.append(ToolCall(id=c.id or f"call-{self._counter}", name=c.name,
                                       args=c.args))
-        if reply.gate is not None:
-            while not reply.gate.wait(0.05):
-                if cancel is not None and cancel.is_set():
-                    raise ModelCancelled(f"{self.name}: request cancelled")
-        if reply.raises is not None:
-            raise reply.raises
-        if on_text is not None:
-            for i in range(0, len(reply.text), self._chunk):
-                if cancel is not None and cancel.is_set():
-                    raise ModelCancelled(f"{self.name}: request cancelled")
-                on_text(reply.text[i : i + self._chunk])
-        return ModelReply(text=reply.text, tool_calls=tuple(calls), usage=reply.usage,
-                          finish_reason="tool_calls" if calls else "stop")
+        return reply, calls
+
+    def _stream(self, text: str, on_text: TextSink, cancel: threading.Event | None) -> None:
+        for i in range(0, len(text), self._chunk):
+            if cancel is not None and cancel.is_set():
+                raise ModelCancelled(f"{self.name}: request cancelled")
+            on_text(text[i : i + self._chunk])

@@ -24,24 +24,43 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent
-from terret.runtime.approvals import TurnSuspended
-
-if TYPE_CHECKING:
-    from terret.runtime.agent import TurnResult
-    from terret.runtime.runtime import Runtime
+from terret.projections.views import Views
+from terret.runtime.agent import TurnResult
+from terret.runtime.host import AgentHost
+from terret.runtime.ownership import WorkerLease
+from terret.runtime.stops import TurnSuspended
+from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.serving")
 
 
+@dataclass(frozen=True)
+class ServingServices:
+    """What serving needs besides the agent host (the ``Runtime`` builds it): the writer, the
+    views and the worker's lease, the runtime's start and the views' catch-up, the stopping
+    flag, the upkeep pool and the titler's catch-up."""
+
+    writer: SessionWriter
+    views: Views
+    lease: WorkerLease
+    stopping: threading.Event
+    start: Callable[[], object]
+    catch_up_views: Callable[[], None]
+    background: Callable[[Callable[[], object]], None]
+    title_now: Callable[[UUID], None]
+
+
 class Supervisor:
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, host: AgentHost, services: ServingServices) -> None:
+        self.host = host
+        self.services = services
         self.serving = False
         self._free_since: dict[UUID, float] = {}
         self._refused: set[UUID] = set()
@@ -51,7 +70,7 @@ class Supervisor:
 
     @property
     def grace(self) -> float:
-        return 2 * self.runtime.lease.interval
+        return 2 * self.services.lease.interval
 
     # --- serving -------------------------------------------------------------------------
 
@@ -59,7 +78,7 @@ class Supervisor:
         """Claim and resume the open turns this worker should run (the rolling-deploy case:
         those of a live worker are left to it), wake sessions with a pending waking inbox;
         then keep serving as events arrive and the scan finds free sessions."""
-        rt = self.runtime
+        rt = self.services
         rt.start()
         self.serving = True
         rt.catch_up_views()
@@ -83,10 +102,10 @@ class Supervisor:
     @property
     def scan_interval(self) -> float:
         """A fifth of the TTL, at most a second: a dead owner on this host is seen within it."""
-        return min(self.runtime.lease.interval, 1.0)
+        return min(self.services.lease.interval, 1.0)
 
     def _scan_loop(self) -> None:
-        rt = self.runtime
+        rt = self.services
         while not rt.stopping.wait(self.scan_interval):
             try:
                 self.scan()
@@ -94,7 +113,7 @@ class Supervisor:
                 log.warning("the serving scan failed; retrying", exc_info=True)
 
     def scan(self) -> None:
-        rt = self.runtime
+        rt = self.services
         wanted = set(rt.views.resumable_sessions()) | set(rt.views.sessions_to_wake())
         with self._lock:
             self._free_since = {s: t for s, t in self._free_since.items() if s in wanted}
@@ -104,24 +123,34 @@ class Supervisor:
     def _offer(self, sid: UUID, *, now: bool, leaving: str | None = None) -> bool:
         """Start serving ``sid`` on a thread of its own if this worker should, now; True if
         it did."""
-        rt = self.runtime
-        agent = rt.agent_for_session(sid)
+        if not self._should_try(sid, now=now, leaving=leaving) or not self._claim(sid, now=now):
+            return False
+        self.wake_later(sid)
+        return True
+
+    def _should_try(self, sid: UUID, *, now: bool, leaving: str | None) -> bool:
+        """Whether this worker should try to claim ``sid`` now: it is free (or this worker's
+        already, between turns), and this worker is the first to try (see the module)."""
+        agent = self.host.agent_for_session(sid)
         if agent is not None and agent.busy:
             return False
         try:
-            session = rt.writer.load(sid)
+            session = self.services.writer.load(sid)
         except errors.TerretError:
             return False
         if session.closed:
             return False
+        lease = self.services.lease
         owner = session.state.owner
-        mine = owner is not None and owner.get("worker") == rt.lease.worker
-        if owner is not None and not mine and rt.lease.alive(owner.get("worker")):
+        mine = owner is not None and owner.get("worker") == lease.worker
+        if owner is not None and not mine and lease.alive(owner.get("worker")):
             return False  # a live worker owns it: its turns are its own
-        if not mine and not self._first_to_try(sid, now=now, leaving=leaving):
-            return False
+        return mine or self._first_to_try(sid, now=now, leaving=leaving)
+
+    def _claim(self, sid: UUID, *, now: bool) -> bool:
+        """Claim ``sid`` for this worker, now (its turn then runs on a thread of its own)."""
         try:
-            rt.agent_for(sid)  # the claim, now; the turn on a thread of its own
+            self.host.agent_for(sid)
         except errors.SessionOwned:
             return False  # another worker was quicker
         except errors.TerretError as exc:
@@ -131,11 +160,10 @@ class Supervisor:
                 log.warning("not serving session %s: %s", sid, exc)
             self._refused.add(sid)
             return False
-        self.wake_later(sid)
         return True
 
     def _first_to_try(self, sid: UUID, *, now: bool, leaving: str | None = None) -> bool:
-        rt = self.runtime
+        rt = self.services
         live = [w for w in rt.lease.live_workers() if w != leaving]
         if rt.lease.preferred(str(sid), live) == rt.lease.worker:
             return True
@@ -149,7 +177,7 @@ class Supervisor:
         sid = event.session_id
         if sid is None or not getattr(event.payload, "wake", False):
             return
-        if self.runtime.agent_for_session(sid) is not None:
+        if self.host.agent_for_session(sid) is not None:
             self.wake_later(sid)
         elif self.serving:
             self._offer(sid, now=True)
@@ -157,7 +185,7 @@ class Supervisor:
     def on_detached(self, event: RecordedEvent) -> None:
         """A worker let a session go (a graceful stop hands its open turn off here)."""
         sid = event.session_id
-        if sid is not None and self.serving and not self.runtime.stopping.is_set():
+        if sid is not None and self.serving and not self.services.stopping.is_set():
             # The worker that let go is leaving (or handing off): prefer among the others.
             self._offer(sid, now=True, leaving=getattr(event.payload, "worker", None))
 
@@ -166,7 +194,7 @@ class Supervisor:
     def wake_later(self, session_id: UUID) -> None:
         """Wake on a thread of its own: a woken turn may park on an approval for days, so it
         must not hold a worker of the upkeep pool."""
-        rt = self.runtime
+        rt = self.services
 
         def run() -> None:
             try:
@@ -190,29 +218,29 @@ class Supervisor:
         """Resume the session's open turn, or start one with its pending inbox (the loser of a
         race leaves its text in the inbox: it rides the winner's next step). A session a live
         worker owns is left to it (``SessionOwned``)."""
-        rt = self.runtime
+        rt = self.services
         session = rt.writer.load(session_id)
         if session.closed:
             return None
-        agent = rt.agent_for(session_id)
+        agent = self.host.agent_for(session_id)
         try:
             if session.turn_open:
-                return rt.drive(agent, agent.resume_turn)
+                return self.host.drive(agent, agent.resume_turn)
             inbox = session.pending_inbox()
             if not inbox:
                 return None
             inbox_id, entry = next(iter(inbox.items()))
-            return rt.drive(agent, lambda: agent.run_turn(
-                entry["text"], trigger="wake", inbox_id=inbox_id, take_idle=False))
+            return self.host.drive(agent, lambda: agent.run_turn(
+                entry.text, trigger="wake", inbox_id=inbox_id, take_idle=False))
         except (errors.TurnAlreadyRunning, errors.TurnOpenInLog):
             return None
 
     def _title_untitled(self) -> None:
         """R20 catch-up: a process that ended a session's first turn and died before its titler
         ran leaves it untitled; title it now (the aggregate refuses a second automatic title)."""
-        rt = self.runtime
+        rt = self.services
         for summary in rt.views.sessions():
             if summary.title is None and not summary.closed:
                 status = rt.views.status(summary.session)
                 if status is not None and status.last_turn_status is not None:
-                    rt.background(partial(rt.titler.title_now, UUID(summary.id)))
+                    rt.background(partial(rt.title_now, UUID(summary.id)))

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ValidationError
 
 from terret.runtime._handlers import HANDLERS
 from terret.runtime.model import ToolSpec
+from terret.runtime.stops import TurnCancelled
 
 log = logging.getLogger("terret.tools")
 
@@ -210,6 +211,8 @@ class ToolPipeline:
             outcome, content=content)
 
     def _run(self, ctx: CallContext) -> ToolOutcome:
+        # The pipeline's stages in order (lookup, validation, the pre-execute waterfall, the
+        # approval gate, the handler): each branch is a stage that can end the call.
         tool = self.tools.get(ctx.name)
         if tool is None:
             return ToolOutcome(f"unknown tool {ctx.name!r}", is_error=True)
@@ -237,8 +240,6 @@ class ToolPipeline:
         cancel while the handler goes on. A hand-over to another thread costs the step a
         millisecond or more while the projection runner works on the step's own appends, so a
         call without a timeout does not pay it; its cancel is honoured when it returns."""
-        from terret.runtime.approvals import TurnCancelled  # approvals imports this module
-
         if self.cancel is not None and self.cancel.is_set():
             raise TurnCancelled(f"turn {ctx.turn} of {ctx.session_id} was cancelled")
         if not tool.idempotent and self.on_start is not None:
@@ -249,6 +250,12 @@ class ToolPipeline:
                 return _outcome(tool, True, tool.handler(parsed, ctx))
             except BaseException as exc:  # noqa: BLE001 - a failure or a stop, recorded
                 return _outcome(tool, False, exc)
+        return self._execute_within(limit, tool, parsed, ctx)
+
+    def _execute_within(self, limit: float, tool: Tool, parsed: BaseModel,
+                        ctx: CallContext) -> ToolOutcome:
+        """The handler on a handler thread; the turn waits for it until ``limit`` seconds or
+        the turn's cancel, whichever comes first."""
         done = threading.Event()
         box: list[tuple[bool, Any]] = []
 

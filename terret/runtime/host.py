@@ -1,0 +1,187 @@
+"""The agent host: this process's agents, one per session it serves (R22).
+
+The registry maps agent ids and sessions to their :class:`~terret.runtime.agent.Agent`; a spawn
+takes ownership of the session for this worker (R28). Serving — which sessions this worker
+tries, and waking them — is :class:`~terret.runtime.serving.Supervisor`, on top of this host.
+
+Locks (docs/architecture.md §7): a spawn holds its session's *spawn lock* while it reads the
+session and appends the attach, so that two racing callers share one agent; the *registry lock*
+guards the two maps only and is never held across a store read or write, a listener change or
+another lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from uuid import UUID, uuid4
+
+from terret.domain import errors
+from terret.domain.session import Session
+from terret.runtime.agent import Agent, AgentDefinition, TurnResult
+from terret.runtime.writer import SessionWriter
+
+log = logging.getLogger("terret.runtime")
+
+AgentFactory = Callable[[str, UUID, AgentDefinition], Agent]
+
+
+def _release(agent: Agent, reason: str, s: Session) -> None:
+    agent.ownership.release(s, reason)
+
+
+class AgentHost:
+    """The agent registry of one process. ``definition`` names the agent definition that
+    serves a session (its recorded agent), ``make_agent`` builds an agent with the process's
+    turn services."""
+
+    def __init__(self, writer: SessionWriter, *, max_agents: int,
+                 definition: Callable[[str], AgentDefinition],
+                 make_agent: AgentFactory) -> None:
+        self.writer = writer
+        self.max_agents = max_agents
+        self._definition = definition
+        self._make_agent = make_agent
+        self._agents: dict[str, Agent] = {}
+        self._by_session: dict[UUID, Agent] = {}
+        self._lock = threading.Lock()  # the registry lock: the two maps, nothing else
+        self._spawn_locks: dict[UUID, tuple[threading.RLock, list[int]]] = {}
+
+    # --- reading the registry -------------------------------------------------------------
+
+    def agent_for_session(self, session_id: UUID) -> Agent | None:
+        return self._by_session.get(session_id)
+
+    @property
+    def agents(self) -> list[Agent]:
+        return list(self._agents.values())
+
+    def session_ids(self) -> list[UUID]:
+        return list(self._by_session)
+
+    # --- spawning and disposing -----------------------------------------------------------
+
+    @contextmanager
+    def _spawning(self, session_id: UUID) -> Iterator[None]:
+        """The session's spawn lock (re-entrant; dropped when nobody holds or waits for it)."""
+        with self._lock:
+            lock, users = self._spawn_locks.setdefault(session_id, (threading.RLock(), [0]))
+            users[0] += 1
+        try:
+            with lock:
+                yield
+        finally:
+            with self._lock:
+                users[0] -= 1
+                if users[0] == 0:
+                    del self._spawn_locks[session_id]
+
+    def _check_free(self, agent_id: str, session_id: UUID) -> None:
+        """Under the registry lock: the id and the session are free, the cap not reached."""
+        if agent_id in self._agents:
+            raise errors.AgentExists(f"agent id {agent_id!r} is taken")
+        if session_id in self._by_session:
+            raise errors.AgentExists(
+                f"session {session_id} already has agent {self._by_session[session_id].id}")
+        if len(self._agents) >= self.max_agents:
+            raise errors.AgentCapExceeded(
+                f"this process already holds {self.max_agents} agents")
+
+    def _servable(self, session_id: UUID, *, for_new_turn: bool) -> Session:
+        """The session, read outside the registry lock; refused if it is closed, or (for a
+        new turn) if its log holds an open one."""
+        session = self.writer.load(session_id)
+        if session.closed:
+            raise errors.SessionClosed(f"session {session_id} is closed")
+        if for_new_turn:
+            # R4: a refusal appends nothing, not even the attach it would have needed.
+            session.require_no_open_turn()
+        return session
+
+    def spawn(self, session_id: UUID, *, agent_id: str | None = None, take_idle: bool = True,
+              for_new_turn: bool = False) -> Agent:
+        """Create this process's agent for the session and take ownership of it (R22, R28)."""
+        agent_id = agent_id or f"agent-{uuid4().hex[:12]}"
+        with self._spawning(session_id):
+            with self._lock:
+                self._check_free(agent_id, session_id)  # refused before any read
+            session = self._servable(session_id, for_new_turn=for_new_turn)
+            agent = self._make_agent(agent_id, session_id,
+                                     self._definition(session.state.agent))
+            try:
+                with self._lock:
+                    self._check_free(agent_id, session_id)  # another session may have filled
+                    self._agents[agent_id] = agent
+                    self._by_session[session_id] = agent
+            except BaseException:
+                agent.release()
+                raise
+            try:
+                self.writer.execute(session_id,
+                                    lambda s: agent.ownership.take(s, take_idle=take_idle))
+            except BaseException:
+                self.forget(agent)
+                raise
+            return agent
+
+    def agent_for(self, session_id: UUID, *, take_idle: bool = False,
+                  for_new_turn: bool = False) -> Agent:
+        """This process's agent for the session, spawned (and owning it) if there is none."""
+        # Under the session's spawn lock: two racing callers must share one agent, not collide
+        # on a spawn (the loser would see AgentExists instead of TurnAlreadyRunning).
+        with self._spawning(session_id):
+            return self.agent_for_session(session_id) or self.spawn(
+                session_id, take_idle=take_idle, for_new_turn=for_new_turn)
+
+    def dispose(self, agent_id: str, *, reason: str | None = None) -> None:
+        with self._lock:
+            agent = self._agents.get(agent_id)
+            if agent is None:
+                raise errors.RuntimeFault(f"no agent {agent_id!r}")
+            if agent.busy:
+                raise errors.AgentBusy(f"agent {agent_id} is {agent.status}; only idle agents "
+                                       "can be disposed")
+            self._unregister(agent)
+        agent.release()
+        self.writer.execute(agent.session_id,
+                            lambda s: agent.ownership.release(s, reason or "disposed"))
+
+    def forget(self, agent: Agent) -> None:
+        """Drop the agent from the registry and remove its listeners (nothing is written)."""
+        with self._lock:
+            self._unregister(agent)
+        agent.release()
+
+    def _unregister(self, agent: Agent) -> None:
+        self._agents.pop(agent.id, None)
+        if self._by_session.get(agent.session_id) is agent:
+            del self._by_session[agent.session_id]
+
+    def release_all(self, reason: str) -> None:
+        """Release every session this worker still owns (a graceful stop): nothing is written
+        for a session it lost meanwhile."""
+        for agent in self.agents:
+            if agent.busy:
+                continue  # a turn that did not stop in time keeps its lease until it expires
+            try:
+                self.writer.execute(agent.session_id, partial(_release, agent, reason))
+            except errors.TerretError as exc:
+                log.warning("session %s not released (%s); its lease expires instead",
+                            agent.session_id, exc)
+
+    # --- turns ------------------------------------------------------------------------------
+
+    def drive(self, agent: Agent, turn: Callable[[], TurnResult]) -> TurnResult:
+        """Run one of the agent's turn methods; an agent that lost its session is dropped
+        from this process (it wrote nothing after losing it)."""
+        try:
+            return turn()
+        except errors.LostOwnership:
+            self.forget(agent)
+            raise
+
+    def turn_threads(self) -> list[threading.Thread]:
+        return [a._thread for a in self.agents if a._thread is not None]
