@@ -18,7 +18,13 @@ from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent
-from terret.domain.events import Actor, ToolCallData, TurnStatus, UsageData
+from terret.domain.events import (
+    Actor,
+    CancelRequested,
+    ToolCallData,
+    TurnStatus,
+    UsageData,
+)
 from terret.domain.messages import Message
 from terret.domain.session import Session
 from terret.projections._bus import Listener, ListenerHandle
@@ -113,7 +119,7 @@ class Agent:
         self.pipeline = ToolPipeline(definition.tools, self.context, self.gate,
                                      timeout=services.tool_timeout,
                                      cancel=self.cancel_event, on_start=self._tool_started)
-        self._listeners = [services.add_listener(self._on_cancel, {"turn/cancel_requested"})]
+        self._listeners = [services.add_listener(self._on_cancel, {CancelRequested.wire_name})]
         self._thread: threading.Thread | None = None
         self.model_context = ModelContext()  # the last request's messages (see _messages)
         self.work = StepWork(writer, session_id, fence=self.ownership.fence,

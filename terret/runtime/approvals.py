@@ -21,7 +21,15 @@ from uuid import UUID
 
 from terret.domain.codec import RecordedEvent
 from terret.domain.errors import ApprovalNotPending
-from terret.domain.events import Actor
+from terret.domain.events import (
+    Actor,
+    AgentAttached,
+    ApprovalResolved,
+    BudgetSet,
+    CancelRequested,
+    InDoubtResolved,
+    TurnEnded,
+)
 from terret.domain.session import Session
 from terret.runtime.stops import TurnCancelled, TurnSuspended
 from terret.runtime.tools import CallContext, Tool, ToolOutcome
@@ -33,8 +41,8 @@ log = logging.getLogger("terret.approvals")
 
 T = TypeVar("T")
 
-WAKING = frozenset({"approval/resolved", "turn/cancel_requested", "turn/end", "agent/attached",
-                    "budget/set", "tool/in_doubt_resolved"})
+WAKING = frozenset(e.wire_name for e in (ApprovalResolved, CancelRequested, TurnEnded,
+                                          AgentAttached, BudgetSet, InDoubtResolved))
 """What a parked wait waits for: a verdict, a cancel, the turn's end, a takeover, a budget, a
 verdict on a call in doubt. ``Runtime.start`` signals the parked waits on these."""
 

@@ -23,7 +23,7 @@ from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent, decode
-from terret.domain.events import TITLE_MAX, Actor
+from terret.domain.events import TITLE_MAX, Actor, ContextInjected, UserMessage
 from terret.domain.messages import Message
 from terret.domain.session import Session
 from terret.domain.store import EventStore, session_stream
@@ -39,6 +39,8 @@ from terret.runtime.summarizer import (
 from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.maintenance")
+
+_FIRST_TEXT = frozenset({UserMessage.wire_name, ContextInjected.wire_name})
 
 FALLBACK_TITLE_CHARS = 40
 
@@ -202,7 +204,7 @@ class AutoTitler:
         while True:
             page = store.read_stream(stream, from_seq=start, limit=100)
             for record in page:
-                if record.wire_name in ("user/message", "context/injected"):
+                if record.wire_name in _FIRST_TEXT:
                     return str(getattr(decode(record).payload, "text", ""))
             if len(page) < 100:
                 return ""

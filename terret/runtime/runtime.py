@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from terret.domain import errors
-from terret.domain.events import Actor
+from terret.domain.events import Actor, AgentDetached, InboxQueued, TurnEnded
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
 from terret.domain.store import EventStore
@@ -117,10 +117,10 @@ class Runtime:
             return self
         r = self.runner
         r.add_listener(self.signals.on_event, WAKING)
-        r.add_listener(self.compactor.on_turn_end, {"turn/end"})
-        r.add_listener(self.titler.on_turn_end, {"turn/end"})
-        r.add_listener(self.supervisor.on_inbox, {"inbox/queued"})
-        r.add_listener(self.supervisor.on_detached, {"agent/detached"})
+        r.add_listener(self.compactor.on_turn_end, {TurnEnded.wire_name})
+        r.add_listener(self.titler.on_turn_end, {TurnEnded.wire_name})
+        r.add_listener(self.supervisor.on_inbox, {InboxQueued.wire_name})
+        r.add_listener(self.supervisor.on_detached, {AgentDetached.wire_name})
         r.start()
         self._started = True
         return self
