@@ -55,23 +55,6 @@ def call_key(name: str, args: dict[str, Any]) -> str:
     return json.dumps([name, args], sort_keys=True, separators=(",", ":"))
 
 
-class _ReadAsDict:
-    """Transitional: ``terret/runtime`` (being reshaped as this is written) still reads some of
-    these records as the dicts they were (``verdict["verdict"]``, ``owner.get("worker")``,
-    ``entry["text"]``). Remove once it reads their attributes."""
-
-    __slots__ = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_dict().get(key, default)
-
-
 @dataclass(frozen=True, slots=True)
 class OwedCall:
     """A tool call of the last reply that has no ``tool/result`` yet."""
@@ -96,7 +79,7 @@ class WaitingCall:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict(_ReadAsDict):
+class Verdict:
     """A verdict of the open turn (``approved``/``denied``, or ``rerun``/``skipped`` on a call
     in doubt), bound to the call's tool and arguments by ``key``."""
 
@@ -116,7 +99,7 @@ class Verdict(_ReadAsDict):
 
 
 @dataclass(frozen=True, slots=True)
-class InboxEntry(_ReadAsDict):
+class InboxEntry:
     """Text queued in the durable inbox (R24), waiting for a step."""
 
     text: str
@@ -127,7 +110,7 @@ class InboxEntry(_ReadAsDict):
 
 
 @dataclass(frozen=True, slots=True)
-class Owner(_ReadAsDict):
+class Owner:
     """The agent owning the session (R28), as its ``agent/attached`` records it."""
 
     agent_id: str

@@ -478,15 +478,14 @@ class Agent:
             verdict = self.gate.wait(
                 self.session_id, lambda s: s.doubt_verdict_for(ctx.call_id, ctx.name, ctx.args),
                 what=f"{ctx.call_id} is in doubt", on_park=lambda: self._parked("in_doubt"))
-        if verdict["verdict"] == "rerun":
+        if verdict.verdict == "rerun":
             log.info("session %s: call %s runs again on an operator's verdict",
                      self.session_id, ctx.call_id)
             return None
-        by = verdict.get("by") or {}
-        reason = verdict.get("reason")
+        reason = verdict.reason
         return ToolOutcome(
             f"{ctx.name} was not run again: it had started before and its outcome is unknown "
-            f"(it may have taken effect); {by.get('actor', 'someone')} decided not to re-run "
+            f"(it may have taken effect); {verdict.by.actor} decided not to re-run "
             f"it" + (f": {reason}" if reason else ""), is_error=True)
 
     def _within_budget(self, session: Session) -> Session:

@@ -122,12 +122,10 @@ class ApprovalGate:
                 sid, lambda s: s.verdict_for(ctx.call_id, ctx.name, ctx.args),
                 what=f"{ctx.call_id} is parked", deadline=deadline,
                 on_deadline=lambda: self._reap(ctx), session=session, seen=seen)
-        if verdict["verdict"] == "approved":
+        if verdict.verdict == "approved":
             return None
-        by = verdict.get("by") or {}
-        who = by.get("actor", "someone") if isinstance(by, dict) else "someone"
-        reason = verdict.get("reason")
-        text = f"{tool.name} was denied by {who}" + (f": {reason}" if reason else "")
+        reason = verdict.reason
+        text = f"{tool.name} was denied by {verdict.by.actor}" + (f": {reason}" if reason else "")
         return ToolOutcome(text, is_error=True)
 
     def _read(self, sid: UUID) -> tuple[int, Session]:

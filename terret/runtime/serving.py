@@ -142,8 +142,8 @@ class Supervisor:
             return False
         lease = self.services.lease
         owner = session.state.owner
-        mine = owner is not None and owner.get("worker") == lease.worker
-        if owner is not None and not mine and lease.alive(owner.get("worker")):
+        mine = owner is not None and owner.worker == lease.worker
+        if owner is not None and not mine and lease.alive(owner.worker):
             return False  # a live worker owns it: its turns are its own
         return mine or self._first_to_try(sid, now=now, leaving=leaving)
 
