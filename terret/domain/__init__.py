@@ -8,10 +8,11 @@ events when it is first imported (``terret.domain.catalogue``), whoever imports 
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from terret._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from terret.domain import events as events
@@ -90,20 +91,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, _, attr = target.partition(":")
-    value = importlib.import_module(module)
-    if attr:
-        value = getattr(value, attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)
 
 
 class _Domain(types.ModuleType):

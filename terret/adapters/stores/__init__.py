@@ -4,8 +4,9 @@ Names are imported on first use (PEP 562): importing the package costs nothing."
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from terret._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from terret.adapters.stores.memory import MemoryStore
@@ -22,17 +23,4 @@ _LAZY: dict[str, str] = {
 __all__ = ["MemoryStore", "SQLiteStore", "open_store"]
 
 
-def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, _, attr = target.partition(":")
-    value = importlib.import_module(module)
-    if attr:
-        value = getattr(value, attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)
