@@ -229,3 +229,30 @@ class TestSQLiteStore(StoreContract):
         after = len(list(fd_dir.iterdir()))
         assert after - before < 10, f"{after - before} more open files after 100 threads"
         assert store.stream_version(stream) == 106
+
+
+def test_processes_opening_a_new_file_at_once_all_succeed(tmp_path: Path) -> None:
+    """Openers racing on a new file (a web app's workers starting together) all get the store:
+    SQLite answers 'locked' at once to the loser of the switch to WAL, which is retried."""
+    for round_ in range(30):
+        path = tmp_path / f"race-{round_}.db"
+        gate = threading.Barrier(6)
+        ids: list[str | None] = []
+        failures: list[BaseException] = []
+
+        def open_it(path: Path = path, gate: threading.Barrier = gate) -> None:
+            gate.wait(10)
+            try:
+                store = SQLiteStore(path)
+                ids.append(store.store_id())
+                store.close()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not failures, (round_, failures)
+        assert len(ids) == 6 and len(set(ids)) == 1

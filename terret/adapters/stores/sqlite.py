@@ -195,6 +195,25 @@ def refuse_foreign_file(path: str, busy_timeout: float = 30.0) -> None:
                           f"(tables {shown}){hint}; it was left untouched")
 
 
+def _while_busy(work: Callable[[], R], timeout: float) -> R:
+    """Run ``work``, again while SQLite answers "locked" without waiting: processes opening a
+    new file at once race to switch it to WAL and create the schema, and SQLite refuses a lock
+    upgrade that could deadlock at once instead of calling its busy handler."""
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        try:
+            return work()
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", None)
+            busy = isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_BUSY,
+                                                             sqlite3.SQLITE_LOCKED)
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
 def _row(row: tuple[Any, ...]) -> StoredRecord:
     stream, seq, position, event_id, wire_name, data, metadata, recorded_at, sound = row
     if sound:
@@ -240,14 +259,18 @@ class SQLiteStore(PositionalStore):
         self._workers: WorkerRegistry | None = None
         refuse_foreign_file(self.path, busy_timeout)  # before anything writes to the file
         try:
-            conn = self._conn()
-            conn.executescript(_SCHEMA)
-            self._store_id = self._identity(conn)
-            strict = _STRICT and conn.execute("PRAGMA table_list(events)").fetchone()[5]
+            strict = _while_busy(self._initialise, busy_timeout)
         except sqlite3.Error as exc:
             self.close()
             raise store_error(exc, self.path) from None
         self._columns = _STRICT_COLUMNS if strict else _CHECKED_COLUMNS
+
+    def _initialise(self) -> bool:
+        """Create the schema if missing and read the store's id; whether ``events`` is STRICT."""
+        conn = self._conn()
+        conn.executescript(_SCHEMA)
+        self._store_id = self._identity(conn)
+        return bool(_STRICT and conn.execute("PRAGMA table_list(events)").fetchone()[5])
 
     @staticmethod
     def _identity(conn: sqlite3.Connection) -> str:
