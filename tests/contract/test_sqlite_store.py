@@ -240,7 +240,9 @@ def test_processes_opening_a_new_file_at_once_all_succeed(tmp_path: Path) -> Non
         ids: list[str | None] = []
         failures: list[BaseException] = []
 
-        def open_it(path: Path = path, gate: threading.Barrier = gate) -> None:
+        def open_it(path: Path = path, gate: threading.Barrier = gate,
+                    ids: list[str | None] = ids, failures: list[BaseException] = failures
+                    ) -> None:
             gate.wait(10)
             try:
                 store = SQLiteStore(path)
