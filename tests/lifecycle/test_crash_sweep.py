@@ -86,6 +86,13 @@ def isolated(opened: OpenedStore, where: Path) -> Iterator[tuple[str, EventStore
 FORKSERVER_UNKNOWN_STATUS = 255
 
 
+def finished(code: int | None, report: Path) -> bool:
+    """A job ran to its end: exit 0 and its report written — or, when the forkserver could not
+    read the status back (``FORKSERVER_UNKNOWN_STATUS``, under load), the report alone, which
+    the job writes as its very last act."""
+    return report.exists() and code in (0, FORKSERVER_UNKNOWN_STATUS)
+
+
 def run(context: Any, target: Any, *args: Any) -> int | None:
     process = context.Process(target=target, args=args, daemon=True)
     process.start()
@@ -103,8 +110,8 @@ def test_crash_sweep_every_append_point_before_and_after_the_write(
 
     # a clean run counts the append points
     sid = new_session(store)
-    assert run(forked, child.crash_job, opened.uri, str(sid), 0, "never", str(report),
-               str(ran)) == 0
+    assert finished(run(forked, child.crash_job, opened.uri, str(sid), 0, "never",
+                        str(report), str(ran)), report)
     assert read_report(report) == {"status": "completed", "appends": APPENDS}
     check_invariants(read_log(store, sid))
 
@@ -125,8 +132,8 @@ def test_crash_sweep_every_append_point_before_and_after_the_write(
             assert code in (-signal.SIGKILL, FORKSERVER_UNKNOWN_STATUS), \
                 f"{where}: the child exited with {code}"
             assert not report.exists(), f"{where}: the child ran to the end"
-            assert run(forked, child.resume_job, uri, str(sid), str(report),
-                       str(ran)) == 0, where
+            assert finished(run(forked, child.resume_job, uri, str(sid), str(report),
+                                str(ran)), report), where
             log = read_log(store, sid)
         taken_over = read_report(report)
         try:
