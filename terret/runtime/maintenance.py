@@ -13,12 +13,11 @@ session's recorded roles through the runtime's ``resolver``.
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, Self
+from typing import Protocol
 from uuid import UUID
 
 from terret.domain import errors
@@ -30,6 +29,7 @@ from terret.domain.store import EventStore, session_stream
 from terret.projections.views import Views
 from terret.runtime.model import ModelProvider, ModelRequest, ModelResolver
 from terret.runtime.summarizer import (
+    RoleAsker,
     RoleBound,
     RoleResolver,
     RoleSummarizer,
@@ -226,7 +226,7 @@ _QUOTES = "\"'`*_“”‘’«»"
 _PREFIX = re.compile(r"^\s*(?:title)\s*[:\-–—]\s*", re.IGNORECASE)
 
 
-class RoleTitler:
+class RoleTitler(RoleAsker):
     """One utility request to the ``titler`` role over the start of the conversation.
 
     The runtime's default titler. Built without ``resolve_role`` it is :class:`RoleBound`: the
@@ -254,23 +254,8 @@ class RoleTitler:
         # The opening of a session says what it is about; the rest would only cost tokens.
         self.max_input_chars = max_input_chars
 
-    def __repr__(self) -> str:
-        bound = "bound" if self._resolve_role is not None else "session roles"
-        return f"RoleTitler(role={self.role!r}, {bound})"
-
-    def for_session(self, resolve_role: RoleResolver) -> Self:
-        if self._resolve_role is not None:
-            return self
-        bound = copy.copy(self)
-        bound._resolve_role = resolve_role
-        return bound
-
     def title(self, messages: Sequence[Message]) -> str | None:
-        if self._resolve_role is None:
-            raise errors.ConfigurationError(
-                f"RoleTitler for role {self.role!r} has no role resolver: pass resolve_role, "
-                "or give it to a Runtime, which binds it to each session's roles")
-        provider, model = self._resolve_role(self.role)
+        provider, model = self._resolved()
         transcript = render_history(messages)[: self.max_input_chars]
         if not transcript.strip():
             return None

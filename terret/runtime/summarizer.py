@@ -47,6 +47,33 @@ class RoleBound(Protocol):
     def for_session(self, resolve_role: RoleResolver) -> Self: ...
 
 
+class RoleAsker:
+    """What the role summarizer and the role titler share: the role they ask, bound to a
+    session's roles (``for_session``) unless built with a resolver of their own."""
+
+    role: str
+    _resolve_role: RoleResolver | None
+
+    def __repr__(self) -> str:
+        bound = "bound" if self._resolve_role is not None else "session roles"
+        return f"{type(self).__name__}(role={self.role!r}, {bound})"
+
+    def for_session(self, resolve_role: RoleResolver) -> Self:
+        if self._resolve_role is not None:
+            return self
+        bound = copy.copy(self)
+        bound._resolve_role = resolve_role
+        return bound
+
+    def _resolved(self) -> tuple[ModelProvider, str]:
+        """The provider and model of the role; ``ConfigurationError`` while unbound."""
+        if self._resolve_role is None:
+            raise ConfigurationError(
+                f"{type(self).__name__} for role {self.role!r} has no role resolver: pass "
+                "resolve_role, or give it to a Runtime, which binds it to each session's roles")
+        return self._resolve_role(self.role)
+
+
 def render_history(messages: Sequence[Message]) -> str:
     """One role-tagged line per message part, tool calls and results included.
 
@@ -88,7 +115,7 @@ SUMMARY_INSTRUCTION = (
 )
 
 
-class RoleSummarizer:
+class RoleSummarizer(RoleAsker):
     """One utility request to the ``compactor`` role over :func:`render_history`.
 
     The runtime's default summarizer. Built without ``resolve_role`` it is :class:`RoleBound`:
@@ -114,24 +141,9 @@ class RoleSummarizer:
         self.instruction = instruction
         self.header = header
 
-    def __repr__(self) -> str:
-        bound = "bound" if self._resolve_role is not None else "session roles"
-        return f"RoleSummarizer(role={self.role!r}, {bound})"
-
-    def for_session(self, resolve_role: RoleResolver) -> Self:
-        if self._resolve_role is not None:
-            return self
-        bound = copy.copy(self)
-        bound._resolve_role = resolve_role
-        return bound
-
     def summarize(self, messages: Sequence[Message]) -> str | None:
-        if self._resolve_role is None:
-            raise ConfigurationError(
-                f"RoleSummarizer for role {self.role!r} has no role resolver: pass "
-                "resolve_role, or give it to a Runtime, which binds it to each session's roles")
         # Resolve first, so an unconfigured role is reported even for an empty history.
-        provider, model = self._resolve_role(self.role)
+        provider, model = self._resolved()
         transcript = render_history(messages)
         if not transcript:
             return None
