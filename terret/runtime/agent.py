@@ -105,7 +105,8 @@ class Agent:
         self.on_text: TextSink | None = None
         self.context: ToolContext = services.tool_context.fork()
         writer = services.writer
-        self.allowlist = AllowList(definition.allow, lambda sid: writer.load(sid).state.policy)
+        self._call_session: Session | None = None  # the session as read for the running call
+        self.allowlist = AllowList(definition.allow, self._policy_of)
         self.context.pre_execute.append(self.allowlist)
         self.ownership = SessionLease(services.lease, agent_id)
         self.gate = ApprovalGate(
@@ -435,6 +436,14 @@ class Agent:
 
     # --- the step's calls --------------------------------------------------------------------
 
+    def _policy_of(self, sid: UUID) -> list[str] | None:
+        """The allow-list's read (R23): the session as ``_run_calls`` just read it for this
+        call (one read of the stream's tail per call, not two), else the store's latest."""
+        read = self._call_session
+        if read is None or sid != self.session_id:
+            read = self.services.writer.load(sid)
+        return read.state.policy
+
     def _run_calls(self, turn: int, calls: Sequence[ToolCallData], *,
                    resumed: bool = False) -> None:
         """Run the step's calls in order, each result appended as it comes; the last result
@@ -451,7 +460,11 @@ class Agent:
             if call.id in session.state.started:
                 outcome = self._settle_in_doubt(ctx, session)
             if outcome is None:
-                outcome = self.pipeline.run(ctx)
+                self._call_session = session
+                try:
+                    outcome = self.pipeline.run(ctx)
+                finally:
+                    self._call_session = None
             record = partial(_record_result, call, outcome.content, outcome.is_error,
                              close_step=i == len(calls) - 1, resumed=resumed)
             if i == len(calls) - 1:
