@@ -57,6 +57,10 @@ class ServingServices:
     title_now: Callable[[UUID], None]
 
 
+LIVE_FOR = 0.25
+"""Seconds a read of the live workers serves the preference (beats come every TTL/5)."""
+
+
 class Supervisor:
     def __init__(self, host: AgentHost, services: ServingServices) -> None:
         self.host = host
@@ -64,6 +68,7 @@ class Supervisor:
         self.serving = False
         self._free_since: dict[UUID, float] = {}
         self._refused: set[UUID] = set()
+        self._live: tuple[float, list[str]] = (float("-inf"), [])
         self._wakers: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -162,9 +167,21 @@ class Supervisor:
             return False
         return True
 
+    def _live_workers(self) -> list[str]:
+        """The live workers, read from the registry at most every ``LIVE_FOR`` seconds: a scan
+        or a burst of wakes asks for every session it offers, one registry read serves them."""
+        with self._lock:
+            at, live = self._live
+            if time.monotonic() - at < LIVE_FOR:
+                return live
+        live = self.services.lease.live_workers()
+        with self._lock:
+            self._live = (time.monotonic(), live)
+        return live
+
     def _first_to_try(self, sid: UUID, *, now: bool, leaving: str | None = None) -> bool:
         rt = self.services
-        live = [w for w in rt.lease.live_workers() if w != leaving]
+        live = [w for w in self._live_workers() if w != leaving]
         if rt.lease.preferred(str(sid), live) == rt.lease.worker:
             return True
         with self._lock:
