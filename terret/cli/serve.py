@@ -20,9 +20,11 @@ log = logging.getLogger("terret.serve")
               help="Seconds running turns get to reach a step boundary on SIGTERM.")
 @click.pass_obj
 def serve(obj: CliContext, app_spec: str | None, grace: float) -> None:
-    """Serve the store's sessions: resume every open turn at start (the rolling-deploy case),
-    wake sessions on `inject --wake`, resume parked turns when verdicts arrive. SIGTERM stops
-    gracefully: running turns stop at a step boundary and stay resumable."""
+    """Serve the store's sessions: at start resume the open turns no live worker owns (others
+    are left to their owner: the rolling-deploy case), wake sessions on `inject --wake`, resume
+    parked turns when verdicts arrive, take over sessions whose owner's lease expired. SIGTERM
+    stops gracefully: running turns stop at a step boundary, stay resumable, and are released
+    to another live worker."""
     logging.getLogger("terret").setLevel(logging.INFO)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
