@@ -56,7 +56,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "events": ("admin", "The event catalogue: Terret's events and..."),
     "projections": ("projections", "Read models: their position and lag;..."),
     "doctor": ("projections", "Check that the store and views are..."),
-    "serve": ("serve", "Serve the store's sessions: resume every..."),
+    "serve": ("serve", "Serve the store's sessions: at start..."),
     "chat": ("chat", "Chat with an agent in the terminal; a new..."),
     "demo": ("demo", "Walk through a session's lifecycle on the..."),
     "workers": ("workers", "The live workers (`terret serve`..."),
