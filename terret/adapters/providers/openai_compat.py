@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -34,7 +34,7 @@ from terret.adapters.providers.config import EndpointConfig, RetryConfig, Timeou
 from terret.adapters.providers.errors import ProviderHTTPError, StreamBroken, UpstreamError
 from terret.adapters.providers.retry import is_retryable_status, parse_retry_after, policy_for
 from terret.adapters.providers.secret import Secret, bearer_key, redact, scrub
-from terret.adapters.providers.sse import SSEDecoder
+from terret.adapters.providers.sse import SSEDecoder, SSEEvent
 from terret.adapters.providers.stream import ChunkAssembler
 from terret.adapters.providers.wire import request_body
 from terret.domain.errors import MalformedStream, ModelCancelled, ProviderError
@@ -251,19 +251,33 @@ class OpenAICompatibleProvider:
         cancel: threading.Event | None,
     ) -> ModelReply:
         decoder = SSEDecoder()
-        parse = ChunkParser().parse
-        feed = assembler.feed
-        done = False
-        # The hot loop runs once per network chunk, thousands of times per reply; it is kept
-        # flat so that parsing costs little next to reading the bytes (see bench/provider.py).
+        parser = ChunkParser()
         # Without a content encoding the raw bytes are the bytes: skip httpx's decoder layer.
         encoded = response.headers.get("content-encoding", "identity") != "identity"
-        for chunk in response.iter_bytes() if encoded else response.iter_raw():
+        chunks = iter(response.iter_bytes() if encoded else response.iter_raw())
+        if self._read_events(chunks, decoder, parser, assembler.feed, cancel):
+            self._read_on(chunks, cancel)
+        elif (not self._handle_events(decoder.close(), parser.parse, assembler.feed)
+              and assembler.finish_reason is None):
+            raise self._ended_early(response, decoder, assembler)
+        return assembler.reply()
+
+    def _read_events(
+        self,
+        chunks: Iterator[bytes],
+        decoder: SSEDecoder,
+        parser: ChunkParser,
+        feed: Callable[[Any], None],
+        cancel: threading.Event | None,
+    ) -> bool:
+        """Feed the stream's events until ``[DONE]`` (true) or the end of the body (false)."""
+        parse = parser.parse
+        # The hot loop runs once per network chunk, thousands of times per reply; it is kept
+        # flat so that parsing costs little next to reading the bytes (see bench/provider.py).
+        for chunk in chunks:
             # Between chunks, keep-alive comments included: a stalled but alive stream notices.
             if cancel is not None and cancel.is_set():
                 raise ModelCancelled(f"{self.name}: request cancelled")
-            if done:
-                continue  # reading on after [DONE] lets the connection return to the pool
             # (The first newline is the event's terminating blank line: one line, one event.
             # The parse checks that the JSON spans the rest.)
             if (
@@ -280,28 +294,43 @@ class OpenAICompatibleProvider:
                 except ValueError:
                     raise self._malformed(chunk[6:-2]) from None
                 feed(value)
-                continue
-            for name, data in decoder.feed(chunk):
-                if self._handle_event(name, data, parse, feed):
-                    done = True
-                    break
-        if not done:
-            for name, data in decoder.close():
-                if self._handle_event(name, data, parse, feed):
-                    done = True
-                    break
-        if not done and assembler.finish_reason is None:
-            why = "in the middle of a line" if decoder.torn else "without [DONE] or a finish_reason"
-            kind = response.headers.get("content-type", "")
-            if not kind.startswith("text/event-stream"):
-                why += f" (content-type {kind or 'missing'!r}, not an event stream)"
-            if assembler.progressed:
-                raise StreamBroken(
-                    self.name,
-                    f"the stream ended {why} after {assembler.text_length} characters",
-                )
-            raise _Retry(ProviderError(self.name, f"the stream ended {why}"))
-        return assembler.reply()
+            elif self._handle_events(decoder.feed(chunk), parse, feed):
+                return True
+        return False
+
+    def _read_on(self, chunks: Iterator[bytes], cancel: threading.Event | None) -> None:
+        """Read the body on after ``[DONE]``, so that the connection returns to the pool."""
+        for _ in chunks:
+            if cancel is not None and cancel.is_set():
+                raise ModelCancelled(f"{self.name}: request cancelled")
+
+    def _handle_events(
+        self,
+        events: Iterable[SSEEvent],
+        parse: Callable[[str], Any],
+        feed: Callable[[Any], None],
+    ) -> bool:
+        """Decoded events in order; true at ``[DONE]`` (the events after it are not read)."""
+        for name, data in events:
+            if self._handle_event(name, data, parse, feed):
+                return True
+        return False
+
+    def _ended_early(
+        self, response: httpx.Response, decoder: SSEDecoder, assembler: ChunkAssembler
+    ) -> Exception:
+        """The error of a body that ended with neither ``[DONE]`` nor a finish_reason: final
+        once the reply began, another attempt's to fix before."""
+        why = "in the middle of a line" if decoder.torn else "without [DONE] or a finish_reason"
+        kind = response.headers.get("content-type", "")
+        if not kind.startswith("text/event-stream"):
+            why += f" (content-type {kind or 'missing'!r}, not an event stream)"
+        if assembler.progressed:
+            return StreamBroken(
+                self.name,
+                f"the stream ended {why} after {assembler.text_length} characters",
+            )
+        return _Retry(ProviderError(self.name, f"the stream ended {why}"))
 
     def _handle_event(
         self,

@@ -54,41 +54,12 @@ class ChunkAssembler:
         return sum(len(part) for part in self._text)
 
     def feed(self, chunk: Any) -> None:
-        # Runs once per chunk: one method, membership tests and subscripts rather than
-        # ``.get`` calls, explicit type checks where a wrong type would otherwise slip by.
-        content = None
+        # Runs once per chunk: membership tests and subscripts rather than ``.get`` calls,
+        # explicit type checks where a wrong type would otherwise slip by. Each level of the
+        # chunk (chunk → choice → delta) is a method of its own that checks its shape and
+        # returns the delta's content.
         try:
-            if type(chunk) is not dict:
-                raise TypeError("a chunk must be a JSON object")
-            if "error" in chunk and chunk["error"] is not None:
-                raise _upstream(self.provider, chunk["error"])
-            choices = chunk["choices"] if "choices" in chunk else None
-            if choices:
-                choice = choices[0]
-                if type(choice) is not dict:
-                    raise TypeError("a choice must be a JSON object")
-                # ``delta`` in a stream; ``message`` in a non-streamed completion.
-                delta = choice["delta"] if "delta" in choice else choice.get("message")
-                if delta:
-                    if type(delta) is not dict:
-                        raise TypeError("a delta must be a JSON object")
-                    if "content" in delta:
-                        content = delta["content"]
-                        if content:
-                            if type(content) is not str:
-                                raise TypeError("delta content must be a string")
-                            self._append(content)
-                    if "tool_calls" in delta and delta["tool_calls"]:
-                        self._feed_calls(delta["tool_calls"])
-                reason = choice["finish_reason"] if "finish_reason" in choice else None
-                if reason:
-                    if reason == "error":
-                        raise UpstreamError(
-                            self.provider, "the stream ended with finish_reason=error"
-                        )
-                    self.finish_reason = str(reason)
-            if "usage" in chunk and chunk["usage"]:
-                self.usage = parse_usage(chunk["usage"])
+            content = self._take_chunk(chunk)
         except (AttributeError, TypeError, IndexError, KeyError, ValueError) as exc:
             raise MalformedStream(
                 self.provider, f"unexpected chunk shape ({exc})", data=_show(chunk)
@@ -96,6 +67,44 @@ class ChunkAssembler:
         # Outside the try: an error in the caller's sink is the caller's, not a bad chunk.
         if content and self._on_text is not None:
             self._on_text(content)
+
+    def _take_chunk(self, chunk: Any) -> Any:
+        if type(chunk) is not dict:
+            raise TypeError("a chunk must be a JSON object")
+        if "error" in chunk and chunk["error"] is not None:
+            raise _upstream(self.provider, chunk["error"])
+        choices = chunk["choices"] if "choices" in chunk else None
+        content = self._take_choice(choices[0]) if choices else None
+        if "usage" in chunk and chunk["usage"]:
+            self.usage = parse_usage(chunk["usage"])
+        return content
+
+    def _take_choice(self, choice: Any) -> Any:
+        if type(choice) is not dict:
+            raise TypeError("a choice must be a JSON object")
+        # ``delta`` in a stream; ``message`` in a non-streamed completion.
+        delta = choice["delta"] if "delta" in choice else choice.get("message")
+        content = self._take_delta(delta) if delta else None
+        reason = choice["finish_reason"] if "finish_reason" in choice else None
+        if reason:
+            if reason == "error":
+                raise UpstreamError(self.provider, "the stream ended with finish_reason=error")
+            self.finish_reason = str(reason)
+        return content
+
+    def _take_delta(self, delta: Any) -> Any:
+        if type(delta) is not dict:
+            raise TypeError("a delta must be a JSON object")
+        content = None
+        if "content" in delta:
+            content = delta["content"]
+            if content:
+                if type(content) is not str:
+                    raise TypeError("delta content must be a string")
+                self._append(content)
+        if "tool_calls" in delta and delta["tool_calls"]:
+            self._feed_calls(delta["tool_calls"])
+        return content
 
     def _feed_calls(self, calls: list[Any]) -> None:
         for part in calls:
