@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from terret._lazy import lazy_exports
 
+__version__ = "0.1.0"
+
 if TYPE_CHECKING:
     from terret.adapters.stores import MemoryStore, SQLiteStore, open_store
     from terret.domain import (

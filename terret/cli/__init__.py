@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from terret import __version__
 from terret.cli._context import DEFAULT_STORE, CliContext
 from terret.domain.errors import InvalidPayload, InvalidStoreURI, TerretError
 
@@ -200,7 +201,7 @@ def _one_line(ctx: click.Context, exc: Exception) -> str:
                    "(default 10; env TERRET_STORE_TIMEOUT).")
 @click.option("--json", "json_output", is_flag=True, help="Machine-readable JSON output.")
 @click.option("-v", "--verbose", is_flag=True, help="Log lifecycle transitions to stderr.")
-@click.version_option(package_name="terret")
+@click.version_option(__version__, package_name="terret")  # no metadata lookup
 @click.pass_context
 def cli(ctx: click.Context, store_uri: str, views_path: str | None,
         store_timeout: float | None, json_output: bool, verbose: bool) -> None:

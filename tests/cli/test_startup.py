@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import click
+from click.testing import CliRunner
 
 from terret.cli import COMMANDS, cli
 from tests.cli.conftest import Target, subprocess_env
@@ -82,3 +83,13 @@ def test_approve_loads_the_domain_only(target: Target) -> None:
     assert "terret.runtime.runtime" not in heavy and "terret.projections.runner" not in heavy
     assert "httpx" not in heavy
     assert target.types(sid)[-1] == "approval/resolved"
+
+
+def test_version_is_the_packages_own() -> None:
+    from importlib.metadata import version
+
+    import terret
+
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.output.strip() == f"terret, version {terret.__version__}"
+    assert version("terret") == terret.__version__
