@@ -90,6 +90,6 @@ def test_version_is_the_packages_own() -> None:
 
     import terret
 
-    result = CliRunner().invoke(cli, ["--version"])
+    result = CliRunner().invoke(cli, ["--version"], prog_name="terret")
     assert result.output.strip() == f"terret, version {terret.__version__}"
     assert version("terret") == terret.__version__
