@@ -14,7 +14,7 @@ import threading
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from esdbclient import RecordedEvent
 from esdbclient.connection_spec import ConnectionSpec
@@ -50,34 +50,51 @@ def prepare_uri(uri: str) -> Secret:
             f"invalid EventStoreDB URI {masked!r}: the scheme must be esdb:// or esdb+discover://"
         )
     check_esdb_uri(uri)  # credentials esdbclient cannot parse, a port that is no port
-    given = {key.lower() for key, _ in parse_qsl(parts.query, keep_blank_values=True)}
-    extra = [f"{k}={v}" for k, v in DEFAULT_URI_OPTIONS.items() if k.lower() not in given]
-    if extra:
-        base, _, fragment = uri.partition("#")
-        joiner = "&" if parts.query else ("" if base.endswith("?") else "?")
-        uri = base + joiner + "&".join(extra) + (f"#{fragment}" if fragment else "")
+    uri = _with_defaults(uri, parts)
     # Shown as the operator wrote it (credentials masked), without the options added here.
     secret = secret_uri(uri, display=masked)
-    # Let esdbclient's own parser judge the rest now, so a bad URI fails at construction and
-    # not at the first append. Its messages quote the whole URI: scrub them.
+    _check_with_esdbclient(uri, secret)
+    return secret
+
+
+def _with_defaults(uri: str, parts: SplitResult) -> str:
+    """The URI with each of ``DEFAULT_URI_OPTIONS`` it does not set itself."""
+    given = {key.lower() for key, _ in parse_qsl(parts.query, keep_blank_values=True)}
+    extra = [f"{k}={v}" for k, v in DEFAULT_URI_OPTIONS.items() if k.lower() not in given]
+    if not extra:
+        return uri
+    base, _, fragment = uri.partition("#")
+    joiner = "&" if parts.query else ("" if base.endswith("?") else "?")
+    return base + joiner + "&".join(extra) + (f"#{fragment}" if fragment else "")
+
+
+def _check_with_esdbclient(uri: str, secret: Secret) -> None:
+    """Let esdbclient's own parser judge the rest now, so a bad URI fails at construction and
+    not at the first append. Its messages quote the whole URI: scrub them."""
     try:
         spec = ConnectionSpec(uri)
     except ValueError as exc:
         message = secret.scrub(str(exc))
     else:
-        for name in ("TlsCaFile", "UserCertFile", "UserKeyFile"):
-            path = getattr(spec.options, name)
-            if path:
-                try:
-                    with open(path, "rb"):
-                        pass
-                except OSError as exc:
-                    raise InvalidStoreURI(
-                        f"invalid EventStoreDB URI {secret.masked!r}: {name} {path!r}: "
-                        f"{exc.strerror}"
-                    ) from None
-        return secret
+        _check_files(spec, secret)
+        return
+    # Outside the handler: the error does not carry esdbclient's unscrubbed one as its context.
     raise InvalidStoreURI(f"invalid EventStoreDB URI {secret.masked!r}: {message}")
+
+
+def _check_files(spec: ConnectionSpec, secret: Secret) -> None:
+    """The certificate and key files the URI names can be opened."""
+    for name in ("TlsCaFile", "UserCertFile", "UserKeyFile"):
+        path = getattr(spec.options, name)
+        if path:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise InvalidStoreURI(
+                    f"invalid EventStoreDB URI {secret.masked!r}: {name} {path!r}: "
+                    f"{exc.strerror}"
+                ) from None
 
 
 # --- server-side filters ----------------------------------------------------------------------

@@ -169,6 +169,16 @@ class EsdbSubscription(Subscription):
         self.resubscriptions += 1
 
     def _receive(self, event: RecordedEvent) -> None:
+        position = self._advance(event)
+        if position is None:
+            return
+        if self._retrier.attempts:
+            self._retrier.reset()
+        self._deliver(event, position)
+
+    def _advance(self, event: RecordedEvent) -> int | None:
+        """Under the lock: the watchdog's pending checkpoint, then the caught-up mark or the
+        event's position. The position to deliver the event at, or None if it is not one."""
         with self._lock:
             self._last_activity = time.monotonic()
             if self._pending is not None:
@@ -177,21 +187,25 @@ class EsdbSubscription(Subscription):
                 self._queue_checkpoint(self._pending)
                 self._pending = None
             if isinstance(event, EsdbCaughtUp):
-                # Everything up to the head read before subscribing has been considered: say
-                # so with a checkpoint (as the other stores do), then mark the switch once.
-                if self._head_before > self._position:
-                    self._position = self._head_before
-                    self._ready.append(Checkpoint(self._position))
-                if not self._caught_up:
-                    self._caught_up = True
-                    self._ready.append(CaughtUp(self._position))
-                return
+                self._mark_caught_up()
+                return None
             position = event.commit_position
             if position is None or position <= self._position:
-                return  # already delivered before a resubscription
+                return None  # already delivered before a resubscription
             self._position = position
-        if self._retrier.attempts:
-            self._retrier.reset()
+            return position
+
+    def _mark_caught_up(self) -> None:
+        # Everything up to the head read before subscribing has been considered: say so with a
+        # checkpoint (as the other stores do), then mark the switch once. (Under the lock.)
+        if self._head_before > self._position:
+            self._position = self._head_before
+            self._ready.append(Checkpoint(self._position))
+        if not self._caught_up:
+            self._caught_up = True
+            self._ready.append(CaughtUp(self._position))
+
+    def _deliver(self, event: RecordedEvent, position: int) -> None:
         if isinstance(event, EsdbCheckpoint):
             self._ready.append(Checkpoint(position))
         elif event.type == DELETION_EVENT_TYPE:

@@ -49,6 +49,7 @@ from terret.adapters.stores._esdb import (
     DELETIONS_STREAM,
     SNAPSHOT_EVENT_TYPE,
     EsdbLog,
+    TypeFilter,
     prepare_uri,
     to_stored,
 )
@@ -424,42 +425,58 @@ class EventStoreDBStore(EventStore):
         if limit <= 0:
             return []
         type_filter = self.log.type_filter(wire_names)
-        kwargs = type_filter.server_filter()
-        deleted = self.log.deleted_streams()
+        server_filter = type_filter.server_filter()
+        deleted = set(self.log.deleted_streams())
         out: list[StoredRecord] = []
         cursor = after
         # A page can come back short of ``limit`` after deleted streams' events are dropped:
         # read on from the last position seen until the page is full or the log ends.
         while len(out) < limit:
             want = limit - len(out) + 1
-
-            def op(
-                client: Any, timeout: float, cursor: int = cursor, want: int = want
-            ) -> tuple[int, list[RecordedEvent]]:
-                # A forward read of $all from P *includes* the event at P: ask for one more.
-                with client.read_all(
-                    commit_position=cursor if cursor > 0 else None,
-                    limit=want,
-                    timeout=max(timeout, self.connection.call_timeout),
-                    **kwargs,
-                ) as events:
-                    got = list(events)
-                return len(got), [e for e in got if (e.commit_position or 0) > cursor]
-
-            received, page = self.connection.run("read $all", op)
-            for event in page:
-                if event.type == DELETION_EVENT_TYPE:
-                    # Deleted after this read began: drop what was already taken from it.
-                    gone = self.log.note_deletion(event)
-                    if gone is not None:
-                        deleted = deleted | {gone}
-                        out = [r for r in out if r.stream != gone]
-                elif event.stream_name not in deleted and type_filter.delivers(event.type):
-                    out.append(to_stored(event))
+            received, page = self._read_page(cursor, want, server_filter)
+            self._take_page(page, out, deleted, type_filter)
             if received < want or not page:
                 break  # the end of the log
             cursor = page[-1].commit_position or cursor
         return out[:limit]
+
+    def _read_page(
+        self, cursor: int, want: int, server_filter: dict[str, Any]
+    ) -> tuple[int, list[RecordedEvent]]:
+        """Up to ``want`` events of ``$all`` from ``cursor``: how many the server sent, and
+        those after ``cursor``."""
+
+        def op(client: Any, timeout: float) -> tuple[int, list[RecordedEvent]]:
+            # A forward read of $all from P *includes* the event at P: the caller asks for one
+            # more.
+            with client.read_all(
+                commit_position=cursor if cursor > 0 else None,
+                limit=want,
+                timeout=max(timeout, self.connection.call_timeout),
+                **server_filter,
+            ) as events:
+                got = list(events)
+            return len(got), [e for e in got if (e.commit_position or 0) > cursor]
+
+        return self.connection.run("read $all", op)
+
+    def _take_page(
+        self,
+        page: list[RecordedEvent],
+        out: list[StoredRecord],
+        deleted: set[str],
+        type_filter: TypeFilter,
+    ) -> None:
+        """Add a page's records to ``out``, leaving out deleted streams' (``deleted`` grows)."""
+        for event in page:
+            if event.type == DELETION_EVENT_TYPE:
+                # Deleted after this read began: drop what was already taken from it.
+                gone = self.log.note_deletion(event)
+                if gone is not None:
+                    deleted.add(gone)
+                    out[:] = [r for r in out if r.stream != gone]
+            elif event.stream_name not in deleted and type_filter.delivers(event.type):
+                out.append(to_stored(event))
 
     # --- subscriptions ---------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 from uuid import UUID, SafeUUID, uuid4
 
-from terret.adapters.stores._rules import AlreadyWritten, check_size, decide
+from terret.adapters.stores._rules import AlreadyWritten, Decision, check_size, decide
 from terret.adapters.stores._subscription import PositionalStore
 from terret.adapters.stores.workers import SQLiteWorkers
 from terret.domain.errors import (
@@ -225,6 +225,61 @@ def _row(row: tuple[Any, ...]) -> StoredRecord:
     raise CorruptRecord(position, reason)
 
 
+def _decide(
+    conn: sqlite3.Connection,
+    stream: str,
+    records: Sequence[NewRecord],
+    expected: ExpectedVersion,
+    current: int,
+) -> Decision:
+    """The shared rules' decision on an append, reading the stream's ids from ``conn``."""
+
+    def id_at(seq: int) -> UUID | None:
+        found = conn.execute(
+            "SELECT event_id FROM events WHERE stream = ? AND seq = ?", (stream, seq)
+        ).fetchone()
+        return UUID(bytes=found[0]) if found else None
+
+    def seq_of(event_id: UUID) -> int | None:
+        found = conn.execute(
+            "SELECT seq FROM events WHERE event_id = ? AND stream = ?",
+            (event_id.bytes, stream),
+        ).fetchone()
+        return found[0] if found else None
+
+    return decide(stream, records, expected, current, id_at, seq_of)
+
+
+def _position_at(conn: sqlite3.Connection, stream: str, seq: int) -> int | None:
+    found = conn.execute(
+        "SELECT position FROM events WHERE stream = ? AND seq = ?", (stream, seq)
+    ).fetchone()
+    return found[0] if found else None
+
+
+def _insert(
+    conn: sqlite3.Connection, stream: str, records: Sequence[NewRecord], seq: int
+) -> AppendResult:
+    """Insert ``records`` from ``seq`` on."""
+    now = time.time()
+    if len(records) == 1:  # the common case: one statement, its rowid is the position
+        r = records[0]
+        cursor = conn.execute(
+            _INSERT, (stream, seq, r.event_id.bytes, r.wire_name, r.data, r.metadata, now)
+        )
+        assert cursor.lastrowid is not None
+        return AppendResult(position=cursor.lastrowid, version=seq)
+    conn.executemany(
+        _INSERT,
+        [
+            (stream, seq + i, r.event_id.bytes, r.wire_name, r.data, r.metadata, now)
+            for i, r in enumerate(records)
+        ],
+    )
+    last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+    return AppendResult(position=last, version=seq + len(records) - 1)
+
+
 def _rollback(conn: sqlite3.Connection) -> None:
     """Roll back the open transaction, if SQLite has not already (it does on SQLITE_FULL)."""
     if conn.in_transaction:
@@ -396,51 +451,15 @@ class SQLiteStore(PositionalStore):
     ) -> AppendResult:
         row = conn.execute("SELECT max(seq) FROM events WHERE stream = ?", (stream,)).fetchone()
         current = row[0] or 0
-
-        def id_at(seq: int) -> UUID | None:
-            found = conn.execute(
-                "SELECT event_id FROM events WHERE stream = ? AND seq = ?", (stream, seq)
-            ).fetchone()
-            return UUID(bytes=found[0]) if found else None
-
-        def seq_of(event_id: UUID) -> int | None:
-            found = conn.execute(
-                "SELECT seq FROM events WHERE event_id = ? AND stream = ?",
-                (event_id.bytes, stream),
-            ).fetchone()
-            return found[0] if found else None
-
-        decision = decide(stream, records, expected, current, id_at, seq_of)
+        decision = _decide(conn, stream, records, expected, current)
         if isinstance(decision, AlreadyWritten):
-            found = conn.execute(
-                "SELECT position FROM events WHERE stream = ? AND seq = ?",
-                (stream, decision.last_seq),
-            ).fetchone()
             # R7: the original write's result, even if the stream moved on since
-            return AppendResult(position=found[0], version=decision.last_seq)
+            position = _position_at(conn, stream, decision.last_seq)
+            assert position is not None
+            return AppendResult(position=position, version=decision.last_seq)
         if not records:
-            found = conn.execute(
-                "SELECT position FROM events WHERE stream = ? AND seq = ?", (stream, current)
-            ).fetchone()
-            return AppendResult(position=found[0] if found else 0, version=current)
-        now = time.time()
-        seq = decision.first_seq
-        if len(records) == 1:  # the common case: one statement, its rowid is the position
-            r = records[0]
-            cursor = conn.execute(
-                _INSERT, (stream, seq, r.event_id.bytes, r.wire_name, r.data, r.metadata, now)
-            )
-            assert cursor.lastrowid is not None
-            return AppendResult(position=cursor.lastrowid, version=seq)
-        conn.executemany(
-            _INSERT,
-            [
-                (stream, seq + i, r.event_id.bytes, r.wire_name, r.data, r.metadata, now)
-                for i, r in enumerate(records)
-            ],
-        )
-        last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
-        return AppendResult(position=last, version=seq + len(records) - 1)
+            return AppendResult(position=_position_at(conn, stream, current) or 0, version=current)
+        return _insert(conn, stream, records, decision.first_seq)
 
     @_typed
     def delete_stream(self, stream: str) -> None:
