@@ -7,8 +7,8 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import SESSION, CliContext, as_json, operator, table
-from terret.cli._params import TEXT
+from terret.cli._context import SESSION, CliContext, as_json, table
+from terret.cli._verdicts import approvals as approvals_verdicts
 
 
 @click.group("approvals")
@@ -43,53 +43,15 @@ def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def pending_call(obj: CliContext, session_id: UUID, call_id: str) -> str:
-    """``call_id``, or the one call pending in the session's open turn that it is a prefix of
-    (as git takes a unique prefix of an object id). An exact id is taken as it is: the command
-    refuses it if it is not pending."""
-    pending = obj.commands().writer.load(session_id).pending_approvals()
-    if call_id in pending or not call_id:
-        return call_id
-    matches = sorted(c for c in pending if c.startswith(call_id))
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:
-        raise click.BadParameter(f"{call_id!r} is ambiguous: it starts the pending calls "
-                                 f"{', '.join(matches)}; give more of it",
-                                 param_hint="CALL_ID")
-    return call_id
+_VERDICTS = approvals_verdicts()
 
+approve = _VERDICTS.command(
+    "approve", "approved", "Approve a parked tool call of the session's open turn.",
+    module=__name__, reason_required=False, reason_help="Recorded with the verdict.")
 
-def _resolve(obj: CliContext, session_id: UUID, call_id: str, verdict: str,
-             reason: str | None) -> None:
-    obj.require_session(session_id)
-    call_id = pending_call(obj, session_id, call_id)
-    # Refused with ApprovalNotPending unless the call is pending in the open turn (R11).
-    obj.commands().resolve(session_id, call_id, verdict, by=operator(), reason=reason)
-    obj.emit({"session": str(session_id), "call_id": call_id, "verdict": verdict},
-             f"{verdict} {call_id}")
-
-
-@click.command("approve")
-@click.argument("session_id", type=SESSION)
-@click.argument("call_id", type=TEXT)
-@click.option("--reason", type=TEXT, default=None, help="Recorded with the verdict.")
-@click.pass_obj
-def approve(obj: CliContext, session_id: UUID, call_id: str, reason: str | None) -> None:
-    """Approve a parked tool call of the session's open turn."""
-    _resolve(obj, session_id, call_id, "approved", reason)
-
-
-@click.command("deny")
-@click.argument("session_id", type=SESSION)
-@click.argument("call_id", type=TEXT)
-@click.option("--reason", type=TEXT, required=True, help="Shown to the model and recorded.")
-@click.pass_obj
-def deny(obj: CliContext, session_id: UUID, call_id: str, reason: str) -> None:
-    """Deny a parked tool call; the model sees the denial as the tool's result."""
-    if not reason.strip():
-        raise click.BadParameter("give the model a reason", param_hint="'--reason'")
-    _resolve(obj, session_id, call_id, "denied", reason)
+deny = _VERDICTS.command(
+    "deny", "denied", "Deny a parked tool call; the model sees the denial as the tool's result.",
+    module=__name__, reason_required=True, reason_help="Shown to the model and recorded.")
 
 
 def register(cli: click.Group) -> None:

@@ -12,6 +12,7 @@ import click
 
 from terret.cli._context import SESSION, CliContext, as_json, money, operator, table
 from terret.cli._params import TEXT
+from terret.cli._verdicts import in_doubt as in_doubt_verdicts
 
 
 class LimitType(click.ParamType):
@@ -118,35 +119,18 @@ def in_doubt() -> None:
     before its result was recorded. `terret approvals list` shows them."""
 
 
-def _decide(obj: CliContext, session_id: UUID, call_id: str, verdict: str,
-            reason: str | None) -> None:
-    obj.require_session(session_id)
-    # Refused with CallNotInDoubt unless the call is in doubt in the open turn.
-    obj.commands().resolve_in_doubt(session_id, call_id, verdict, by=operator(), reason=reason)
-    obj.emit({"session": str(session_id), "call_id": call_id, "verdict": verdict},
-             f"{verdict} {call_id}")
+_VERDICTS = in_doubt_verdicts()
 
+rerun = _VERDICTS.command(
+    "rerun", "rerun", "Run the call again (it may have taken effect the first time).",
+    module=__name__, reason_required=False, reason_help="Recorded with the verdict.")
 
-@in_doubt.command("rerun")
-@click.argument("session_id", type=SESSION)
-@click.argument("call_id", type=TEXT)
-@click.option("--reason", type=TEXT, default=None, help="Recorded with the verdict.")
-@click.pass_obj
-def rerun(obj: CliContext, session_id: UUID, call_id: str, reason: str | None) -> None:
-    """Run the call again (it may have taken effect the first time)."""
-    _decide(obj, session_id, call_id, "rerun", reason)
+skip = _VERDICTS.command(
+    "skip", "skipped", "Do not run the call again; the model sees an error result saying so.",
+    module=__name__, reason_required=True, reason_help="Shown to the model and recorded.")
 
-
-@in_doubt.command("skip")
-@click.argument("session_id", type=SESSION)
-@click.argument("call_id", type=TEXT)
-@click.option("--reason", type=TEXT, required=True, help="Shown to the model and recorded.")
-@click.pass_obj
-def skip(obj: CliContext, session_id: UUID, call_id: str, reason: str) -> None:
-    """Do not run the call again; the model sees an error result saying so."""
-    if not reason.strip():
-        raise click.BadParameter("give the model a reason", param_hint="'--reason'")
-    _decide(obj, session_id, call_id, "skipped", reason)
+in_doubt.add_command(rerun)
+in_doubt.add_command(skip)
 
 
 def in_doubt_rows(obj: CliContext, session_id: UUID | None) -> list[dict[str, Any]]:

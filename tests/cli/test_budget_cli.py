@@ -104,8 +104,9 @@ def test_approvals_list_shows_calls_in_doubt_and_in_doubt_decides_them(target: T
     assert one_line_error(missing.stderr).startswith("Error: CallNotInDoubt: ")
     blank = target.invoke("in-doubt", "skip", str(doubted), "call-deploy", "--reason", " ")
     assert blank.exit_code == 2
-    done = target.run("--json", "in-doubt", "skip", str(doubted), "call-deploy", "--reason",
-                      "deployed already")  # a real process
+    # A real process; the call by a unique prefix of its id, as for approve and deny.
+    done = target.run("--json", "in-doubt", "skip", str(doubted), "call-d", "--reason",
+                      "deployed already")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"session": str(doubted), "call_id": "call-deploy",
                                        "verdict": "skipped"}

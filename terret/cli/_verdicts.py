@@ -1,0 +1,91 @@
+"""Verdicts on a waiting tool call — ``approve``/``deny`` (an approval) and ``in-doubt
+rerun``/``skip`` (a call in doubt) — built once: the same arguments, the same unique-prefix
+call ids (as git takes a unique prefix of an object id), the same output. The domain refuses a
+verdict on a call that is not waiting (``ApprovalNotPending``, ``CallNotInDoubt``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from uuid import UUID
+
+import click
+
+from terret.cli._context import SESSION, CliContext, operator
+from terret.cli._params import TEXT
+
+if TYPE_CHECKING:
+    from terret.domain.session import Session
+
+
+def call_by_prefix(call_id: str, waiting: list[str]) -> str:
+    """``call_id``, or the one waiting call it is a prefix of. An exact id, or one that starts
+    no waiting call, is taken as it is: the command then refuses it if it is not waiting."""
+    if call_id in waiting or not call_id:
+        return call_id
+    matches = sorted(c for c in waiting if c.startswith(call_id))
+    if len(matches) > 1:
+        raise click.BadParameter(f"{call_id!r} is ambiguous: it starts the waiting calls "
+                                 f"{', '.join(matches)}; give more of it",
+                                 param_hint="CALL_ID")
+    return matches[0] if matches else call_id
+
+
+Record = Callable[[CliContext, UUID, str, str, "str | None"], None]
+"""Appends a verdict: ``(obj, session, call_id, verdict, reason)``."""
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """A pair of verdicts on the calls ``waiting`` in a session's open turn: ``yes`` (its
+    reason optional) and ``no`` (its reason required: the model is shown it)."""
+
+    waiting: Callable[[Session], dict[str, object]]
+    record: Record
+
+    def decide(self, obj: CliContext, session_id: UUID, call_id: str, verdict: str,
+               reason: str | None) -> None:
+        obj.require_session(session_id)
+        session = obj.commands().writer.load(session_id)
+        call_id = call_by_prefix(call_id, list(self.waiting(session)))
+        self.record(obj, session_id, call_id, verdict, reason)
+        obj.emit({"session": str(session_id), "call_id": call_id, "verdict": verdict},
+                 f"{verdict} {call_id}")
+
+    def command(self, name: str, verdict: str, doc: str, *, module: str, reason_required: bool,
+                reason_help: str) -> click.Command:
+        """The command ``name`` recording ``verdict``, ``doc`` its help; ``module`` is the one
+        that registers it (``terret.cli.COMMANDS``)."""
+        decide = self.decide
+
+        @click.argument("session_id", type=SESSION)
+        @click.argument("call_id", type=TEXT)
+        @click.option("--reason", type=TEXT, required=reason_required, default=None,
+                      help=reason_help)
+        @click.pass_obj
+        def run(obj: CliContext, session_id: UUID, call_id: str, reason: str | None) -> None:
+            if reason_required and not (reason or "").strip():
+                raise click.BadParameter("give the model a reason", param_hint="'--reason'")
+            decide(obj, session_id, call_id, verdict, reason)
+
+        run.__doc__, run.__module__ = doc, module
+        return click.command(name)(run)
+
+
+def approvals() -> Verdicts:
+    def record(obj: CliContext, sid: UUID, call_id: str, verdict: str,
+               reason: str | None) -> None:
+        # Refused with ApprovalNotPending unless the call is pending in the open turn (R11).
+        obj.commands().resolve(sid, call_id, verdict, by=operator(), reason=reason)
+
+    return Verdicts(lambda s: dict(s.pending_approvals()), record)
+
+
+def in_doubt() -> Verdicts:
+    def record(obj: CliContext, sid: UUID, call_id: str, verdict: str,
+               reason: str | None) -> None:
+        # Refused with CallNotInDoubt unless the call is in doubt in the open turn.
+        obj.commands().resolve_in_doubt(sid, call_id, verdict, by=operator(), reason=reason)
+
+    return Verdicts(lambda s: dict(s.in_doubt()), record)
