@@ -8,10 +8,12 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from terret.projections.base import Projection, WireNames
+from terret.projections._typed import handler
+from terret.projections.base import TypedProjection
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
+    from terret.domain.events import ApprovalRequested, ApprovalResolved, TurnEnded, TurnStarted
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,8 @@ class RecordedVerdict:
     by: dict[str, Any] | None
 
 
-class ApprovalsProjection(Projection):
+class ApprovalsProjection(TypedProjection):
     name = "approvals"
-    handles = WireNames(lambda ev: (ev.TurnStarted, ev.TurnEnded, ev.ApprovalRequested,
-                                    ev.ApprovalResolved))
     schema = """
     CREATE TABLE IF NOT EXISTS approvals (
         session TEXT NOT NULL, call_id TEXT NOT NULL, name TEXT NOT NULL, args TEXT NOT NULL,
@@ -54,36 +54,50 @@ class ApprovalsProjection(Projection):
     def begin(self) -> None:
         self._turns, self._cleared = {}, set()
 
-    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        from terret.domain.events import ApprovalRequested, TurnEnded, TurnStarted
+    @handler
+    def _on_turn_started(self, db: sqlite3.Connection, event: RecordedEvent, p: TurnStarted
+                         ) -> None:
+        self._clear(db, event.stream)
+        self._turns[event.stream] = p.turn
 
-        p: Any = event.payload
+    @handler
+    def _on_turn_ended(self, db: sqlite3.Connection, event: RecordedEvent, p: TurnEnded
+                       ) -> None:
+        self._clear(db, event.stream)
+        self._turns[event.stream] = None
+
+    def _clear(self, db: sqlite3.Connection, session: str) -> None:
+        """A turn's boundary settles the session's approvals: their rows go."""
+        if session not in self._cleared:
+            db.execute("DELETE FROM approvals WHERE session = ?", (session,))
+            self._cleared.add(session)
+
+    @handler
+    def _on_requested(self, db: sqlite3.Connection, event: RecordedEvent,
+                      p: ApprovalRequested) -> None:
         session = event.stream
-        if isinstance(p, TurnStarted | TurnEnded):
-            if session not in self._cleared:
-                db.execute("DELETE FROM approvals WHERE session = ?", (session,))
-                self._cleared.add(session)
-            self._turns[session] = p.turn if isinstance(p, TurnStarted) else None
-        elif isinstance(p, ApprovalRequested):
-            if session in self._turns:
-                turn = self._turns[session]
-            else:
-                row = db.execute("SELECT turn FROM approval_turns WHERE session = ?",
-                                 (session,)).fetchone()
-                turn = row[0] if row else None
-            if turn is None:
-                return  # outside an open turn: it belongs to no turn and is never pending
-            db.execute(
-                "INSERT OR REPLACE INTO approvals VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, NULL)",
-                (session, p.call_id, p.name, _canonical(p.args), turn, event.seq),
-            )
-            self._cleared.discard(session)
+        if session in self._turns:
+            turn = self._turns[session]
         else:
-            db.execute(
-                "UPDATE approvals SET verdict = ?, reason = ?, by = ?"
-                " WHERE session = ? AND call_id = ? AND verdict IS NULL",
-                (p.verdict, p.reason, p.by.model_dump_json(), session, p.call_id),
-            )
+            row = db.execute("SELECT turn FROM approval_turns WHERE session = ?",
+                             (session,)).fetchone()
+            turn = row[0] if row else None
+        if turn is None:
+            return  # outside an open turn: it belongs to no turn and is never pending
+        db.execute(
+            "INSERT OR REPLACE INTO approvals VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, NULL)",
+            (session, p.call_id, p.name, _canonical(p.args), turn, event.seq),
+        )
+        self._cleared.discard(session)
+
+    @handler
+    def _on_resolved(self, db: sqlite3.Connection, event: RecordedEvent, p: ApprovalResolved
+                     ) -> None:
+        db.execute(
+            "UPDATE approvals SET verdict = ?, reason = ?, by = ?"
+            " WHERE session = ? AND call_id = ? AND verdict IS NULL",
+            (p.verdict, p.reason, p.by.model_dump_json(), event.stream, p.call_id),
+        )
 
     def flush(self, db: sqlite3.Connection) -> None:
         if self._turns:

@@ -37,6 +37,7 @@ from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
 
 from terret.domain.errors import StoreFull, ViewsCorrupt
 from terret.domain.store import SESSION_PREFIX, StoredRecord
+from terret.projections._typed import Dispatch, Handler, marked
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
@@ -119,13 +120,35 @@ class WireNames(AbstractSet[str]):
         return f"WireNames({sorted(self.resolved())})"
 
 
+class LiveWireNames(AbstractSet[str]):
+    """Wire names read from ``names()`` each time they are asked — a set that may grow, as the
+    catalogue does when an extension registers — with the import it needs done on first use
+    (``LiveWireNames(lambda: catalogue.wire_names())``)."""
+
+    def __init__(self, names: Callable[[], AbstractSet[str]]) -> None:
+        self._names = names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __repr__(self) -> str:
+        return f"LiveWireNames({sorted(self._names())})"
+
+
 PURGED = WireNames(lambda ev: (ev.SessionPurged,))
 """``session/purged``: every projection forgets the session it names (R27)."""
 
 
 class Projection(ABC):
     """A read model. Subclasses declare ``name``, ``handles`` (wire names), ``tables`` and
-    ``schema`` (CREATE statements), and implement ``process``."""
+    ``schema`` (CREATE statements), and implement ``process`` — or subclass
+    ``TypedProjection`` and write one typed handler per payload class instead."""
 
     name: ClassVar[str]
     handles: ClassVar[AbstractSet[str]]
@@ -182,6 +205,36 @@ class Projection(ABC):
             table: sorted(db.execute(f"SELECT * FROM {table}").fetchall(), key=repr)
             for table in self.tables
         }
+
+
+class TypedProjection(Projection):
+    """A projection written as one typed handler per payload class (``@handler``, from
+    ``terret.projections._typed``: ``def _ended(self, db, event, p: TurnEnded)``): ``process``
+    dispatches on the payload's class, and ``handles`` is the wire names of the handlers'
+    classes unless the class says otherwise (a handler for a base class, such as one for every
+    ``EventPayload``, needs it said)."""
+
+    _dispatch: ClassVar[Dispatch]
+    _by_class: ClassVar[dict[type[Any], Handler | None]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dispatch = cls._dispatch = Dispatch(
+            found for c in reversed(cls.__mro__) if (found := marked(vars(c))))
+        cls._by_class = dispatch.by_class
+        if marked(vars(cls)) and "handles" not in vars(cls):
+            cls.handles = WireNames(lambda _: dispatch.named_classes())
+
+    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        """The handler of the payload's class, if it has one: one dictionary lookup per event
+        on a rebuild's path."""
+        payload = event.payload
+        try:
+            fn = self._by_class[type(payload)]
+        except KeyError:
+            fn = self._dispatch.resolve(type(payload))
+        if fn is not None:
+            fn(self, db, event, payload)
 
 
 class ViewStore(TrackingRecorder):

@@ -17,11 +17,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from terret.domain.messages import Message, ToolCall
-from terret.projections.base import Projection, WireNames
+from terret.projections._typed import handler
+from terret.projections.base import TypedProjection
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
-    from terret.domain.events import AssistantMessage, ContextInjected, ToolResult, UserMessage
+    from terret.domain.events import (
+        AssistantMessage,
+        ContextInjected,
+        SessionCompacted,
+        ToolResult,
+        UserMessage,
+    )
 
 
 def message_of(payload: Any) -> Message | None:
@@ -54,11 +61,9 @@ def _renderers() -> dict[type[Any], Callable[[Any], Message]]:
             ev.AssistantMessage: _assistant, ev.ToolResult: _tool}
 
 
-class MessagesProjection(Projection):
+class MessagesProjection(TypedProjection):
     name = "messages"
     version = 3  # 3: rows keyed by a per-session integer; 2: rows hold the payload's JSON
-    handles = WireNames(lambda ev: (ev.UserMessage, ev.ContextInjected, ev.AssistantMessage,
-                                    ev.ToolResult, ev.SessionCompacted))
     tables = ("messages", "message_streams", "message_summaries")
     schema = """
     CREATE TABLE IF NOT EXISTS message_streams (
@@ -81,24 +86,22 @@ class MessagesProjection(Projection):
     def begin(self) -> None:
         self._rows, self._keys = [], {}
 
-    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        from terret.domain.events import SessionCompacted
+    @handler
+    def _on_compacted(self, db: sqlite3.Connection, event: RecordedEvent, p: SessionCompacted
+                      ) -> None:
+        db.execute("INSERT OR REPLACE INTO message_summaries VALUES (?, ?, ?, ?)",
+                   (event.stream, p.upto_seq, event.seq, p.summary))
 
+    @handler
+    def _on_message(self, db: sqlite3.Connection, event: RecordedEvent,
+                    p: UserMessage | ContextInjected | AssistantMessage | ToolResult) -> None:
         session = event.stream
-        p: Any = event.payload
-        name = event.wire_name
-        if isinstance(p, SessionCompacted):
-            db.execute(
-                "INSERT OR REPLACE INTO message_summaries VALUES (?, ?, ?, ?)",
-                (session, p.upto_seq, event.seq, p.summary),
-            )
-            return
         key = self._keys.get(session)
         if key is None:
             key = self._keys[session] = _key(db, session)
         # The row keeps the event's own payload (pydantic's serializer, in Rust: no Python
         # encoding per event on the rebuild path); reading renders it with ``message_of``.
-        self._rows.append((key, event.seq, name, p.__pydantic_serializer__.to_json(p)))
+        self._rows.append((key, event.seq, event.wire_name, p.__pydantic_serializer__.to_json(p)))
 
     def flush(self, db: sqlite3.Connection) -> None:
         if self._rows:

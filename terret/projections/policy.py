@@ -6,22 +6,24 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from terret.projections.base import Projection, WireNames
+from terret.projections._typed import handler
+from terret.projections.base import TypedProjection
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
+    from terret.domain.events import ModelSet, PolicyUpdated, SessionStarted
 
 
-class PolicyProjection(Projection):
+class PolicyProjection(TypedProjection):
     name = "policy"
-    handles = WireNames(lambda ev: (ev.PolicyUpdated,))
     tables = ("policies",)
     schema = "CREATE TABLE IF NOT EXISTS policies (session TEXT PRIMARY KEY, patterns TEXT);"
 
-    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        p: Any = event.payload
+    @handler
+    def _on_policy(self, db: sqlite3.Connection, event: RecordedEvent, p: PolicyUpdated
+                   ) -> None:
         db.execute("INSERT OR REPLACE INTO policies VALUES (?, ?)",
                    (event.stream, json.dumps(p.patterns)))
 
@@ -32,21 +34,23 @@ def read_policy(db: sqlite3.Connection, stream: str) -> list[str] | None:
     return json.loads(row[0]) if row else None
 
 
-class ModelsProjection(Projection):
+class ModelsProjection(TypedProjection):
     name = "models"
-    handles = WireNames(lambda ev: (ev.SessionStarted, ev.ModelSet))
     tables = ("model_roles",)
     schema = """CREATE TABLE IF NOT EXISTS model_roles (
         session TEXT NOT NULL, role TEXT NOT NULL, spec TEXT NOT NULL,
         PRIMARY KEY (session, role)) WITHOUT ROWID;"""
 
-    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        from terret.domain.events import SessionStarted
-
-        p: Any = event.payload
-        roles = p.roles.items() if isinstance(p, SessionStarted) else [(p.role, p.spec)]
+    @handler
+    def _on_started(self, db: sqlite3.Connection, event: RecordedEvent, p: SessionStarted
+                    ) -> None:
         db.executemany("INSERT OR REPLACE INTO model_roles VALUES (?, ?, ?)",
-                       [(event.stream, role, spec) for role, spec in roles])
+                       [(event.stream, role, spec) for role, spec in p.roles.items()])
+
+    @handler
+    def _on_model_set(self, db: sqlite3.Connection, event: RecordedEvent, p: ModelSet) -> None:
+        db.execute("INSERT OR REPLACE INTO model_roles VALUES (?, ?, ?)",
+                   (event.stream, p.role, p.spec))
 
 
 def read_roles(db: sqlite3.Connection, stream: str) -> dict[str, str]:

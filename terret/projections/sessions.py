@@ -10,12 +10,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from terret.domain.store import SESSION_PREFIX
-from terret.projections.base import Projection
+from terret.projections._typed import handler
+from terret.projections.base import LiveWireNames, TypedProjection
 from terret.projections.status import status_name
 from terret.projections.usage import UsageTotals
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
+    from terret.domain.catalogue import EventPayload
     from terret.domain.codec import RecordedEvent
+    from terret.domain.events import SessionClosed, SessionStarted, TurnEnded
 
 
 @dataclass(frozen=True)
@@ -48,19 +51,17 @@ class SessionSummary:
         }
 
 
-class _EveryKnownEvent(frozenset[str]):
-    """Matches every wire name registered in the catalogue, extensions included."""
+def _every_known_event() -> frozenset[str]:
+    """Every wire name registered in the catalogue, extensions included (as they register)."""
+    from terret.domain.catalogue import catalogue  # loads the payload classes: on first use
 
-    def __contains__(self, name: object) -> bool:
-        from terret.domain.catalogue import catalogue  # loads the payload classes: on first use
-
-        return name in catalogue
+    return catalogue.wire_names()
 
 
-class SessionsProjection(Projection):
+class SessionsProjection(TypedProjection):
     name = "sessions"
     version = 2  # 2: how the last turn ended (last_turn)
-    handles = _EveryKnownEvent()
+    handles = LiveWireNames(_every_known_event)
     tables = ("sessions",)
     schema = """
     CREATE TABLE IF NOT EXISTS sessions (
@@ -82,45 +83,52 @@ class SessionsProjection(Projection):
     def begin(self) -> None:
         self._last, self._started, self._closed, self._ended = {}, {}, set(), {}
 
-    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        from terret.domain.events import SessionClosed, SessionStarted, TurnEnded
-
+    @handler
+    def _on_any(self, db: sqlite3.Connection, event: RecordedEvent, p: EventPayload) -> None:
         self._last[event.stream] = event
-        p = event.payload
-        if isinstance(p, SessionStarted):
-            self._started[event.stream] = event
-        elif isinstance(p, SessionClosed):
-            self._closed.add(event.stream)
-        elif isinstance(p, TurnEnded):
-            self._ended[event.stream] = event
+
+    @handler
+    def _on_started(self, db: sqlite3.Connection, event: RecordedEvent, p: SessionStarted
+                    ) -> None:
+        self._last[event.stream] = self._started[event.stream] = event
+
+    @handler
+    def _on_closed(self, db: sqlite3.Connection, event: RecordedEvent, p: SessionClosed) -> None:
+        self._last[event.stream] = event
+        self._closed.add(event.stream)
+
+    @handler
+    def _on_turn_ended(self, db: sqlite3.Connection, event: RecordedEvent, p: TurnEnded) -> None:
+        self._last[event.stream] = self._ended[event.stream] = event
 
     def flush(self, db: sqlite3.Connection) -> None:
-        rows = []
-        for stream, last in self._last.items():
-            if not stream.startswith(SESSION_PREFIX):
-                continue
-            started = self._started.get(stream)
-            if started is not None:
-                p: Any = started.payload
-                row = [p.agent, started.recorded_at, 0.0, 0, 0, None]
-            else:
-                found = db.execute("SELECT agent, created, last_activity, events, closed,"
-                                   " last_turn FROM sessions WHERE session = ?",
-                                   (stream,)).fetchone()
-                if found is None:
-                    continue  # no session/started: nothing to update
-                row = list(found)
-            row[2] = last.recorded_at
-            row[3] = max(row[3], last.seq)
-            if stream in self._closed:
-                row[4] = 1
-            ended = self._ended.get(stream)
-            if ended is not None:
-                row[5] = _last_turn(ended)
-            rows.append((stream, *row))
+        rows = [row for stream, last in self._last.items()
+                if stream.startswith(SESSION_PREFIX) and (row := self._row(db, stream, last))]
         if rows:
             db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
         self.begin()
+
+    def _row(self, db: sqlite3.Connection, stream: str, last: RecordedEvent
+             ) -> tuple[Any, ...] | None:
+        """The session's row after the batch; None for a stream with no ``session/started``."""
+        started = self._started.get(stream)
+        if started is not None:
+            p: Any = started.payload
+            row = [p.agent, started.recorded_at, 0.0, 0, 0, None]
+        else:
+            found = db.execute("SELECT agent, created, last_activity, events, closed,"
+                               " last_turn FROM sessions WHERE session = ?", (stream,)).fetchone()
+            if found is None:
+                return None
+            row = list(found)
+        row[2] = last.recorded_at
+        row[3] = max(row[3], last.seq)
+        if stream in self._closed:
+            row[4] = 1
+        ended = self._ended.get(stream)
+        if ended is not None:
+            row[5] = _last_turn(ended)
+        return (stream, *row)
 
 
 def _last_turn(event: RecordedEvent) -> str:

@@ -5,14 +5,18 @@ not. Recorded, never inferred from time."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from terret.projections.base import Projection
+from terret.projections._typed import handler
+from terret.projections.base import LiveWireNames, TypedProjection
 
 if TYPE_CHECKING:  # the aggregate and the codec load every payload class: on first use
+    from terret.domain.catalogue import EventPayload
     from terret.domain.codec import RecordedEvent
     from terret.domain.session import SessionState
 
@@ -51,23 +55,23 @@ _COLUMNS = ("session, state, turn, turn_open, step, step_open, owed, pending, ca
             " inbox, closed, last_turn_status, waiting")
 
 
-class _Evolving(frozenset[str]):
-    """The wire names the aggregate's state evolves on (``terret.domain.session.EVOLVING``),
-    looked up when first asked: importing this module does not load the aggregate."""
+def _evolving() -> frozenset[str]:
+    from terret.domain.session import EVOLVING  # the aggregate: on first use
 
-    def __contains__(self, name: object) -> bool:
-        from terret.domain.session import EVOLVING
-
-        return name in EVOLVING
+    return EVOLVING
 
 
-class StatusProjection(Projection):
-    """Each session's state is the ``Session`` aggregate's own (``SessionState``, evolved by
-    the same ``evolve``), kept as JSON beside the columns operators and queries read."""
+class StatusProjection(TypedProjection):
+    """Each session's state is the ``Session`` aggregate's own (``SessionState``), evolved by
+    the aggregate's typed handlers — one per payload class, in ``terret/domain/state.py`` —
+    and kept as JSON beside the columns operators and queries read. The view keeps no second
+    copy of the turn rules: its one handler hands every event the state evolves on to
+    ``evolve``, which dispatches on the payload's class."""
 
     name = "status"
     version = 3  # 3: what an open turn waits on (waiting); 2: the aggregate's state is the truth
-    handles = _Evolving()
+    handles = LiveWireNames(_evolving)
+    """The wire names of the payload classes the state has a handler for (``EVOLVING``)."""
     tables = ("status",)
     schema = """
     CREATE TABLE IF NOT EXISTS status (
@@ -85,16 +89,13 @@ class StatusProjection(Projection):
     def begin(self) -> None:
         self._states = {}
 
-    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        from terret.domain.session import SessionState, evolve
-
+    @handler
+    def _evolve(self, db: sqlite3.Connection, event: RecordedEvent, p: EventPayload) -> None:
+        state_class, evolve = _aggregate()
         state = self._states.get(event.stream)
         if state is None:
-            row = db.execute("SELECT state FROM status WHERE session = ?",
-                             (event.stream,)).fetchone()
-            state = SessionState.from_json(row[0]) if row else SessionState()
-            self._states[event.stream] = state
-        evolve(state, event.payload, event.seq)
+            state = self._states[event.stream] = read_state(db, event.stream) or state_class()
+        evolve(state, p, event.seq)
 
     def flush(self, db: sqlite3.Connection) -> None:
         if self._states:
@@ -102,6 +103,15 @@ class StatusProjection(Projection):
                            " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            [_row(session, s) for session, s in self._states.items()])
             self._states = {}
+
+
+@functools.cache
+def _aggregate() -> tuple[type[SessionState], Callable[[SessionState, Any, int], None]]:
+    """The aggregate's state and ``evolve``, imported once, when first needed (a per-event
+    import statement cost a tenth of a rebuild)."""
+    from terret.domain.session import SessionState, evolve
+
+    return SessionState, evolve
 
 
 def _row(session: str, s: SessionState) -> tuple[Any, ...]:

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from terret.projections.base import Projection, WireNames
+from terret.projections._typed import handler
+from terret.projections.base import TypedProjection
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
+    from terret.domain.events import SessionTitled
 
 
-class TitleProjection(Projection):
+class TitleProjection(TypedProjection):
     name = "title"
-    handles = WireNames(lambda ev: (ev.SessionTitled,))
     tables = ("titles",)
     schema = "CREATE TABLE IF NOT EXISTS titles (session TEXT PRIMARY KEY, title TEXT NOT NULL);"
 
-    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        p: Any = event.payload
+    @handler
+    def _on_titled(self, db: sqlite3.Connection, event: RecordedEvent, p: SessionTitled
+                   ) -> None:
         db.execute("INSERT OR REPLACE INTO titles VALUES (?, ?)", (event.stream, p.title))
 
 

@@ -13,10 +13,12 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from terret.projections.base import Projection, WireNames
+from terret.projections._typed import handler
+from terret.projections.base import TypedProjection
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
+    from terret.domain.events import AssistantMessage, StepEnded, StepStarted, UsageData
 
 
 @dataclass(frozen=True)
@@ -35,10 +37,9 @@ class UsageTotals:
         }
 
 
-class UsageProjection(Projection):
+class UsageProjection(TypedProjection):
     name = "usage"
     version = 2  # 2: usage from metered replies; usage_steps knows whether the step was metered
-    handles = WireNames(lambda ev: (ev.StepStarted, ev.AssistantMessage, ev.StepEnded))
     tables = ("usage_steps", "usage_turns", "usage_models")
     schema = """
     CREATE TABLE IF NOT EXISTS usage_steps (
@@ -71,33 +72,37 @@ class UsageProjection(Projection):
         self._steps, self._turns, self._models = {}, {}, {}
         self._last_turn = {}  # the highest turn the view held, per session, at first touch
 
-    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        """A model call counts once: with its reply when the reply is metered (version 2 of
-        ``assistant/message``: its model and usage), else with its step's ``step/end`` (logs
-        written before, whose replies carry no usage)."""
-        from terret.domain.events import AssistantMessage, StepStarted
+    # A model call counts once: with its reply when the reply is metered (version 2 of
+    # ``assistant/message``: its model and usage), else with its step's ``step/end`` (logs
+    # written before, whose replies carry no usage).
 
-        p: Any = event.payload
+    @handler
+    def _on_step_started(self, db: sqlite3.Connection, event: RecordedEvent, p: StepStarted
+                         ) -> None:
+        # Only the open step is needed; older rows of the session are dropped.
+        self._steps[event.stream] = (p.turn, p.step, p.model, False)
+
+    @handler
+    def _on_reply(self, db: sqlite3.Connection, event: RecordedEvent, p: AssistantMessage
+                  ) -> None:
+        if p.model is None:
+            return  # unmetered: its usage, if any, comes with the step/end
         session = event.stream
-        if isinstance(p, StepStarted):
-            # Only the open step is needed; older rows of the session are dropped.
-            self._steps[session] = (p.turn, p.step, p.model, False)
-            return
-        if isinstance(p, AssistantMessage):
-            if p.model is None:
-                return  # unmetered: its usage, if any, comes with the step/end
-            turn_no, step_no, _, _ = self._open_step(db, session) or (0, 0, p.model, False)
-            self._steps[session] = (turn_no, step_no, p.model, True)
-            self._count(db, session, turn_no, p.model, p.usage)
-            return
-        open_step = self._open_step(db, session)
+        turn_no, step_no, _, _ = self._open_step(db, session) or (0, 0, p.model, False)
+        self._steps[session] = (turn_no, step_no, p.model, True)
+        self._count(db, session, turn_no, p.model, p.usage)
+
+    @handler
+    def _on_step_ended(self, db: sqlite3.Connection, event: RecordedEvent, p: StepEnded
+                       ) -> None:
+        open_step = self._open_step(db, event.stream)
         if open_step is not None and open_step[0] == p.turn and open_step[1] == p.step:
             if open_step[3]:
                 return  # its reply was metered: counted there (a resumed step/end too)
             model = open_step[2]
         else:
             model = "unknown"
-        self._count(db, session, p.turn, model, p.usage)
+        self._count(db, event.stream, p.turn, model, p.usage)
 
     def _open_step(self, db: sqlite3.Connection, session: str
                    ) -> tuple[int, int, str, bool] | None:
@@ -110,11 +115,18 @@ class UsageProjection(Projection):
         return step
 
     def _count(self, db: sqlite3.Connection, session: str, turn_no: int, model: str,
-               usage: Any) -> None:
+               usage: UsageData | None) -> None:
         """One model call (or one unmetered step) into its turn's and its model's totals."""
         prompt = usage.prompt_tokens if usage else 0
         completion = usage.completion_tokens if usage else 0
         cost = (usage.cost or 0.0) if usage else 0.0
+        turn = self._turn_totals(db, session, turn_no)
+        _add(turn, prompt, completion, cost)
+        turn[4] = usage.prompt_tokens if usage else None
+        _add(self._model_totals(db, session, model), prompt, completion, cost)
+
+    def _turn_totals(self, db: sqlite3.Connection, session: str, turn_no: int) -> list[Any]:
+        """The running totals of a turn: [prompt, completion, cost, steps, last prompt]."""
         key = (session, turn_no)
         turn = self._turns.get(key)
         if turn is None:
@@ -129,16 +141,18 @@ class UsageProjection(Projection):
                     "SELECT prompt_tokens, completion_tokens, cost, steps, last_prompt_tokens"
                     " FROM usage_turns WHERE session = ? AND turn = ?", key).fetchone()
             turn = self._turns[key] = list(found) if found else [0, 0, 0.0, 0, None]
-        _add(turn, prompt, completion, cost)
-        turn[4] = usage.prompt_tokens if usage else None
-        by_model = (session, model)
-        totals = self._models.get(by_model)
+        return turn
+
+    def _model_totals(self, db: sqlite3.Connection, session: str, model: str) -> list[Any]:
+        """The running totals of a model in the session: [prompt, completion, cost, steps]."""
+        key = (session, model)
+        totals = self._models.get(key)
         if totals is None:
             found = db.execute(
                 "SELECT prompt_tokens, completion_tokens, cost, steps FROM usage_models"
-                " WHERE session = ? AND model = ?", by_model).fetchone()
-            totals = self._models[by_model] = list(found) if found else [0, 0, 0.0, 0]
-        _add(totals, prompt, completion, cost)
+                " WHERE session = ? AND model = ?", key).fetchone()
+            totals = self._models[key] = list(found) if found else [0, 0, 0.0, 0]
+        return totals
 
     def flush(self, db: sqlite3.Connection) -> None:
         for session, (turn, step, model, metered) in self._steps.items():

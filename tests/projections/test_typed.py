@@ -1,0 +1,123 @@
+"""Typed handlers (``TypedProjection``, ``@handler``): one method per payload class, the wire
+names it handles named through the classes."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from terret.domain import events as ev
+from terret.domain.catalogue import EventPayload, catalogue
+from terret.domain.codec import RecordedEvent, decode, encode
+from terret.domain.session import EVOLVING
+from terret.domain.store import StoredRecord
+from terret.projections._typed import handler
+from terret.projections.base import TypedProjection
+from terret.projections.views import default_projections
+
+USER = ev.Actor(actor="user")
+
+
+def _event(payload: EventPayload, seq: int = 1) -> RecordedEvent:
+    new = encode(payload)
+    return decode(StoredRecord("session-x", seq, seq, new.event_id, new.wire_name, new.data,
+                               new.metadata, 0.0))
+
+
+def test_the_default_projections_handle_what_they_handled() -> None:
+    handles = {p.name: set(p.handles) for p in default_projections()}
+    assert handles["messages"] == {ev.UserMessage.wire_name, ev.ContextInjected.wire_name,
+                                   ev.AssistantMessage.wire_name, ev.ToolResult.wire_name,
+                                   ev.SessionCompacted.wire_name}
+    assert handles["usage"] == {ev.StepStarted.wire_name, ev.AssistantMessage.wire_name,
+                                ev.StepEnded.wire_name}
+    assert handles["title"] == {ev.SessionTitled.wire_name}
+    assert handles["policy"] == {ev.PolicyUpdated.wire_name}
+    assert handles["models"] == {ev.SessionStarted.wire_name, ev.ModelSet.wire_name}
+    assert handles["approvals"] == {ev.TurnStarted.wire_name, ev.TurnEnded.wire_name,
+                                    ev.ApprovalRequested.wire_name,
+                                    ev.ApprovalResolved.wire_name}
+    assert handles["status"] == set(EVOLVING)
+    assert handles["sessions"] == set(catalogue.wire_names())
+
+
+class _Seen(TypedProjection):
+    name = "seen"
+    tables = ()
+    schema = ""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    @handler
+    def _turn(self, db: sqlite3.Connection, event: RecordedEvent,
+              p: ev.TurnStarted | ev.TurnEnded) -> None:
+        self.seen.append(("turn", type(p).__name__))
+
+    @handler
+    def _title(self, db: sqlite3.Connection, event: RecordedEvent, p: ev.SessionTitled) -> None:
+        self.seen.append(("title", p.title))
+
+
+class _Everything(_Seen):
+    name = "everything"
+    handles = frozenset(catalogue.wire_names())
+
+    @handler
+    def _any(self, db: sqlite3.Connection, event: RecordedEvent, p: EventPayload) -> None:
+        self.seen.append(("any", type(p).__name__))
+
+    @handler
+    def _title(self, db: sqlite3.Connection, event: RecordedEvent, p: ev.SessionTitled) -> None:
+        self.seen.append(("own title", p.title))
+
+
+def test_a_handler_per_class_a_union_registers_each() -> None:
+    seen = _Seen()
+    assert set(seen.handles) == {ev.TurnStarted.wire_name, ev.TurnEnded.wire_name,
+                                 ev.SessionTitled.wire_name}
+    db = sqlite3.connect(":memory:")
+    for payload in (ev.TurnStarted(turn=1), ev.SessionTitled(title="Hi"),
+                    ev.TurnEnded(turn=1, status="completed"), ev.SessionClosed(by=USER)):
+        seen.process(db, _event(payload))
+    assert seen.seen == [("turn", "TurnStarted"), ("title", "Hi"), ("turn", "TurnEnded")]
+
+
+def test_a_base_class_handler_takes_the_rest_and_a_subclass_overrides() -> None:
+    everything = _Everything()
+    db = sqlite3.connect(":memory:")
+    for payload in (ev.TurnStarted(turn=1), ev.SessionTitled(title="Hi"),
+                    ev.SessionClosed(by=USER)):
+        everything.process(db, _event(payload))
+    assert everything.seen == [("turn", "TurnStarted"), ("own title", "Hi"),
+                               ("any", "SessionClosed")]
+
+
+def test_two_handlers_for_one_class_are_refused() -> None:
+    class Twice(TypedProjection):
+        name = "twice"
+        tables = ()
+        schema = ""
+
+        @handler
+        def _a(self, db: sqlite3.Connection, event: RecordedEvent, p: ev.TurnStarted) -> None:
+            pass
+
+        @handler
+        def _b(self, db: sqlite3.Connection, event: RecordedEvent,
+               p: ev.TurnStarted | ev.TurnEnded) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="two handlers for TurnStarted"):
+        Twice().process(sqlite3.connect(":memory:"), _event(ev.TurnStarted(turn=1)))
+
+
+def test_importing_the_projections_loads_no_payload_class() -> None:
+    code = ("import sys; import terret.projections.views; "
+            "print('terret.domain.events' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "False"
