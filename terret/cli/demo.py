@@ -140,77 +140,17 @@ def _is(wire_name: str, **fields: object) -> Callable[[StoredRecord], bool]:
 def demo(path: Path, timeout: float) -> None:
     """Walk through a session's lifecycle on the embedded store: a tool call, an approval
     that survives a SIGKILL of the serving process, resume, compaction, title, usage, log."""
-    from terret.cli.demo_app import COMPACTION_BUDGET
-    from terret.domain import events as ev
-    from terret.domain.codec import decode
-    from terret.domain.events import ApprovalRequested
-    from terret.runtime.commands import SessionCommands
-
     started = time.monotonic()
-    for suffix in ("", "-wal", "-shm"):
-        for file in (str(path) + suffix, default_views_path(str(path)) + suffix):
-            if os.path.exists(file):
-                os.remove(file)
+    _remove_store_files(path)
     run = Demo(path, timeout)
     try:
-        run.say(f"A session starts in {path} (SQLite, WAL, synchronous=FULL)")
-        sid = SessionCommands.on(run.store).create(agent="demo",
-                                                   roles={"main": "demo:ops-model-1"})
-        click.echo(f"  session {sid}")
-
-        run.say("A serving process starts (it runs the session's agent)")
-        run.start_server()
-
-        run.say("An operator asks for a deploy; the serving process wakes on the inbox")
-        run.terret("inject", str(sid), "Check the checkout service and deploy v2", "--wake")
-        run.wait_for(sid, "the status tool's result",
-                     _is(ev.ToolResult.wire_name, name="service_status"))
-        run.tell("the agent called service_status (no approval needed)",
-                 expect=" turn 1 started")
-        record = run.wait_for(sid, "the approval request", _is(ev.ApprovalRequested.wire_name))
-        requested = decode(record).payload
-        assert isinstance(requested, ApprovalRequested)
-        call_id = requested.call_id
-        run.tell(f"deploy is mutating: it parked on approval {call_id}, durably in the log",
-                 expect=" parked on an approval")
-        run.terret("approvals", "list", str(sid))
-
-        run.say("The serving process is killed with SIGKILL (no cleanup runs)")
-        assert run.serve is not None
-        os.kill(run.serve.pid, signal.SIGKILL)
-        run.serve.wait(timeout)
-        run.tell(f"process {run.serve.pid} is gone; the parked approval is still in the log:")
-        run.terret("sessions", "show", str(sid))
-
-        run.say("A new serving process starts; it resumes the open turn without asking again")
-        run.start_server(" turn 1 resumed", " parked on an approval")
-
-        run.say("The approval is given from the CLI, another process again")
-        run.terret("approve", str(sid), call_id, "--reason", "change window open")
-        run.wait_for(sid, "the end of turn 1", _is(ev.TurnEnded.wire_name, turn=1))
-        run.tell("the parked call ran, the turn resumed and completed",
-                 expect=" turn 1 ended")
-
-        run.say(f"A second turn passes the compaction budget ({COMPACTION_BUDGET} prompt tokens)")
-        run.terret("inject", str(sid), "Write the release notes", "--wake")
-        run.wait_for(sid, "the end of turn 2", _is(ev.TurnEnded.wire_name, turn=2))
-        run.wait_for(sid, "the compaction", _is(ev.SessionCompacted.wire_name))
-        run.tell("compacted: the model's next request starts from the summary",
-                 expect=" compacted up to")
-
-        run.say("Title and usage (projections of the log)")
-        run.wait_for(sid, "the title", _is(ev.SessionTitled.wire_name))
-        run.terret("title", str(sid))
-        run.terret("usage", str(sid), "--by", "model")
-
-        run.say("The log: every state recorded")
-        run.terret("log", str(sid))
-
-        run.say("The serving process stops gracefully (SIGTERM)")
-        assert run.serve is not None
-        run.serve.terminate()
-        run.serve.wait(timeout)
-        run.flush("stopped")
+        sid = _start(run, path)
+        call_id = _park_on_approval(run, sid)
+        _kill_and_resume(run, sid)
+        _approve(run, sid, call_id)
+        _compact(run, sid)
+        _show_views(run, sid)
+        _stop(run)
     finally:
         run.close()
     click.secho(f"\nDone in {time.monotonic() - started:.1f}s. Explore the store:", bold=True)
@@ -219,6 +159,102 @@ def demo(path: Path, timeout: float) -> None:
                     f"terret --store {path} log {sid} --type approval/resolved",
                     f"terret --store {path} projections verify"):
         click.echo(f"  {example}")
+
+
+# The stages of the demo, in the order it runs them: each says what it shows, does it, and
+# waits until the log (and the serving process's output) shows it happened.
+
+
+def _remove_store_files(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        for file in (str(path) + suffix, default_views_path(str(path)) + suffix):
+            if os.path.exists(file):
+                os.remove(file)
+
+
+def _start(run: Demo, path: Path) -> UUID:
+    from terret.runtime.commands import SessionCommands
+
+    run.say(f"A session starts in {path} (SQLite, WAL, synchronous=FULL)")
+    sid = SessionCommands.on(run.store).create(agent="demo", roles={"main": "demo:ops-model-1"})
+    click.echo(f"  session {sid}")
+
+    run.say("A serving process starts (it runs the session's agent)")
+    run.start_server()
+    return sid
+
+
+def _park_on_approval(run: Demo, sid: UUID) -> str:
+    """A turn calls a tool, then parks on an approval; the id of the call it waits for."""
+    from terret.domain import events as ev
+    from terret.domain.codec import decode
+
+    run.say("An operator asks for a deploy; the serving process wakes on the inbox")
+    run.terret("inject", str(sid), "Check the checkout service and deploy v2", "--wake")
+    run.wait_for(sid, "the status tool's result",
+                 _is(ev.ToolResult.wire_name, name="service_status"))
+    run.tell("the agent called service_status (no approval needed)", expect=" turn 1 started")
+    record = run.wait_for(sid, "the approval request", _is(ev.ApprovalRequested.wire_name))
+    requested = decode(record).payload
+    assert isinstance(requested, ev.ApprovalRequested)
+    call_id = requested.call_id
+    run.tell(f"deploy is mutating: it parked on approval {call_id}, durably in the log",
+             expect=" parked on an approval")
+    run.terret("approvals", "list", str(sid))
+    return call_id
+
+
+def _kill_and_resume(run: Demo, sid: UUID) -> None:
+    run.say("The serving process is killed with SIGKILL (no cleanup runs)")
+    assert run.serve is not None
+    os.kill(run.serve.pid, signal.SIGKILL)
+    run.serve.wait(run.timeout)
+    run.tell(f"process {run.serve.pid} is gone; the parked approval is still in the log:")
+    run.terret("sessions", "show", str(sid))
+
+    run.say("A new serving process starts; it resumes the open turn without asking again")
+    run.start_server(" turn 1 resumed", " parked on an approval")
+
+
+def _approve(run: Demo, sid: UUID, call_id: str) -> None:
+    from terret.domain import events as ev
+
+    run.say("The approval is given from the CLI, another process again")
+    run.terret("approve", str(sid), call_id, "--reason", "change window open")
+    run.wait_for(sid, "the end of turn 1", _is(ev.TurnEnded.wire_name, turn=1))
+    run.tell("the parked call ran, the turn resumed and completed", expect=" turn 1 ended")
+
+
+def _compact(run: Demo, sid: UUID) -> None:
+    from terret.cli.demo_app import COMPACTION_BUDGET
+    from terret.domain import events as ev
+
+    run.say(f"A second turn passes the compaction budget ({COMPACTION_BUDGET} prompt tokens)")
+    run.terret("inject", str(sid), "Write the release notes", "--wake")
+    run.wait_for(sid, "the end of turn 2", _is(ev.TurnEnded.wire_name, turn=2))
+    run.wait_for(sid, "the compaction", _is(ev.SessionCompacted.wire_name))
+    run.tell("compacted: the model's next request starts from the summary",
+             expect=" compacted up to")
+
+
+def _show_views(run: Demo, sid: UUID) -> None:
+    from terret.domain import events as ev
+
+    run.say("Title and usage (projections of the log)")
+    run.wait_for(sid, "the title", _is(ev.SessionTitled.wire_name))
+    run.terret("title", str(sid))
+    run.terret("usage", str(sid), "--by", "model")
+
+    run.say("The log: every state recorded")
+    run.terret("log", str(sid))
+
+
+def _stop(run: Demo) -> None:
+    run.say("The serving process stops gracefully (SIGTERM)")
+    assert run.serve is not None
+    run.serve.terminate()
+    run.serve.wait(run.timeout)
+    run.flush("stopped")
 
 
 def register(cli: click.Group) -> None:

@@ -190,14 +190,22 @@ def _as_dict(record: StoredRecord, event: RecordedEvent) -> dict[str, Any]:
 def log(obj: CliContext, session_id: UUID, from_seq: int, types: tuple[str, ...],
         tail: int | None, stamps: bool, full: bool, follow: bool) -> None:
     """A session's events, one line each: seq, wire name, summary."""
-    from terret.domain.codec import decode
-
     obj.require_session(session_id)
     store = obj.store()
     stream = session_stream(session_id)
     wanted = set(types) or None
     if wanted is not None:
         _check_types(store, stream, wanted)
+    show = _printer(obj, full=full, stamps=stamps)
+    head = store.head_position()  # before reading, so --follow cannot miss what lands meanwhile
+    last = _show_log(store, stream, from_seq, wanted, tail, show)
+    if follow:
+        _follow(store, stream, head, last, wanted, show)
+
+
+def _printer(obj: CliContext, *, full: bool, stamps: bool) -> Callable[[StoredRecord], None]:
+    """What prints one record: a JSON object with ``--json``, else a line."""
+    from terret.domain.codec import decode
 
     def show(record: StoredRecord) -> None:
         event = decode(record)  # a record that cannot be decoded raises CorruptRecord
@@ -206,7 +214,13 @@ def log(obj: CliContext, session_id: UUID, from_seq: int, types: tuple[str, ...]
         else:
             click.echo(_line(event, record, full=full, stamps=stamps))
 
-    head = store.head_position()  # before reading, so --follow cannot miss what lands meanwhile
+    return show
+
+
+def _show_log(store: Any, stream: str, from_seq: int, wanted: set[str] | None,
+              tail: int | None, show: Callable[[StoredRecord], None]) -> int:
+    """Show the stream's records from ``from_seq`` on (of ``wanted`` types, the last ``tail``
+    of them); the seq of the last record read."""
     if tail is not None and wanted is None:
         from_seq = max(from_seq, store.stream_version(stream) - tail + 1)
     kept: collections.deque[StoredRecord] = collections.deque(maxlen=tail)
@@ -220,8 +234,13 @@ def log(obj: CliContext, session_id: UUID, from_seq: int, types: tuple[str, ...]
                 kept.append(record)
     for record in kept:
         show(record)
-    if not follow:
-        return
+    return last
+
+
+def _follow(store: Any, stream: str, head: int, last: int, wanted: set[str] | None,
+            show: Callable[[StoredRecord], None]) -> None:
+    """Show the stream's records after seq ``last`` as they land (``head`` was read before
+    the history), until Ctrl-C."""
     try:
         with store.subscribe(after=head) as sub:
             for item in sub:

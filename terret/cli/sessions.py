@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from uuid import UUID
 
 import click
@@ -23,6 +23,12 @@ from terret.cli._context import (
     when,
 )
 from terret.cli._params import AGENT_NAME, TEXT
+
+if TYPE_CHECKING:  # the projections are loaded when a command reads the views
+    from terret.projections.approvals import PendingApproval
+    from terret.projections.sessions import SessionSummary
+    from terret.projections.status import SessionStatus
+    from terret.projections.usage import UsageTotals
 
 STATUSES = ("idle", "running", "waiting_approval", "waiting_in_doubt", "waiting_budget",
             "closed")
@@ -112,7 +118,7 @@ def last_turn_text(last: dict[str, Any] | None, now: float | None = None) -> str
 def show(obj: CliContext, session_id: UUID) -> None:
     """Title, status, how its last turn ended, owner, open turn, pending approvals, usage and
     policy of one session."""
-    from terret.cli._owners import Liveness, owner_text
+    from terret.cli._owners import Liveness
     from terret.domain.errors import SessionNotFound
 
     obj.require_session(session_id)
@@ -122,29 +128,53 @@ def show(obj: CliContext, session_id: UUID) -> None:
     state = views.state(session_id)
     if summary is None or status is None or state is None:
         raise SessionNotFound(f"no session {session_id}")
-    pending = views.pending(session_id)
-    policy = views.policy(session_id)
-    owner = Liveness(obj.store()).owner(summary.owner)
-    data = {
-        **summary.as_dict(),
-        "owner": owner,
+    shown = _Shown(summary, status, state, views.pending(session_id), views.policy(session_id),
+                   Liveness(obj.store()).owner(summary.owner))
+    data = _show_data(shown, views.roles(session_id), views.usage_by_model(session_id))
+    now = time.time()
+    lines = [*_head_lines(shown, now), *_activity_lines(shown, data, now),
+             *_waiting_lines(shown), *_budget_lines(shown), *_turn_lines(shown, data)]
+    obj.emit(data, "\n".join(lines))
+
+
+class _Shown(NamedTuple):
+    """What ``sessions show`` read of one session."""
+
+    summary: SessionSummary
+    status: SessionStatus
+    state: Any
+    pending: list[PendingApproval]
+    policy: list[str] | None
+    owner: dict[str, Any] | None
+
+
+def _show_data(s: _Shown, roles: dict[str, str],
+               usage_by_model: dict[str, UsageTotals]) -> dict[str, Any]:
+    """The session as ``sessions show --json`` prints it."""
+    status = s.status
+    return {
+        **s.summary.as_dict(),
+        "owner": s.owner,
         "open_turn": status.turn if status.turn_open else None,
         "step": status.step, "step_open": status.step_open,
         "owed_calls": status.owed, "cancel_requested": status.cancel_requested,
-        "cancel": ({"by": state.cancel_by, "reason": state.cancel_reason}
+        "cancel": ({"by": s.state.cancel_by, "reason": s.state.cancel_reason}
                    if status.cancel_requested else None),
         "inbox": status.inbox, "resumable": status.resumable and not status.closed,
         "pending_approvals": [{"call_id": p.call_id, "tool": p.name, "args": p.args}
-                              for p in pending],
-        "policy": policy, "models": views.roles(session_id),
-        "usage_by_model": {k: v.as_dict() for k, v in views.usage_by_model(session_id).items()},
+                              for p in s.pending],
+        "policy": s.policy, "models": roles,
+        "usage_by_model": {k: v.as_dict() for k, v in usage_by_model.items()},
         "in_doubt_calls": [{"call_id": c["id"], "tool": c["name"], "args": c["args"]}
                            for c in status.in_doubt],
         "budget": {"limit": status.budget, "spent": status.cost,
                    "parked": status.budget_wait},
     }
-    now = time.time()
-    last = summary.last_turn
+
+
+def _head_lines(s: _Shown, now: float) -> list[str]:
+    """Which session, its status, and how its last turn ended."""
+    summary, status, last = s.summary, s.status, s.summary.last_turn
     lines = [
         f"session   {summary.id}",
         f"title     {summary.title or '(untitled)'}",
@@ -158,39 +188,65 @@ def show(obj: CliContext, session_id: UUID) -> None:
         first, *rest = str(last["error"]).splitlines() or [""]
         lines.append(f"error     {first}")
         lines.extend(f"          {line}" for line in rest)
-    lines += [
-        f"owner     {owner_text(owner, now)}",
+    return lines
+
+
+def _activity_lines(s: _Shown, data: dict[str, Any], now: float) -> list[str]:
+    """Its owner, events, policy, models and usage."""
+    from terret.cli._owners import owner_text
+
+    summary = s.summary
+    lines = [
+        f"owner     {owner_text(s.owner, now)}",
         f"events    {summary.events}   created {when(summary.created)} "
         f"({ago(summary.created, now)})   last activity {when(summary.last_activity)} "
         f"({ago(summary.last_activity, now)})",
-        f"policy    {policy_text(policy)}",
+        f"policy    {policy_text(s.policy)}",
         f"models    {', '.join(f'{k}={v}' for k, v in sorted(data['models'].items()))}",
         f"usage     {usage_text(summary.usage.as_dict())}",
     ]
     for model_spec, used in sorted(data["usage_by_model"].items()):
         lines.append(f"  {model_spec}: {usage_text(used)}")
+    return lines
+
+
+def _waiting_lines(s: _Shown) -> list[str]:
+    """What the open turn waits on: owed calls, queued input, approvals, calls in doubt."""
+    status = s.status
+    lines: list[str] = []
     for call in status.owed:
         lines.append(f"owed      {call['id']}: {call['name']} {as_json(call['args'])}")
     if status.inbox:
         lines.append(f"inbox     {status.inbox} queued")
-    for p in pending:
+    for p in s.pending:
         lines.append(f"approval  {p.call_id}: {p.name} {as_json(p.args)}  (pending)")
     for c in status.in_doubt:
         lines.append(f"in doubt  {c['id']}: {c['name']} {as_json(c['args'])}  (started, no "
-                     f"result: `terret in-doubt rerun|skip {summary.id} {c['id']}`)")
-    lines.append("budget    " + (f"{money(status.budget)} (its own)" if status.budget is not None
-                                 else "the deployment's default") + f", spent {money(status.cost)}")
+                     f"result: `terret in-doubt rerun|skip {s.summary.id} {c['id']}`)")
+    return lines
+
+
+def _budget_lines(s: _Shown) -> list[str]:
+    status = s.status
+    lines = ["budget    " + (f"{money(status.budget)} (its own)" if status.budget is not None
+                             else "the deployment's default") + f", spent {money(status.cost)}"]
     if status.budget_wait is not None:
         wait = status.budget_wait
         lines.append(f"parked    on its budget: spent {money(wait['spent'])} of "
-                     f"{money(wait['limit'])} (`terret budget set {summary.id} AMOUNT`)")
-    if status.cancel_requested:
-        by = _actor(state.cancel_by)
+                     f"{money(wait['limit'])} (`terret budget set {s.summary.id} AMOUNT`)")
+    return lines
+
+
+def _turn_lines(s: _Shown, data: dict[str, Any]) -> list[str]:
+    """A cancel requested, and whether the open turn can be resumed."""
+    lines: list[str] = []
+    if s.status.cancel_requested:
+        by = _actor(s.state.cancel_by)
         lines.append("cancel    requested" + (f" by {by}" if by else "")
-                     + (f": {state.cancel_reason}" if state.cancel_reason else ""))
+                     + (f": {s.state.cancel_reason}" if s.state.cancel_reason else ""))
     if data["resumable"]:
-        lines.append(f"resumable yes (`terret resume {summary.id}`, or `terret serve`)")
-    obj.emit(data, "\n".join(lines))
+        lines.append(f"resumable yes (`terret resume {s.summary.id}`, or `terret serve`)")
+    return lines
 
 
 def policy_text(policy: list[str] | None) -> str:
