@@ -707,44 +707,26 @@ class StoreContract:
         start = store.head_position()
         stream = new_stream()
         history = 60
-        live = 250
         milestones = [0, 50, 100, 150, 200]
-        reached = {m: threading.Event() for m in milestones}
         for i in range(0, history, 20):
             store.append(stream, [record(SIGNAL if k % 4 else NOISE, i + k)
                                   for k in range(20)], expect(i))
-        stop_writer = threading.Event()
-        writer_error: list[BaseException] = []
-
-        def writer() -> None:
-            try:
-                for n in range(live):
-                    if n in reached:
-                        reached[n].set()
-                    if stop_writer.is_set():
-                        return
-                    i = history + n
-                    store.append(stream, [record(SIGNAL if i % 4 else NOISE, i)], i)
-            except BaseException as exc:
-                writer_error.append(exc)
-
-        thread = threading.Thread(target=writer)
+        writer = _Writer(store, stream, history, 250, milestones)
         collectors: list[Collector] = []
         try:
-            thread.start()
+            writer.start()
             for m in milestones:  # subscribe while writes land
-                assert reached[m].wait(TIMEOUT)
+                assert writer.reached(m, TIMEOUT)
                 collectors.append(self.collect(store, start, [SIGNAL]))
-            thread.join(TIMEOUT * 2)
-            assert not writer_error
+            writer.join(TIMEOUT * 2)
+            assert not writer.errors
             expected = [r for r in store.read_stream(stream) if r.wire_name == SIGNAL]
             for collector in collectors:
                 got = collector.wait_records([stream], len(expected))
                 assert [r.seq for r in got] == [r.seq for r in expected]
                 assert got == expected
         finally:
-            stop_writer.set()
-            thread.join(TIMEOUT)
+            writer.stop(TIMEOUT)
             for collector in collectors:
                 collector.stop()
         for collector in collectors:
@@ -762,28 +744,7 @@ class StoreContract:
         stream = new_stream()
         store.append(stream, records(5), StreamState.NO_STREAM)
         injected = 30
-        owner: Any = store
-        *path, name = self.head_reader.split(".")
-        for part in path:
-            owner = getattr(owner, part)
-        real_head = getattr(owner, name)
-        lock = threading.Lock()
-        reads: list[int] = []
-        done: list[int] = []
-
-        def hostile_head(*args: Any, **kwargs: Any) -> int:
-            with lock:
-                head: int = real_head(*args, **kwargs)
-                if reads and reads[-1] == head and len(done) < injected:
-                    n = len(done)
-                    name = NOISE if n % 3 == 2 else SIGNAL
-                    store.append(stream, [record(name, n)], StreamState.ANY)
-                    done.append(n)
-                reads.append(head)
-                return head
-
-        setattr(owner, name, hostile_head)
-        try:
+        with _HostileHead(store, self.head_reader, stream, injected) as hostile:
             collector = self.collect(store, start, [SIGNAL])
             try:
                 collector.wait_caught_up()
@@ -792,14 +753,12 @@ class StoreContract:
                 assert collector.wait(lambda items: any(
                     isinstance(i, StoredRecord) and i.event_id == mark.event_id for i in items
                 ))
-                assert collector.wait(lambda _: len(done) >= injected)
+                assert collector.wait(lambda _: len(hostile.done) >= injected)
                 expected = [r for r in store.read_stream(stream) if r.wire_name == SIGNAL]
                 got = collector.wait_records([stream], len(expected))
                 assert got == expected
             finally:
                 collector.stop()
-        finally:
-            delattr(owner, name)
         _assert_monotonic(collector.snapshot())
 
     def test_history_longer_than_a_page_with_sparse_matches(self, store: EventStore) -> None:
@@ -1259,6 +1218,82 @@ class StoreContract:
         assert store.select_events(originator, lte=1) == events[:2]
         with pytest.raises(IntegrityError):
             store.insert_events(events[2:])
+
+class _Writer:
+    """Appends ``count`` events one at a time to ``stream`` (which holds ``first``), on a
+    thread (every fourth a NOISE, the others SIGNALs); ``reached(n)`` waits until it is about to
+    append its ``n``-th (one of ``milestones``)."""
+
+    def __init__(self, store: EventStore, stream: str, first: int, count: int,
+                 milestones: Sequence[int]) -> None:
+        self.store, self.stream, self.first, self.count = store, stream, first, count
+        self._reached = {m: threading.Event() for m in milestones}
+        self._stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        try:
+            for n in range(self.count):
+                if n in self._reached:
+                    self._reached[n].set()
+                if self._stop.is_set():
+                    return
+                i = self.first + n
+                self.store.append(self.stream, [record(SIGNAL if i % 4 else NOISE, i)], i)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def reached(self, milestone: int, timeout: float) -> bool:
+        return self._reached[milestone].wait(timeout)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def stop(self, timeout: float) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+
+class _HostileHead:
+    """While entered, the store's head reader (``path``, dotted from the store) is replaced
+    by one that, whenever a read finds the head where the read before it did, appends one
+    event to ``stream`` right after the read (``count`` of them at most, mostly SIGNALs), as
+    if another writer committed in between; ``done`` counts them."""
+
+    def __init__(self, store: EventStore, path: str, stream: str, count: int) -> None:
+        owner: Any = store
+        *parts, self._name = path.split(".")
+        for part in parts:
+            owner = getattr(owner, part)
+        self._owner = owner
+        self._real = getattr(owner, self._name)
+        self._store, self._stream, self._count = store, stream, count
+        self._lock = threading.Lock()
+        self._reads: list[int] = []
+        self.done: list[int] = []
+
+    def __enter__(self) -> _HostileHead:
+        setattr(self._owner, self._name, self._head)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        delattr(self._owner, self._name)
+
+    def _head(self, *args: Any, **kwargs: Any) -> int:
+        with self._lock:
+            head: int = self._real(*args, **kwargs)
+            if self._reads and self._reads[-1] == head and len(self.done) < self._count:
+                n = len(self.done)
+                name = NOISE if n % 3 == 2 else SIGNAL
+                self._store.append(self._stream, [record(name, n)], StreamState.ANY)
+                self.done.append(n)
+            self._reads.append(head)
+            return head
+
 
 def _read_all(store: EventStore, after: int, limit: int,
               wire_names: Sequence[str] | None = None) -> list[StoredRecord]:
