@@ -392,19 +392,31 @@ def _on_tool_started(s: SessionState, p: ToolStarted, seq: int) -> None:
         s.doubt_verdicts.pop(p.call_id, None)  # a rerun verdict is spent by the run it allowed
 
 
+def _wait(waiting: dict[str, WaitingCall], verdicts: dict[str, Verdict],
+          p: ToolInDoubt | ApprovalRequested) -> None:
+    """A call of the open turn waits for a verdict. An id reused for another tool or other
+    arguments is a new ask: the verdict on the earlier call does not carry over to it (R11)."""
+    verdicts.pop(p.call_id, None)
+    waiting[p.call_id] = WaitingCall(p.name, p.args)
+
+
+def _decide(waiting: dict[str, WaitingCall], verdicts: dict[str, Verdict],
+            p: InDoubtResolved | ApprovalResolved) -> None:
+    """The verdict on a waiting call, bound to its tool and arguments."""
+    call = waiting.pop(p.call_id, None)
+    if call is not None:
+        verdicts[p.call_id] = Verdict(p.verdict, p.reason, p.by, call_key(call.name, call.args))
+
+
 @_on(ToolInDoubt)
 def _on_in_doubt(s: SessionState, p: ToolInDoubt, seq: int) -> None:
     if s.turn_open:
-        s.doubt_verdicts.pop(p.call_id, None)
-        s.doubts[p.call_id] = WaitingCall(p.name, p.args)
+        _wait(s.doubts, s.doubt_verdicts, p)
 
 
 @_on(InDoubtResolved)
 def _on_doubt_resolved(s: SessionState, p: InDoubtResolved, seq: int) -> None:
-    doubt = s.doubts.pop(p.call_id, None)
-    if doubt is not None:
-        s.doubt_verdicts[p.call_id] = Verdict(p.verdict, p.reason, p.by,
-                                              call_key(doubt.name, doubt.args))
+    _decide(s.doubts, s.doubt_verdicts, p)
 
 
 @_on(BudgetSet)
@@ -421,18 +433,12 @@ def _on_budget_exceeded(s: SessionState, p: BudgetExceeded, seq: int) -> None:
 @_on(ApprovalRequested)
 def _on_requested(s: SessionState, p: ApprovalRequested, seq: int) -> None:
     if s.turn_open:
-        # R11: an id reused for another tool or other arguments is a new ask; the verdict on
-        # the earlier call does not carry over to it.
-        s.verdicts.pop(p.call_id, None)
-        s.pending[p.call_id] = WaitingCall(p.name, p.args)
+        _wait(s.pending, s.verdicts, p)
 
 
 @_on(ApprovalResolved)
 def _on_resolved(s: SessionState, p: ApprovalResolved, seq: int) -> None:
-    request = s.pending.pop(p.call_id, None)
-    if request is not None:
-        s.verdicts[p.call_id] = Verdict(p.verdict, p.reason, p.by,
-                                        call_key(request.name, request.args))
+    _decide(s.pending, s.verdicts, p)
 
 
 @_on(InboxQueued)
