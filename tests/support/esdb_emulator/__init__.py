@@ -13,9 +13,18 @@ Test support only: nothing in `terret/` may import it. Behaviour follows
 Standalone: ``python -m tests.support.esdb_emulator --host 127.0.0.1 --port 0`` prints the
 URI as its first line and serves until killed.
 
+Emulated: the Streams service (Read, Append, BatchAppend, Delete, Tombstone, catch-up
+subscriptions), Gossip.Read, and PersistentSubscriptions (Create, Update, Delete, GetInfo,
+List, ReplayParked and the bidirectional Read: the DispatchToSingle, RoundRobin, Pinned and
+PinnedByCorrelation strategies, ack, nack park/retry/skip/stop/unknown, message time-outs
+and max retry count, max subscriber count, checkpoints, parked-message replay).
+
 Modules: `store` (log, stream indexes, writes), `commit_check` (expected-version rules),
 `reads` / `subscriptions` (Streams.Read), `streams_service` (the Streams servicer and its
-error encodings), `cluster` (Gossip, PersistentSubscriptions.List), `faults`, `server`.
+error encodings), `cluster` (Gossip), `persistent_service` (the PersistentSubscriptions
+servicer) over `persistent_registry` (groups, lock, clock), `persistent` (one group's state
+machine), `persistent_strategies`, `persistent_source`, `persistent_streams` (checkpoint and
+parked streams), `persistent_model`, `persistent_convert`; `faults`, `server`.
 """
 
 from .server import EsdbEmulator

@@ -11,8 +11,10 @@ from typing import Any
 import grpc
 from esdbclient.protos.Grpc import gossip_pb2_grpc, persistent_pb2_grpc, streams_pb2_grpc
 
-from .cluster import GossipServicer, PersistentSubscriptionsServicer
+from .cluster import GossipServicer
 from .faults import FaultInjector, OpenCalls
+from .persistent_registry import PersistentRegistry
+from .persistent_service import PersistentSubscriptionsServicer
 from .records import ProposedEvent
 from .store import EventStore
 from .streams_service import DEFAULT_MAX_APPEND_SIZE, StreamsServicer
@@ -45,6 +47,7 @@ class EsdbEmulator:
         self._store.seed_system_event()
         self._faults = FaultInjector()
         self._calls = OpenCalls()
+        self._persistent = PersistentRegistry(self._store)
         self._server: grpc.Server | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._host = ""
@@ -69,7 +72,8 @@ class EsdbEmulator:
             GossipServicer(lambda: (self.host, self.port), self._faults), server
         )
         persistent_pb2_grpc.add_PersistentSubscriptionsServicer_to_server(
-            PersistentSubscriptionsServicer(self._faults), server
+            PersistentSubscriptionsServicer(self._persistent, self._faults, self._calls),
+            server,
         )
         bound_port = server.add_insecure_port(_host_port(host, port))
         if bound_port == 0:
@@ -87,6 +91,7 @@ class EsdbEmulator:
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace).wait()
+        self._persistent.close()
         self._store.wake_waiters()
         if self._executor is not None:
             self._executor.shutdown(wait=False)
@@ -167,10 +172,11 @@ class EsdbEmulator:
         )
 
     def cut_subscriptions(self) -> int:
-        """Abort every open Read call (subscriptions included) with UNAVAILABLE now.
-        Returns how many calls were cut. New calls are unaffected."""
+        """Abort every open Read call (catch-up and persistent subscriptions included) with
+        UNAVAILABLE now. Returns how many calls were cut. New calls are unaffected."""
         count = self._calls.cut_all()
         self._store.wake_waiters()
+        self._persistent.wake()
         return count
 
     def reset_faults(self) -> None:
