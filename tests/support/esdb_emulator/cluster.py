@@ -1,4 +1,5 @@
-"""Gossip.Read and PersistentSubscriptions.List: the minimum esdbclient calls of them."""
+"""Gossip.Read: a one-node cluster, the minimum esdbclient asks of it. (Persistent subscriptions
+are ``persistent_service.py``.)"""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ import grpc
 from esdbclient.protos.Grpc import (
     gossip_pb2,
     gossip_pb2_grpc,
-    persistent_pb2,
-    persistent_pb2_grpc,
     shared_pb2,
 )
 
@@ -44,16 +43,3 @@ class GossipServicer(gossip_pb2_grpc.GossipServicer):
             http_end_point=gossip_pb2.EndPoint(address=host, port=port),
         )
         return gossip_pb2.ClusterInfo(members=[member])
-
-
-class PersistentSubscriptionsServicer(persistent_pb2_grpc.PersistentSubscriptionsServicer):
-    """Only List, answering "no persistent subscriptions"; the rest is UNIMPLEMENTED."""
-
-    def __init__(self, faults: FaultInjector) -> None:
-        self._faults = faults
-
-    def List(  # noqa: N802
-        self, request: persistent_pb2.ListReq, context: grpc.ServicerContext
-    ) -> persistent_pb2.ListResp:
-        guard_call(context, self._faults, "PersistentSubscriptions.List")
-        return persistent_pb2.ListResp()
