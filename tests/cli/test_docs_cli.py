@@ -139,28 +139,36 @@ def conforms(doc: Any, actual: Any, where: str = "$") -> list[str]:
     if doc is None or actual is None:
         return []
     if isinstance(doc, dict):
-        if not isinstance(actual, dict):
-            return [f"{where}: documented an object, got {type(actual).__name__}"]
-        dynamic = [k for k in doc if k.startswith("<")]
-        if dynamic:
-            assert len(doc) == 1, f"{where}: a <key> stands alone"
-            if not actual:
-                return [f"{where}: empty object; the example is not checked"]
-            return [d for k, v in actual.items()
-                    for d in conforms(doc[dynamic[0]], v, f"{where}.{k}")]
-        if set(doc) != set(actual):
-            return [f"{where}: documented keys {sorted(doc)}, got {sorted(actual)}"]
-        return [d for k in doc for d in conforms(doc[k], actual[k], f"{where}.{k}")]
+        return _conforms_object(doc, actual, where)
     if isinstance(doc, list):
-        if not isinstance(actual, list):
-            return [f"{where}: documented a list, got {type(actual).__name__}"]
-        if doc and not actual:
-            return [f"{where}: empty list; the example is not checked"]
-        return [d for i, item in enumerate(actual) for d in conforms(doc[0], item, f"{where}[{i}]")]
+        return _conforms_list(doc, actual, where)
     kinds = {bool: "boolean", int: "number", float: "number", str: "string"}
     if kinds[type(doc)] != kinds.get(type(actual)):
         return [f"{where}: documented {kinds[type(doc)]}, got {type(actual).__name__}"]
     return []
+
+
+def _conforms_object(doc: dict[str, Any], actual: Any, where: str) -> list[str]:
+    if not isinstance(actual, dict):
+        return [f"{where}: documented an object, got {type(actual).__name__}"]
+    dynamic = [k for k in doc if k.startswith("<")]
+    if dynamic:
+        assert len(doc) == 1, f"{where}: a <key> stands alone"
+        if not actual:
+            return [f"{where}: empty object; the example is not checked"]
+        return [d for k, v in actual.items()
+                for d in conforms(doc[dynamic[0]], v, f"{where}.{k}")]
+    if set(doc) != set(actual):
+        return [f"{where}: documented keys {sorted(doc)}, got {sorted(actual)}"]
+    return [d for k in doc for d in conforms(doc[k], actual[k], f"{where}.{k}")]
+
+
+def _conforms_list(doc: list[Any], actual: Any, where: str) -> list[str]:
+    if not isinstance(actual, list):
+        return [f"{where}: documented a list, got {type(actual).__name__}"]
+    if doc and not actual:
+        return [f"{where}: empty list; the example is not checked"]
+    return [d for i, item in enumerate(actual) for d in conforms(doc[0], item, f"{where}[{i}]")]
 
 
 def examples() -> dict[str, tuple[str, Any]]:

@@ -91,6 +91,38 @@ def _owner_at(log: list[tuple[str, dict[str, Any]]]) -> list[int | None]:
     return out
 
 
+def _check_log(pool: Pool, sid: UUID, turns: int, chaos: _Chaos) -> int:
+    """The session's log after the chaos: every turn completed once, each call's result
+    written once and by its owner; the number of calls that ran more than once (each only
+    after the worker running it was killed or frozen)."""
+    log = pool.log(sid)
+    names = [n for n, _ in log]
+    assert names.count("turn/start") == turns, (sid, names)
+    ends = [d for n, d in log if n == "turn/end"]
+    assert [e["turn"] for e in ends] == list(range(1, turns + 1)), (sid, names)
+    assert {e["status"] for e in ends} == {"completed"}, (sid, ends)
+    owners = _owner_at(log)
+    for (name, data), owner in zip(log, owners, strict=True):
+        # Nothing written by a worker after it lost its lease: every tool result and
+        # reply names the pid that produced it, which must own the session there.
+        text = data.get("content") if name == "tool/result" else data.get("text")
+        if name in ("tool/result", "assistant/message") and " by " in (text or ""):
+            assert int(str(text).rsplit(" ", 1)[1]) == owner, (sid, name, data, owner)
+    results = Counter(d["call_id"] for n, d in log if n == "tool/result")
+    assert set(results.values()) == {1}, (sid, results)
+    starts: dict[str, list[int]] = defaultdict(list)
+    for what, call_id, pid in pool.executions(sid):
+        if what == "start":
+            starts[call_id].append(pid)
+    duplicated = 0
+    for call_id, pids in starts.items():
+        if len(pids) > 1:
+            duplicated += len(pids) - 1
+            # Only re-run after the worker executing it was killed or frozen meanwhile.
+            assert all(chaos.disturbed(p) for p in pids[:-1]), (sid, call_id, pids, chaos)
+    return duplicated
+
+
 def test_chaos_three_workers_thirty_sessions(pool: Pool) -> None:
     rng = random.Random(20261201)
     workers = [_serve(pool, i) for i in range(3)]
@@ -118,32 +150,7 @@ def test_chaos_three_workers_thirty_sessions(pool: Pool) -> None:
         pool.wait_for(sid, "turn/end", count=turns[sid], timeout=120)
     stop.set()
 
-    duplicated = 0
-    for sid in sessions:
-        log = pool.log(sid)
-        names = [n for n, _ in log]
-        assert names.count("turn/start") == turns[sid], (sid, names)
-        ends = [d for n, d in log if n == "turn/end"]
-        assert [e["turn"] for e in ends] == list(range(1, turns[sid] + 1)), (sid, names)
-        assert {e["status"] for e in ends} == {"completed"}, (sid, ends)
-        owners = _owner_at(log)
-        for (name, data), owner in zip(log, owners, strict=True):
-            # Nothing written by a worker after it lost its lease: every tool result and
-            # reply names the pid that produced it, which must own the session there.
-            text = data.get("content") if name == "tool/result" else data.get("text")
-            if name in ("tool/result", "assistant/message") and " by " in (text or ""):
-                assert int(str(text).rsplit(" ", 1)[1]) == owner, (sid, name, data, owner)
-        results = Counter(d["call_id"] for n, d in log if n == "tool/result")
-        assert set(results.values()) == {1}, (sid, results)
-        starts: dict[str, list[int]] = defaultdict(list)
-        for what, call_id, pid in pool.executions(sid):
-            if what == "start":
-                starts[call_id].append(pid)
-        for call_id, pids in starts.items():
-            if len(pids) > 1:
-                duplicated += len(pids) - 1
-                # Only re-run after the worker executing it was killed or frozen meanwhile.
-                assert all(chaos.disturbed(p) for p in pids[:-1]), (sid, call_id, pids, chaos)
+    duplicated = sum(_check_log(pool, sid, turns[sid], chaos) for sid in sessions)
     print(f"chaos on {pool.kind}: {len(chaos.events)} disturbances "
           f"{dict(Counter(w for _, _, w in chaos.events))}; {duplicated} re-run calls, each "
           "after its executing worker was killed or frozen")

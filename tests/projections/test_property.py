@@ -26,6 +26,7 @@ from terret.adapters.stores import MemoryStore, SQLiteStore
 from terret.domain import decode
 from terret.domain.errors import TerretError
 from terret.domain.events import ToolCallData, UsageData
+from terret.domain.state import SessionState
 from terret.domain.store import EventStore, session_stream
 from terret.projections import (
     ProjectionRunner,
@@ -66,6 +67,11 @@ def _choices(s: Session) -> list[str]:
     side.append("cancel")
     if state.inbox:
         side.append("take_inbox")
+    return side + _along(state) * 8
+
+
+def _along(state: SessionState) -> list[str]:
+    """The commands that move the open turn along."""
     along: list[str] = []
     if (not state.step_open or not state.step_answered) and state.step < MAX_STEPS:
         along.append("start_step")
@@ -83,10 +89,12 @@ def _choices(s: Session) -> list[str]:
         # A turn is only closed between steps: ending it while calls are owed would leave an
         # assistant tool call without its result in the model's history.
         along.append("end_turn")
-    return side + along * 8
+    return along
 
 
-def _run_command(data: st.DataObject, s: Session, command: str) -> None:
+def _run_command(  # noqa: C901 — one branch per command, a flat table
+    data: st.DataObject, s: Session, command: str
+) -> None:
     state = s.state
     draw = data.draw
     if command == "title":

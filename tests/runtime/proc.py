@@ -67,30 +67,35 @@ def main(argv: list[str]) -> dict[str, object]:
             return _turn(store, action, sid, rest)
         rt = Runtime(store, resolver=StaticResolver())
         try:
-            if action == "approve":
-                rt.approve(sid, rest[0], by=OPERATOR)
-            elif action == "deny":
-                rt.deny(sid, rest[0], by=OPERATOR, reason=rest[1])
-            elif action == "inject":
-                inbox_id = rt.inject(sid, rest[0], wake=rest[1:] == ["wake"])
-                return {"ok": True, "inbox_id": inbox_id}
-            elif action == "policy":
-                rt.set_policy(sid, rest, by=OPERATOR)
-            elif action == "cancel":
-                rt.cancel(sid, by=OPERATOR, reason="from another process")
-            elif action == "budget":
-                rt.set_budget(sid, None if rest[0] == "none" else float(rest[0]), by=OPERATOR)
-            elif action == "rerun":
-                rt.rerun(sid, rest[0], by=OPERATOR)
-            elif action == "skip":
-                rt.skip(sid, rest[0], by=OPERATOR, reason=rest[1])
-            else:
-                raise SystemExit(f"unknown action {action!r}")
+            return _command(rt, action, sid, rest)
         finally:
             rt.close()
-        return {"ok": True}
     finally:
         store.close()
+
+
+def _command(rt: Runtime, action: str, sid: UUID, rest: list[str]) -> dict[str, object]:
+    """One operator command through a runtime that serves nothing."""
+    if action == "approve":
+        rt.approve(sid, rest[0], by=OPERATOR)
+    elif action == "deny":
+        rt.deny(sid, rest[0], by=OPERATOR, reason=rest[1])
+    elif action == "inject":
+        inbox_id = rt.inject(sid, rest[0], wake=rest[1:] == ["wake"])
+        return {"ok": True, "inbox_id": inbox_id}
+    elif action == "policy":
+        rt.set_policy(sid, rest, by=OPERATOR)
+    elif action == "cancel":
+        rt.cancel(sid, by=OPERATOR, reason="from another process")
+    elif action == "budget":
+        rt.set_budget(sid, None if rest[0] == "none" else float(rest[0]), by=OPERATOR)
+    elif action == "rerun":
+        rt.rerun(sid, rest[0], by=OPERATOR)
+    elif action == "skip":
+        rt.skip(sid, rest[0], by=OPERATOR, reason=rest[1])
+    else:
+        raise SystemExit(f"unknown action {action!r}")
+    return {"ok": True}
 
 
 class _NoArgs(BaseModel):
