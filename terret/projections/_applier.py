@@ -21,13 +21,20 @@ import logging
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from terret.domain.catalogue import EventCatalogue
+from terret.domain.catalogue import EventCatalogue, OpaquePayload
 from terret.domain.codec import RecordDecoder
 from terret.domain.errors import CorruptRecord
 from terret.domain.store import StoredRecord
-from terret.projections.base import PURGED, Projection, ViewStore, views_error
+from terret.projections.base import (
+    PURGED,
+    Projection,
+    Target,
+    TypedProjection,
+    ViewStore,
+    views_error,
+)
 
 if TYPE_CHECKING:
     from terret.domain.codec import RecordedEvent
@@ -124,31 +131,11 @@ class BatchApplier:
     def _all_at_once(self, db: sqlite3.Connection, records: Sequence[StoredRecord],
                      live: Sequence[Projection]) -> list[RecordedEvent] | None:
         """The events, or None when something raised: the transaction is then rolled back
-        (the caller begins another and goes event by event). The loop is the rebuild's hot
-        path, kept in one function on purpose: a call per event costs a tenth of a rebuild."""
-        events: list[RecordedEvent] = []
-        append = events.append
-        decode = self._decode
-        registry = self.registry
-        wanting: dict[str, list[Callable[..., None]]] = {}
+        (the caller begins another and goes event by event)."""
         try:
             for p in live:
                 p.begin()
-            for record in records:
-                targets = wanting.get(record.wire_name)
-                if targets is None:
-                    targets = wanting[record.wire_name] = _targets(live, record.wire_name)
-                try:
-                    event = decode(record)
-                except CorruptRecord:
-                    if targets:
-                        raise
-                    continue  # wanted by none here; listeners get decoded events only
-                append(event)
-                if targets and event.is_opaque and record.wire_name in registry:
-                    continue  # a newer version of a known event: no projection reads it
-                for process in targets:
-                    process(db, event)
+            events = self._each_record(db, records, live)
             for p in live:
                 p.flush(db)
         except Exception as exc:  # a record or a projection failed
@@ -156,6 +143,35 @@ class BatchApplier:
                 raise  # a full disk, a damaged file: nothing to halt on
             db.execute("ROLLBACK")
             return None
+        return events
+
+    def _each_record(self, db: sqlite3.Connection, records: Sequence[StoredRecord],
+                     live: Sequence[Projection]) -> list[RecordedEvent]:
+        """Each record to what each projection that wants it calls for it (``_targets``, once
+        per wire name). The rebuild's hot loop, kept in one function on purpose: a call per
+        event costs a tenth of a rebuild."""
+        events: list[RecordedEvent] = []
+        append = events.append
+        decode = self._decode
+        registry = self.registry
+        wanting: dict[str, list[Target]] = {}
+        for record in records:
+            targets = wanting.get(record.wire_name)
+            if targets is None:
+                targets = wanting[record.wire_name] = _targets(live, record.wire_name,
+                                                               registry)
+            try:
+                event = decode(record)
+            except CorruptRecord:
+                if targets:
+                    raise
+                continue  # wanted by none here; listeners get decoded events only
+            append(event)
+            payload = event.payload
+            if targets and isinstance(payload, OpaquePayload) and record.wire_name in registry:
+                continue  # a newer version of a known event: no projection reads it
+            for target in targets:
+                target(db, event, payload)
         return events
 
     # --- event by event -------------------------------------------------------------------
@@ -178,19 +194,23 @@ class BatchApplier:
                 events.append(event)
                 newer = event.is_opaque and record.wire_name in self.registry
             for p in projections:
-                if p.name in batch.halted or record.position <= batch.tracked[p.name]:
-                    continue
-                if (not newer and p.wants(record.wire_name)
-                        and (p.name, record.position) not in batch.skips):
-                    error = self._apply_one(db, p, event)
-                    if error is not None:
-                        self.views.record_fault(db, p.name, record.position, error)
-                        batch.halted.add(p.name)
-                        log.error("projection %s halted at %d: %s", p.name, record.position,
-                                  error)
-                        continue
-                batch.tracked[p.name] = record.position
+                if p.name not in batch.halted and record.position > batch.tracked[p.name]:
+                    self._one_into(db, p, record, event, newer, batch)
         return events
+
+    def _one_into(self, db: sqlite3.Connection, p: Projection, record: StoredRecord,
+                  event: RecordedEvent | CorruptRecord, newer: bool, batch: _Batch) -> None:
+        """The event at ``record`` into ``p`` (live and behind it): applied if it wants it
+        and no skip names it; the projection halts there if it fails, else moves past it."""
+        if (not newer and p.wants(record.wire_name)
+                and (p.name, record.position) not in batch.skips):
+            error = self._apply_one(db, p, event)
+            if error is not None:
+                self.views.record_fault(db, p.name, record.position, error)
+                batch.halted.add(p.name)
+                log.error("projection %s halted at %d: %s", p.name, record.position, error)
+                return
+        batch.tracked[p.name] = record.position
 
     @staticmethod
     def _apply_one(db: sqlite3.Connection, p: Projection, event: RecordedEvent | CorruptRecord
@@ -221,10 +241,33 @@ def _not_the_events_fault(db: sqlite3.Connection, exc: Exception) -> bool:
         isinstance(exc, sqlite3.Error) and views_error(exc, "") is not None)
 
 
-def _targets(projections: Sequence[Projection], wire_name: str) -> list[Callable[..., None]]:
-    """What to call for each projection that wants an event of this wire name: its
-    ``process`` straight away when ``Projection.apply`` would only forward to it."""
-    return [
-        p.process if wire_name not in PURGED and type(p).apply is Projection.apply else p.apply
-        for p in projections if p.wants(wire_name)
-    ]
+def _targets(projections: Sequence[Projection], wire_name: str, registry: EventCatalogue
+             ) -> list[Target]:
+    """What to call for each projection that wants an event of this wire name: a typed
+    projection's handler of the wire name's class straight away (the one its ``process``
+    would pick: a decoded event of a known wire name is of its class, or opaque and passed
+    over); ``process`` when ``Projection.apply`` would only forward to it; else ``apply``."""
+    cls = registry.payload_class(wire_name)
+    out: list[Target] = []
+    for p in projections:
+        if not p.wants(wire_name):
+            continue
+        if wire_name in PURGED or type(p).apply is not Projection.apply:
+            out.append(_ignoring_payload(p.apply))
+        elif cls is not None and isinstance(p, TypedProjection) \
+                and type(p).process is TypedProjection.process:
+            out.append(p.handler_for(cls) or _nothing)  # wanted, so a corrupt one halts it
+        else:
+            out.append(_ignoring_payload(p.process))
+    return out
+
+
+def _nothing(db: sqlite3.Connection, event: RecordedEvent, payload: Any) -> None:
+    """What a typed projection does with an event it handles but has no handler for."""
+
+
+def _ignoring_payload(fn: Callable[[sqlite3.Connection, RecordedEvent], None]) -> Target:
+    def call(db: sqlite3.Connection, event: RecordedEvent, payload: Any) -> None:
+        fn(db, event)
+
+    return call

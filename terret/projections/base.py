@@ -29,8 +29,8 @@ from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar
+from types import MethodType, ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 from uuid import UUID, uuid4
 
 from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
@@ -90,36 +90,6 @@ def views_error(exc: sqlite3.Error, path: str) -> Exception | None:
     return None
 
 
-class WireNames(AbstractSet[str]):
-    """The wire names of some event classes, named through the classes and resolved when first
-    asked (``WireNames(lambda ev: (ev.TurnStarted, ev.TurnEnded))``, ``ev`` being
-    ``terret.domain.events``): importing a projection does not load the payload classes."""
-
-    def __init__(self, classes: Callable[[ModuleType], Iterable[type[Any]]]) -> None:
-        self._classes = classes
-        self._names: frozenset[str] | None = None
-
-    def resolved(self) -> frozenset[str]:
-        names = self._names
-        if names is None:
-            from terret.domain import events  # the payload classes: on first use
-
-            names = self._names = frozenset(c.wire_name for c in self._classes(events))
-        return names
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.resolved()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.resolved())
-
-    def __len__(self) -> int:
-        return len(self.resolved())
-
-    def __repr__(self) -> str:
-        return f"WireNames({sorted(self.resolved())})"
-
-
 class LiveWireNames(AbstractSet[str]):
     """Wire names read from ``names()`` each time they are asked — a set that may grow, as the
     catalogue does when an extension registers — with the import it needs done on first use
@@ -138,11 +108,34 @@ class LiveWireNames(AbstractSet[str]):
         return len(self._names())
 
     def __repr__(self) -> str:
-        return f"LiveWireNames({sorted(self._names())})"
+        return f"{type(self).__name__}({sorted(self._names())})"
+
+
+class WireNames(LiveWireNames):
+    """The wire names of some event classes, named through the classes and resolved when first
+    asked (``WireNames(lambda ev: (ev.TurnStarted, ev.TurnEnded))``, ``ev`` being
+    ``terret.domain.events``): importing a projection does not load the payload classes."""
+
+    def __init__(self, classes: Callable[[ModuleType], Iterable[type[Any]]]) -> None:
+        super().__init__(self.resolved)
+        self._classes = classes
+        self._resolved: frozenset[str] | None = None
+
+    def resolved(self) -> frozenset[str]:
+        names = self._resolved
+        if names is None:
+            from terret.domain import events  # the payload classes: on first use
+
+            names = self._resolved = frozenset(c.wire_name for c in self._classes(events))
+        return names
 
 
 PURGED = WireNames(lambda ev: (ev.SessionPurged,))
 """``session/purged``: every projection forgets the session it names (R27)."""
+
+
+Target = Callable[[sqlite3.Connection, "RecordedEvent", Any], None]
+"""What the batch applier calls per event: ``(db, event, event.payload)``."""
 
 
 class Projection(ABC):
@@ -225,9 +218,14 @@ class TypedProjection(Projection):
         if marked(vars(cls)) and "handles" not in vars(cls):
             cls.handles = WireNames(lambda _: dispatch.named_classes())
 
+    def handler_for(self, cls: type[Any]) -> Target | None:
+        """The handler ``process`` calls for a payload of class ``cls``, bound (None when it
+        has none): the batch applier takes it once per wire name and calls it directly."""
+        fn = self._by_class[cls] if cls in self._by_class else self._dispatch.resolve(cls)
+        return None if fn is None else cast(Target, MethodType(fn, self))
+
     def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
-        """The handler of the payload's class, if it has one: one dictionary lookup per event
-        on a rebuild's path."""
+        """The handler of the payload's class, if it has one: one dictionary lookup."""
         payload = event.payload
         try:
             fn = self._by_class[type(payload)]
