@@ -6,12 +6,16 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
 
 from terret.adapters.stores.sqlite import SQLiteStore
 from terret.cli._context import CliContext, default_views_path, note, table
 from terret.domain.errors import InvalidStoreURI, StoreUnavailable, TerretError
+
+if TYPE_CHECKING:
+    from terret.projections.runner import ProjectionRunner
 
 
 @click.group("projections")
@@ -101,8 +105,32 @@ def skip(obj: CliContext, name: str) -> None:
 @click.pass_obj
 def doctor(obj: CliContext) -> None:
     """Check that the store and views are reachable and consistent, and say what to fix."""
-    problems: list[str] = []
     checks: list[str] = []
+    problems: list[str] = []
+    head = _check_store(obj, checks)
+    views_path = obj.views_path or default_views_path(obj.store_uri)
+    if views_path != ":memory:" and not os.path.exists(views_path):
+        checks.append(f"views {views_path} do not exist yet; they will be built now")
+    runner = obj.runner()
+    try:
+        runner.catch_up()
+    except TerretError as exc:
+        problems.append(f"catching up the views failed: {exc}")
+    halted = _check_states(runner, problems)
+    if head <= 200_000:
+        _check_rebuild(runner, halted, checks, problems)
+    else:
+        checks.append("large store: run `terret projections verify` to compare with a rebuild")
+    obj.emit({"ok": not problems, "checks": checks, "problems": problems},
+             "\n".join([*(f"ok    {c}" for c in checks), *(f"FIX   {p}" for p in problems)]))
+    if problems:
+        note(f"{len(problems)} problem(s) found")
+        raise SystemExit(1)
+
+
+def _check_store(obj: CliContext, checks: list[str]) -> int:
+    """The store reachable (and its file sound, on SQLite): its head. A store that is not is
+    the command's error, for there is nothing more to check."""
     try:
         store = obj.store()
         head = store.head_position()
@@ -116,42 +144,37 @@ def doctor(obj: CliContext) -> None:
         message = " ".join(str(exc).split())  # gRPC errors span several lines
         hint = " — check --store / TERRET_STORE" if isinstance(exc, StoreUnavailable) else ""
         raise click.ClickException(f"{type(exc).__name__}: {message}{hint}") from None
-    views_path = obj.views_path or default_views_path(obj.store_uri)
-    if views_path != ":memory:" and not os.path.exists(views_path):
-        checks.append(f"views {views_path} do not exist yet; they will be built now")
-    runner = obj.runner()
-    try:
-        runner.catch_up()
-    except TerretError as exc:
-        problems.append(f"catching up the views failed: {exc}")
-    states = runner.states()
-    halted = {s.name for s in states if s.fault}
-    for state in states:
+    return head
+
+
+def _check_states(runner: ProjectionRunner, problems: list[str]) -> set[str]:
+    """Each projection halted or behind is a problem; the names of the halted ones."""
+    halted = set()
+    for state in runner.states():
         if state.fault:
+            halted.add(state.name)
             problems.append(
                 f"projection {state.name} halted at {state.fault[0]}: {state.fault[1]} — "
                 f"fix the event's reader or run `terret projections skip {state.name}`")
         elif state.lag:
             problems.append(f"projection {state.name} lags by {state.lag}")
-    if head <= 200_000:
-        equal = []
-        for name, diffs in runner.verify_all().items():  # one pass over the log for all
-            if diffs:
-                problems.append(f"projection {name} differs from a rebuild — run "
-                                f"`terret projections rebuild {name}`")
-            elif name not in halted:  # a halted one equals a rebuild that halts alike
-                equal.append(name)
-        if len(equal) == len(runner.projections):
-            checks.append("every projection equals a rebuild from the log")
-        elif equal:  # never claim more than was found: the others are problems above
-            checks.append(f"projections {', '.join(equal)} equal a rebuild from the log")
-    else:
-        checks.append("large store: run `terret projections verify` to compare with a rebuild")
-    obj.emit({"ok": not problems, "checks": checks, "problems": problems},
-             "\n".join([*(f"ok    {c}" for c in checks), *(f"FIX   {p}" for p in problems)]))
-    if problems:
-        note(f"{len(problems)} problem(s) found")
-        raise SystemExit(1)
+    return halted
+
+
+def _check_rebuild(runner: ProjectionRunner, halted: set[str], checks: list[str],
+                   problems: list[str]) -> None:
+    """Every projection against a rebuild from the log, in one pass over it."""
+    equal = []
+    for name, diffs in runner.verify_all().items():
+        if diffs:
+            problems.append(f"projection {name} differs from a rebuild — run "
+                            f"`terret projections rebuild {name}`")
+        elif name not in halted:  # a halted one equals a rebuild that halts alike
+            equal.append(name)
+    if len(equal) == len(runner.projections):
+        checks.append("every projection equals a rebuild from the log")
+    elif equal:  # never claim more than was found: the others are problems above
+        checks.append(f"projections {', '.join(equal)} equal a rebuild from the log")
 
 
 def register(cli: click.Group) -> None:

@@ -35,6 +35,12 @@ def mismatch(store: EventStore, mark: LogMark | None, tracked: int, store_id: st
     if mark.position > head:
         return (f"the last event they applied, at position {mark.position}, is past the log's "
                 f"head {head}: was the store restored from an older copy?")
+    return _last_applied_missing(store, mark)
+
+
+def _last_applied_missing(store: EventStore, mark: LogMark) -> str | None:
+    """Why the log does not hold the last event the views applied at its stream and seq, or
+    None when it does (or its stream was purged or expired, or the mark does not say)."""
     if mark.stream is None or mark.seq is None:
         return None
     found = store.read_stream(mark.stream, from_seq=mark.seq, limit=1)
@@ -44,7 +50,7 @@ def mismatch(store: EventStore, mark: LogMark | None, tracked: int, store_id: st
                     "they applied")
     elif not found and 0 < store.stream_version(mark.stream) < mark.seq:
         return f"the log's {mark.stream} ends before #{mark.seq}, which they applied"
-    return None  # the event is there, or its stream was purged or expired
+    return None
 
 
 class LogCheck:

@@ -92,28 +92,37 @@ def verify(store: EventStore, views: ViewStore, projections: Sequence[Projection
             scratch.ensure(copy)
         scratch.add_skips([row for p in projections for row in views.skips_of(p.name)])
         applier = BatchApplier(scratch, registry, lambda db: None)
-        stops = {p.name: views.tracked(p.name) for p in projections}
-        head = max(stops.values(), default=0)
-        reached = 0
+        live = {p.name: p for p in projections}
         report: dict[str, list[str]] = {}
 
-        def overall(position: int, _: int) -> None:
-            if progress is not None:
-                progress(position, head)
+        def compare(name: str) -> None:
+            report[name] = differences(name, views.dump(live[name]), scratch.dump(fresh[name]))
 
-        # One pass: replay to each projection's own position in turn, comparing the ones
-        # that stop there before the others go on.
-        for stop in sorted(set(stops.values())):
-            going = [fresh[name] for name, at in stops.items() if at >= stop]
-            replay(store, applier, going, batch_size, after=reached, upto=stop,
-                   progress=overall)
-            reached = stop
-            for name in [n for n, at in stops.items() if at == stop]:
-                live = next(p for p in projections if p.name == name)
-                report[name] = differences(name, views.dump(live), scratch.dump(fresh[name]))
+        stops = {p.name: views.tracked(p.name) for p in projections}
+        _replay_to_each(store, applier, fresh, stops, batch_size, compare, progress)
         return {p.name: report[p.name] for p in projections}
     finally:
         scratch.close()
+
+
+def _replay_to_each(store: EventStore, applier: BatchApplier, fresh: dict[str, Projection],
+                    stops: dict[str, int], batch_size: int, compare: Callable[[str], None],
+                    progress: Progress | None) -> None:
+    """One pass: replay to each projection's own position (``stops``) in turn, comparing the
+    ones that stop there (``compare``) before the others go on."""
+    head = max(stops.values(), default=0)
+
+    def overall(position: int, _: int) -> None:
+        if progress is not None:
+            progress(position, head)
+
+    reached = 0
+    for stop in sorted(set(stops.values())):
+        going = [fresh[name] for name, at in stops.items() if at >= stop]
+        replay(store, applier, going, batch_size, after=reached, upto=stop, progress=overall)
+        reached = stop
+        for name in [n for n, at in stops.items() if at == stop]:
+            compare(name)
 
 
 def differences(name: str, live: dict[str, list[tuple[object, ...]]],

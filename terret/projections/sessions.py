@@ -4,6 +4,7 @@ with the title, status (its owner: the aggregate's state) and usage views."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -138,6 +139,30 @@ def _last_turn(event: RecordedEvent) -> str:
                        "error": p.error, "ended": event.recorded_at}, sort_keys=True)
 
 
+_FILTERS = (
+    ("stream", "s.session = ?"),
+    ("agent", "s.agent = ?"),
+    ("title", "instr(lower(t.title), lower(?)) > 0"),  # a case-insensitive part of it
+    ("since", "s.last_activity >= ?"),
+    ("until", "s.last_activity <= ?"),
+)
+"""Each filter of ``list_sessions`` and its clause, in the order the clauses are written."""
+
+_LIST = """
+    SELECT s.session, s.agent, t.title, s.created, s.last_activity, s.events, s.closed,
+           st.turn_open, st.waiting, u.p, u.c, u.cost, u.steps,
+           s.last_turn, json_extract(st.state, '$.owner')
+    FROM sessions s
+    LEFT JOIN titles t ON t.session = s.session
+    LEFT JOIN status st ON st.session = s.session
+    LEFT JOIN (SELECT session, sum(prompt_tokens) p, sum(completion_tokens) c,
+                      sum(cost) cost, sum(steps) steps
+               FROM usage_turns {usage_where} GROUP BY session) u ON u.session = s.session
+    {where}
+    ORDER BY s.last_activity DESC, s.session
+"""
+
+
 def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
                   limit: int | None = None, stream: str | None = None,
                   agent: str | None = None, title: str | None = None,
@@ -146,57 +171,30 @@ def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
     """Sessions, most recently active first: of one ``stream``, or filtered by ``status``,
     ``agent``, ``title`` (a case-insensitive part of it) and last activity (``since`` ≤ it ≤
     ``until``), the ``offset`` first left out and at most ``limit`` of the rest."""
+    given = {"stream": stream or None, "agent": agent, "title": title, "since": since,
+             "until": until}
+    clauses = [(clause, given[name]) for name, clause in _FILTERS if given[name] is not None]
+    where = f"WHERE {' AND '.join(c for c, _ in clauses)}" if clauses else ""
     # One session's summary sums that session's usage only, not every session's.
-    clauses: list[str] = []
-    params: list[Any] = []
-    usage_where = ""
-    if stream:
-        clauses.append("s.session = ?")
-        params.append(stream)
-        usage_where = "WHERE session = ?"
-    if agent is not None:
-        clauses.append("s.agent = ?")
-        params.append(agent)
-    if title is not None:
-        clauses.append("instr(lower(t.title), lower(?)) > 0")
-        params.append(title)
-    if since is not None:
-        clauses.append("s.last_activity >= ?")
-        params.append(since)
-    if until is not None:
-        clauses.append("s.last_activity <= ?")
-        params.append(until)
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    rows = db.execute(
-        f"""
-        SELECT s.session, s.agent, t.title, s.created, s.last_activity, s.events, s.closed,
-               st.turn_open, st.waiting, u.p, u.c, u.cost, u.steps,
-               s.last_turn, json_extract(st.state, '$.owner')
-        FROM sessions s
-        LEFT JOIN titles t ON t.session = s.session
-        LEFT JOIN status st ON st.session = s.session
-        LEFT JOIN (SELECT session, sum(prompt_tokens) p, sum(completion_tokens) c,
-                          sum(cost) cost, sum(steps) steps
-                   FROM usage_turns {usage_where} GROUP BY session) u ON u.session = s.session
-        {where}
-        ORDER BY s.last_activity DESC, s.session
-        """, ([stream] if stream else []) + params
-    ).fetchall()
-    out = []
-    for r in rows:
-        state = status_name(bool(r[7]), r[8], bool(r[6]))
-        if status is not None and state != status:
-            continue
-        if offset:
-            offset -= 1
-            continue
-        usage = UsageTotals(r[9] or 0, r[10] or 0, r[11] or 0.0, r[12] or 0)
-        out.append(SessionSummary(r[0], r[1], r[2], state, r[3], r[4], r[5], usage,
-                                  bool(r[6]), json.loads(r[13]) if r[13] else None,
-                                  json.loads(r[14]) if r[14] else None))
-        if limit is not None and len(out) >= limit:
-            break
-    return out
+    usage_where, usage_params = ("WHERE session = ?", [stream]) if stream else ("", [])
+    rows = db.execute(_LIST.format(usage_where=usage_where, where=where),
+                      usage_params + [value for _, value in clauses]).fetchall()
+    kept = (r for r in rows if status is None or _status(r) == status)
+    page = itertools.islice(kept, offset, None if limit is None else offset + limit)
+    return [_summary(r) for r in page]
+
+
+def _status(r: tuple[Any, ...]) -> str:
+    """The status of a row of ``_LIST``."""
+    return status_name(bool(r[7]), r[8], bool(r[6]))
+
+
+def _summary(r: tuple[Any, ...]) -> SessionSummary:
+    """A row of ``_LIST`` as a summary."""
+    usage = UsageTotals(r[9] or 0, r[10] or 0, r[11] or 0.0, r[12] or 0)
+    return SessionSummary(r[0], r[1], r[2], _status(r), r[3], r[4], r[5], usage, bool(r[6]),
+                          json.loads(r[13]) if r[13] else None,
+                          json.loads(r[14]) if r[14] else None)
 
 
 def get_summary(db: sqlite3.Connection, stream: str) -> SessionSummary | None:

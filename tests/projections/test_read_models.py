@@ -379,6 +379,37 @@ def test_sessions_index_joins_title_status_and_usage(
     assert views.summary(UUID(int=5)) is None
 
 
+def test_sessions_index_filters_then_pages(writer: Writer, runner: ProjectionRunner,
+                                           views: Views) -> None:
+    idle = [writer.start(agent="coder") for _ in range(4)]
+    for sid in idle:
+        writer.turn(sid, "hi")
+    writer.do(idle[1], lambda s: s.title("Fix the Linker"))
+    closed = writer.start(agent="coder")
+    writer.do(closed, lambda s: s.close(by=OPERATOR, reason="done"))
+    other = writer.start(agent="ops")
+    runner.catch_up()
+
+    newest_first = [s.id for s in views.sessions()]
+    assert newest_first[0] == str(other) and len(newest_first) == 6
+    coder_idle = [i for i in newest_first if i in {str(s) for s in idle}]
+    assert [s.id for s in views.sessions(status="idle", agent="coder")] == coder_idle
+    # The filters first, then the offset, then the limit.
+    assert [s.id for s in views.sessions(status="idle", agent="coder", offset=1, limit=2)
+            ] == coder_idle[1:3]
+    assert [s.id for s in views.sessions(status="idle", offset=3)] == \
+        [i for i in newest_first if i != str(closed)][3:]
+    assert views.sessions(status="idle", limit=0) == []
+    assert [s.id for s in views.sessions(title="linker")] == [str(idle[1])]
+    mark = views.summary(idle[2])
+    assert mark is not None
+    since = views.sessions(since=mark.last_activity)
+    until = views.sessions(until=mark.last_activity)
+    assert all(s.last_activity >= mark.last_activity for s in since)
+    assert all(s.last_activity <= mark.last_activity for s in until)
+    assert str(idle[2]) in {s.id for s in since} & {s.id for s in until}
+
+
 @pytest.mark.parametrize("status", ["completed", "failed", "empty", "rejected"])
 def test_every_turn_end_status_returns_the_session_to_idle(
     status: TurnStatus, writer: Writer, runner: ProjectionRunner, views: Views
