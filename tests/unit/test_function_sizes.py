@@ -27,6 +27,7 @@ NOQA_WHY = re.compile(r"\s+[—-]\s+\S+(\s+\S+)+")
 """After ``# noqa: C901``: a dash and at least two words of reason."""
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
+
 def _sources() -> Iterator[tuple[str, str]]:
     for path in sorted(PACKAGE.rglob("*.py")):
         yield path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8")
