@@ -61,8 +61,8 @@ class Verdicts:
 
         @click.argument("session_id", type=SESSION)
         @click.argument("call_id", type=TEXT)
-        @click.option("--reason", type=TEXT, required=reason_required, default=None,
-                      help=reason_help)
+        # No default when required: click takes an explicit one as given.
+        @click.option("--reason", type=TEXT, required=reason_required, help=reason_help)
         @click.pass_obj
         def run(obj: CliContext, session_id: UUID, call_id: str, reason: str | None) -> None:
             if reason_required and not (reason or "").strip():
