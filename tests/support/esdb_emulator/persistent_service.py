@@ -234,7 +234,7 @@ class PersistentSubscriptionsServicer(persistent_pb2_grpc.PersistentSubscription
 
     # -- Read --------------------------------------------------------------------------------
 
-    def Read(  # noqa: N802
+    def Read(  # noqa: N802, C901 - the call's whole life: options, connect, confirm, deliver, drop
         self, request_iterator: Iterator[persistent_pb2.ReadReq], context: grpc.ServicerContext
     ) -> Iterator[ReadResp]:
         guard_call(context, self._faults, "PersistentSubscriptions.Read")

@@ -9,7 +9,7 @@ deadline), `cut_subscriptions()` or a tombstone on the subscribed stream end the
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 from .convert import ReadResp, caught_up_resp, checkpoint_resp, confirmation_resp
 from .reads import UNFILTERED_PAGE, End, ReadRequest, Start, record_resp, resolve_origin
@@ -34,15 +34,22 @@ def subscribe_all(store: EventStore, request: ReadRequest, scope: CallScope) -> 
         assert isinstance(origin, int)
         cursor = store.index_after(origin)
     yield confirmation_resp(str(uuid.uuid4()))
+    cursor = yield from _catch_up_all(store, request, scope, cursor)
+    yield caught_up_resp()
+    yield from _live_all(store, request, scope, cursor)
+
+
+def _catch_up_all(
+    store: EventStore, request: ReadRequest, scope: CallScope, cursor: int
+) -> Generator[ReadResp, None, int]:
+    """Catch-up, page by page; the cursor reached. After a page that is not the end of the
+    log, once enough events were considered (matching or not), send a checkpoint. The
+    checkpoint carries the position of the page's last considered event: never beyond the
+    last written event, and resuming "after" it skips only events already considered."""
     log = store.log
     event_filter = request.event_filter
     interval = request.checkpoint_interval
     page_size = request.window if event_filter is not None else UNFILTERED_PAGE
-
-    # Catch-up, page by page. After a page that is not the end of the log, once enough
-    # events were considered (matching or not), send a checkpoint. The checkpoint carries
-    # the position of the page's last considered event: never beyond the last written
-    # event, and resuming "after" it skips only events already considered.
     considered = 0
     while cursor < len(log):
         page_end = min(cursor + page_size, len(log))
@@ -56,9 +63,17 @@ def subscribe_all(store: EventStore, request: ReadRequest, scope: CallScope) -> 
         if event_filter is not None and considered >= interval and cursor < len(log):
             yield checkpoint_resp(log[cursor - 1].position)
             considered %= interval
-    yield caught_up_resp()
+    return cursor
 
-    # Live: every newly committed event counts; at `interval` a checkpoint follows it.
+
+def _live_all(
+    store: EventStore, request: ReadRequest, scope: CallScope, cursor: int
+) -> Iterator[ReadResp]:
+    """Live: every newly committed event counts; at `interval` a checkpoint follows it."""
+    log = store.log
+    event_filter = request.event_filter
+    interval = request.checkpoint_interval
+
     def grown_past(length: int) -> Callable[[], bool]:
         return lambda: len(log) > length
 
