@@ -97,6 +97,11 @@ class StreamDeleted(StoreError):
     """The stream was purged or tombstoned."""
 
 
+class ExpiryUnsupported(StoreError):
+    """A stream's expiry (``purge --max-age``) was asked of a store that cannot expire streams
+    itself (SQLite, memory): nothing is recorded, the session stays as it was."""
+
+
 class InvalidStoreURI(StoreError):
     """A store URI that Terret cannot use."""
 

@@ -222,9 +222,13 @@ class EventStore(es.ApplicationRecorder):
     def delete_stream(self, stream: str) -> None:
         """Remove a stream's events for good (retention, R27)."""
 
+    native_expiry: bool = False
+    """Whether the store expires a stream's events itself (``set_max_age``): EventStoreDB's
+    ``$maxAge``. A store without it refuses a purge with an expiry (``ExpiryUnsupported``)."""
+
     def set_max_age(self, stream: str, seconds: int) -> None:  # noqa: B027 - optional
-        """Ask the store to expire a stream's events after ``seconds`` (R27). Stores without
-        native expiry keep the events until an explicit purge."""
+        """Ask the store to expire a stream's events after ``seconds`` (R27), on a store with
+        ``native_expiry``; the others do nothing here."""
 
     @abstractmethod
     def write_snapshot(self, stream: str, version: int, state: bytes) -> None:

@@ -1,12 +1,13 @@
 """Retention of closed sessions (R27): delete now, or let the store expire the stream
-(EventStoreDB ``$maxAge``). Either way the deletion is recorded in the retention stream."""
+(EventStoreDB ``$maxAge``; a store that cannot expire streams refuses that). Either way the
+deletion is recorded in the retention stream."""
 
 from __future__ import annotations
 
 from uuid import UUID
 
 from terret.domain.codec import encode
-from terret.domain.errors import RuleViolation
+from terret.domain.errors import ExpiryUnsupported, RuleViolation
 from terret.domain.events import Actor, SessionPurged
 from terret.domain.repository import SessionRepository
 from terret.domain.store import RETENTION_STREAM, StreamState, session_stream
@@ -18,6 +19,10 @@ def purge_session(repository: SessionRepository, session_id: UUID, *, by: Actor,
     if not session.closed:
         raise RuleViolation(f"session {session_id} is not closed; close it first")
     store = repository.store
+    if max_age is not None and not store.native_expiry:
+        # Recorded, the purge would make the views forget a session whose events stay for good.
+        raise ExpiryUnsupported(f"{store.describe()} does not expire streams itself: purge "
+                                f"without --max-age (max_age) when the session is to go")
     record = encode(SessionPurged(session_id=str(session_id), reason=reason, by=by,
                                   max_age_seconds=max_age))
     store.append(RETENTION_STREAM, [record], StreamState.ANY)

@@ -11,7 +11,7 @@ from uuid import UUID, uuid4
 import pytest
 
 from terret.domain.events import ApprovalResolved, PolicyUpdated, TurnEnded
-from tests.cli.conftest import DEMO_APP, DEPLOY_ARGS, Target
+from tests.cli.conftest import DEMO_APP, DEPLOY_ARGS, Target, one_line_error
 
 USAGE_KEYS = {"prompt_tokens", "completion_tokens", "cost", "steps"}
 SUMMARY_KEYS = {"id", "agent", "status", "closed", "events", "created", "last_activity",
@@ -108,6 +108,16 @@ def test_sessions_close_and_purge(target: Target) -> None:
 
 def test_sessions_purge_max_age(target: Target) -> None:
     sid = target.closed()
+    if target.kind == "sqlite":
+        # No native expiry: refused, nothing recorded, the session still there for all to see.
+        before = target.snapshot()
+        refused = target.invoke("--json", "sessions", "purge", str(sid), "--max-age", "3600")
+        assert refused.exit_code == 1
+        assert one_line_error(refused.stderr).startswith("Error: ExpiryUnsupported: ")
+        assert "without --max-age" in refused.stderr
+        assert target.snapshot() == before
+        assert target.json("sessions", "show", str(sid)[:8])["status"] == "closed"
+        return
     result = target.invoke("--json", "sessions", "purge", str(sid), "--max-age", "3600")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout) == {"id": str(sid), "purged": False, "max_age": 3600}

@@ -105,6 +105,8 @@ class EventStoreDBStore(EventStore):
     * ``root_certificates`` — PEM bytes, instead of ``TlsCaFile`` in the URI.
     """
 
+    native_expiry = True  # $maxAge
+
     def __init__(
         self,
         uri: str,
