@@ -10,6 +10,7 @@ imported when a value needs them, so parsing a command line loads nothing heavy.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import click
@@ -94,3 +95,28 @@ TEXT = TextType()
 AGENT_NAME = AgentNameType()
 PATTERN = PatternType()
 SECONDS = SecondsType()
+
+
+NEGATIVE_NUMBER = re.compile(r"-\$?(?:\d|\.\d|inf|nan)", re.IGNORECASE)
+"""An argument that is a negative number (``-1``, ``-.5``, ``-$5``, ``-inf``), not an option."""
+
+
+class NegativeNumbers(click.Command):
+    """A command whose arguments may be negative numbers, so that their type refuses them with
+    its own reason (``budget set SID -1``: a budget is 0 or more), not ``No such option '-1'``.
+
+    click's documented way to let an argument look like an option is
+    ``ignore_unknown_options``; alone, it would also take a misspelt option (``--reasn``) for an
+    argument. So the command line is first parsed with its negative numbers masked: an unknown
+    option is refused exactly as click refuses it (``NoSuchOption``, with its suggestion), and
+    only then is it parsed with ``ignore_unknown_options``, where what is left are the numbers.
+    Nothing after ``--`` is looked at (it is arguments anyway)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)
+        masked = ["0" if NEGATIVE_NUMBER.match(a) else a for a in args[:end]] + args[end:]
+        parser = self.make_parser(ctx)
+        parser.ignore_unknown_options = False
+        parser.parse_args(args=masked)  # NoSuchOption for an unknown option; nothing else
+        ctx.ignore_unknown_options = True
+        return super().parse_args(ctx, args)

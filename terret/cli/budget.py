@@ -11,7 +11,7 @@ from uuid import UUID
 import click
 
 from terret.cli._context import SESSION, CliContext, as_json, money, operator, table
-from terret.cli._params import TEXT
+from terret.cli._params import TEXT, NegativeNumbers
 from terret.cli._verdicts import in_doubt as in_doubt_verdicts
 
 
@@ -24,7 +24,9 @@ class LimitType(click.ParamType):
                 ctx: click.Context | None) -> float:
         if isinstance(value, float):
             return value
-        text = str(value).strip().removeprefix("$")
+        text = str(value).strip()
+        sign = text[0] if text.startswith(("-", "+")) else ""
+        text = sign + text[len(sign):].removeprefix("$")  # $5, -$5
         try:
             limit = float(text)
         except ValueError:
@@ -74,7 +76,7 @@ def show(obj: CliContext, session_id: UUID) -> None:
     obj.emit(data, "\n".join(lines))
 
 
-@budget.command("set")
+@budget.command("set", cls=NegativeNumbers)
 @click.argument("session_id", type=SESSION)
 @click.argument("limit", type=LIMIT)
 @click.option("--reason", type=TEXT, default=None, help="Recorded with the budget.")
