@@ -443,9 +443,7 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
     runtime = runtime_for(obj, app_spec).start()
     new = session_id is None
     if session_id is None:
-        name = agent or next(iter(runtime.definitions), "default")
-        session_id = runtime.create_session(
-            agent=name, roles={"main": spec} if spec is not None else None)
+        session_id = _new_session(runtime, agent, spec)
     elif spec is not None:
         runtime.set_model(session_id, "main", spec, by=operator())
     sid = session_id
@@ -466,6 +464,23 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
     session.loop()
     time.sleep(0)  # let a last listener line out before the goodbye
     session.screen.line(f"bye — resume with: terret chat {sid}", dim=True)
+
+
+def _new_session(runtime: Runtime, agent: str | None, spec: str | None) -> UUID:
+    """A new session of ``agent`` (default: the app's first agent). An agent the app does not
+    define is a usage error on ``--agent``, before anything is written."""
+    from terret.domain.errors import ConfigurationError
+
+    name = agent or next(iter(runtime.definitions), "default")
+    try:
+        return runtime.create_session(agent=name,
+                                      roles={"main": spec} if spec is not None else None)
+    except ConfigurationError as exc:
+        if agent is None:
+            raise
+        defined = ", ".join(sorted(runtime.definitions)) or "none, so only 'default'"
+        raise click.BadParameter(f"{exc} (the app's agents: {defined})",
+                                 param_hint="'--agent'") from None
 
 
 def register(cli: click.Group) -> None:

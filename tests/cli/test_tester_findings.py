@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from tests.cli.conftest import Target, one_line_error
+from tests.cli.conftest import DEMO_APP, Target, one_line_error
 
 # --- `budget set SID -1` ------------------------------------------------------------------
 
@@ -35,3 +35,21 @@ def test_a_negative_budget_is_refused_for_its_amount(target: Target) -> None:
         "budget": 5.0, "session": sid}
     set_event = target.events(UUID(sid))[-1]
     assert set_event.wire_name == "budget/set" and set_event.payload.reason == "-1"
+
+
+# --- `chat --agent nosuch` ------------------------------------------------------------------
+
+
+def test_chat_with_an_agent_the_app_does_not_define_is_a_usage_error(target: Target) -> None:
+    before = target.snapshot()
+    for app in ([], ["--app", DEMO_APP]):
+        result = target.invoke("chat", "--agent", "nosuch", *app, input="")
+        assert result.exit_code == 2, (app, result.stderr)
+        line = one_line_error(result.stderr)
+        assert "Invalid value for '--agent'" in line and "'nosuch'" in line, line
+        assert ("demo" if app else "default") in line.partition("the app's agents: ")[2]
+        assert "chat [OPTIONS] [SESSION_ID]" in result.stderr  # click's usage hint
+    assert target.snapshot() == before
+    # The agent it defines starts a session.
+    done = target.invoke("chat", "--agent", "demo", "--app", DEMO_APP, input="/quit\n")
+    assert done.exit_code == 0, done.stderr
