@@ -183,7 +183,8 @@ def policy_reset(obj: CliContext, session_id: UUID, app_spec: str | None) -> Non
         agent = commands.writer.load(session_id).state.agent
         app = app_for(app_spec)
         definition = next((d for d in app.agents if d.name == agent), None)
-        if definition is None and agent != "default":
+        # The implicit `default` agent (allowing nothing) is only an app's that defines none.
+        if definition is None and (agent != "default" or app.agents):
             raise ConfigurationError(
                 f"session {session_id} recorded no floor and the app defines no agent "
                 f"{agent!r}: name the app that serves it (--app)")

@@ -189,11 +189,16 @@ class Runtime:
                                     policy_floor=list(definition.allow), session_id=session_id)
 
     def _definition(self, name: str) -> AgentDefinition:
-        if name not in self.definitions:
-            if name == "default":
-                return AgentDefinition()
-            raise errors.ConfigurationError(f"no agent definition named {name!r}")
-        return self.definitions[name]
+        """The definition that serves sessions of agent ``name``. The implicit ``default``
+        agent (no tools, allowing nothing) exists only for a runtime that defines no agents at
+        all: one that defines agents serves those alone, so that a session of another agent
+        is left to the processes that define it, never run here without its tools."""
+        found = self.definitions.get(name)
+        if found is not None:
+            return found
+        if name == "default" and not self.definitions:
+            return AgentDefinition()
+        raise errors.ConfigurationError(f"no agent definition named {name!r}")
 
     def model_spec(self, session: Session, role: str) -> str:
         """The session's spec for ``role`` as its log records it (``session/started`` and
