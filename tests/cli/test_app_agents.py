@@ -3,9 +3,9 @@ for an app that defines none (docs/cli.md, *The app*; docs/runtime.md, *The piec
 
 With docs/cli.md's ``myapp.py`` (agent ``ops`` only) a session of agent ``default`` — what
 ``terret sessions new`` without ``--agent`` creates — is left to another process: ``serve``
-writes nothing to it and logs the documented warning; ``policy reset`` and ``chat`` with that
-app refuse it with ``ConfigurationError``. The default app (one agent, ``default``) still
-serves it. On SQLite and on the EventStoreDB emulator.
+writes nothing to it and logs the documented warning; ``policy reset`` with that app refuses
+it with ``ConfigurationError``, ``chat --agent default`` with a usage error. The default app
+(one agent, ``default``) still serves it. On SQLite and on the EventStoreDB emulator.
 """
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ def test_chat_refuses_agent_default_of_an_app_that_defines_other_agents(
                                                       "default")],
         capture_output=True, text=True, timeout=60, cwd=target.cwd, env=app_env(),
         input="hello\n/quit\n")
-    assert done.returncode == 1, (done.stdout, done.stderr)
+    # A usage error on --agent (docs/cli.md, `terret chat`), naming the app's agents.
+    assert done.returncode == 2, (done.stdout, done.stderr)
     error = one_line_error(done.stderr)
-    assert error == "Error: ConfigurationError: no agent definition named 'default'", error
+    assert error.startswith("Error: BadParameter: ") and "'--agent'" in error, error
+    assert "no agent definition named 'default'" in error and "ops" in error, error
     assert target.snapshot() == before  # no session was created
 
 
