@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 from terret._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from terret.projections._typed import handler
     from terret.projections.approvals import PendingApproval, RecordedVerdict
-    from terret.projections.base import Projection, ViewStore
+    from terret.projections.base import Projection, TypedProjection, ViewStore
     from terret.projections.runner import ListenerHandle, ProjectionRunner, ProjectionState
     from terret.projections.sessions import SessionSummary
     from terret.projections.status import SessionStatus
@@ -21,6 +22,8 @@ _LAZY: dict[str, str] = {
     "PendingApproval": "terret.projections.approvals:PendingApproval",
     "RecordedVerdict": "terret.projections.approvals:RecordedVerdict",
     "Projection": "terret.projections.base:Projection",
+    "TypedProjection": "terret.projections.base:TypedProjection",
+    "handler": "terret.projections._typed:handler",
     "ViewStore": "terret.projections.base:ViewStore",
     "ListenerHandle": "terret.projections.runner:ListenerHandle",
     "ProjectionRunner": "terret.projections.runner:ProjectionRunner",
@@ -42,10 +45,12 @@ __all__ = [
     "RecordedVerdict",
     "SessionStatus",
     "SessionSummary",
+    "TypedProjection",
     "UsageTotals",
     "ViewStore",
     "Views",
     "default_projections",
+    "handler",
 ]
 
 
