@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from terret import __version__
-from terret.cli._context import DEFAULT_STORE, CliContext
+from terret.cli._context import DEFAULT_STORE, CliContext, WarningLines
 from terret.domain.errors import InvalidPayload, InvalidStoreURI, TerretError
 
 if TYPE_CHECKING:
@@ -211,14 +211,27 @@ def cli(ctx: click.Context, store_uri: str, views_path: str | None,
     durable per-session log; the store is the bus, so a command here acts on a session served
     by another process. Start with `terret demo`.
     """
-    import logging
-
-    level = logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
+    log = _logging(verbose)
     if os.environ.get("NO_COLOR"):  # https://no-color.org: off even on a terminal
         ctx.color = False
-    ctx.obj = CliContext(store_uri, views_path, json_output, store_timeout=store_timeout)
+    ctx.obj = CliContext(store_uri, views_path, json_output, store_timeout=store_timeout,
+                         log=log)
+    if log is not None:
+        ctx.call_on_close(log.remove)  # last: what closing logs is said too
     ctx.call_on_close(ctx.obj.close)
+
+
+def _logging(verbose: bool) -> WarningLines | None:
+    """With ``-v``, log records (INFO and above) as they are, with their time and logger; else
+    WARNING and above as ``warning: …`` lines, as the command's other notes."""
+    if verbose:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        return None
+    log = WarningLines()
+    log.install()
+    return log
 
 
 def main() -> None:

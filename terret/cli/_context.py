@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -160,6 +161,38 @@ def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+class WarningLines(logging.Handler):
+    """What a command run without ``-v`` says of the log records it meets (WARNING and above):
+    one line each on stderr, ``warning: <message>``, as its other notes — no time, no logger
+    name, the message on one line (``-v`` logs them as they are). A projection that halts while
+    the views are caught up for a command that reads them is said by the command's own
+    ``warning: what follows is behind the log …`` line (``CliContext.emit``), not twice: its
+    record is left out then (``halts_said``)."""
+
+    HALTED = re.compile(r"projection \S+ halted at \d+: ")
+    """A halt's record (``terret.projections``' applier)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.halts_said = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = " ".join(record.getMessage().split())
+            if self.halts_said and record.name.startswith("terret.projections") \
+                    and self.HALTED.match(message):
+                return
+            click.echo(f"warning: {message}", err=True)
+        except Exception:  # noqa: BLE001 - logging's own contract: a failing handler reports
+            self.handleError(record)
+
+    def install(self) -> None:
+        logging.getLogger().addHandler(self)
+
+    def remove(self) -> None:
+        logging.getLogger().removeHandler(self)
+
+
 @dataclass
 class CliContext:
     store_uri: str
@@ -174,6 +207,8 @@ class CliContext:
     stale: Staleness | None = None
     """Set by ``views`` when what the views hold is behind the log (``emit`` reports it)."""
     closers: list[Any] = field(default_factory=list)
+    log: WarningLines | None = None
+    """Without ``-v``: the handler that turns log records into ``warning:`` lines."""
 
     @property
     def masked_uri(self) -> str:
@@ -237,11 +272,24 @@ class CliContext:
 
         if not self._caught_up:
             if not self._fresh():
-                self.runner().catch_up()
+                self._catch_up(said=reads is None or bool(reads))
             self._caught_up = True
         if self._runner is not None and (reads is None or reads):
             self.stale = self._staleness(reads)  # the fresh path leaves nothing behind
         return Views(self.view_store())
+
+    def _catch_up(self, *, said: bool) -> None:
+        """The views caught up with the log; a projection that halts meanwhile is ``said`` by
+        the command's stale warning (when it reads some), so its log record is left out."""
+        log = self.log
+        if log is None or not said:
+            self.runner().catch_up()
+            return
+        log.halts_said = True
+        try:
+            self.runner().catch_up()
+        finally:
+            log.halts_said = False
 
     def _fresh(self) -> bool:
         """Whether the views belong to this store's log and every projection is at its head,

@@ -6,9 +6,13 @@ refused, and help text in step with the page."""
 
 from __future__ import annotations
 
-from uuid import UUID
+import subprocess
+import sys
+from pathlib import Path
+from uuid import UUID, uuid4
 
-from tests.cli.conftest import DEMO_APP, Target, one_line_error
+from terret.domain.store import NewRecord, session_stream
+from tests.cli.conftest import DEMO_APP, Target, one_line_error, subprocess_env
 
 # --- `budget set SID -1` ------------------------------------------------------------------
 
@@ -53,3 +57,63 @@ def test_chat_with_an_agent_the_app_does_not_define_is_a_usage_error(target: Tar
     # The agent it defines starts a session.
     done = target.invoke("chat", "--agent", "demo", "--app", DEMO_APP, input="/quit\n")
     assert done.exit_code == 0, done.stderr
+
+
+# --- stderr: the documented `warning:` lines, the raw log only with -v ----------------------
+
+
+def _break_the_log(target: Target) -> UUID:
+    """A session whose log holds an event no projection that reads it can decode: they halt
+    there (a new session, so what the command lists is otherwise fine)."""
+    sid = target.new_session()
+    stream = session_stream(sid)
+    target.store().append(stream, [NewRecord(uuid4(), "turn/start", b"{not json")],
+                          target.store().stream_version(stream))
+    return sid
+
+
+def _stderr_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_a_halt_is_said_in_one_warning_line_and_logged_only_with_v(target: Target) -> None:
+    """The command that meets the halt first (real processes: logging reaches stderr) prints
+    the documented line alone — not the projections' log records, once per projection."""
+    target.finished()
+    _break_the_log(target)
+    first = target.run("sessions", "list")
+    assert first.returncode == 0, first.stderr
+    lines = _stderr_lines(first.stderr)
+    assert len(lines) == 1, first.stderr
+    assert lines[0].startswith("warning: what follows is behind the log"), lines
+    again = target.run("sessions", "list")
+    assert _stderr_lines(again.stderr) == lines  # the same line, every time
+    # With -v, the records as they are, from views rebuilt (the halt happens again).
+    Path(target.views).unlink()
+    verbose = target.run("-v", "sessions", "list")
+    assert verbose.returncode == 0, verbose.stderr
+    assert "terret.projections projection sessions halted at" in verbose.stderr
+    assert sum(line.startswith("warning: what follows") for line in
+               _stderr_lines(verbose.stderr)) == 1
+
+
+def test_views_of_another_log_are_said_in_one_warning_line(target: Target,
+                                                            tmp_path: Path) -> None:
+    """Views built from another store: rebuilt, with one `warning:` line (no time, no logger)."""
+    def other(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "terret", "--store",
+                               str(tmp_path / "other.db"), *args], capture_output=True,
+                              text=True, timeout=60, cwd=target.cwd, env=subprocess_env())
+
+    target.finished()
+    made = target.run("sessions", "list")  # the views know this store
+    assert made.returncode == 0 and other("sessions", "new").returncode == 0, made.stderr
+    elsewhere = other("--views", target.views, "sessions", "list")
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    lines = _stderr_lines(elsewhere.stderr)
+    assert len(lines) == 1, elsewhere.stderr
+    assert lines[0].startswith("warning: the views in "), lines
+    assert "were not built from the log of" in lines[0] and "rebuilding them" in lines[0]
+    back = target.run("sessions", "list")  # and back: rebuilt from this store's log
+    assert [line for line in _stderr_lines(back.stderr)
+            if not line.startswith("warning: the views in ")] == [], back.stderr
