@@ -164,10 +164,11 @@ def _cut(text: str, n: int) -> str:
 class WarningLines(logging.Handler):
     """What a command run without ``-v`` says of the log records it meets (WARNING and above):
     one line each on stderr, ``warning: <message>``, as its other notes — no time, no logger
-    name, the message on one line (``-v`` logs them as they are). A projection that halts while
-    the views are caught up for a command that reads them is said by the command's own
-    ``warning: what follows is behind the log …`` line (``CliContext.emit``), not twice: its
-    record is left out then (``halts_said``)."""
+    name, the message on one line (``-v`` logs them as they are). A projection's halt met while
+    the views are caught up for a command that reads views is said by that command's own
+    ``warning: what follows is behind the log …`` line (``CliContext.emit``) when it reads the
+    projection, and by any later command that does: its record is left out (``halts_said``).
+    Met elsewhere (``projections rebuild``), it is a ``warning:`` line."""
 
     HALTED = re.compile(r"projection \S+ halted at \d+: ")
     """A halt's record (``terret.projections``' applier)."""
@@ -206,6 +207,7 @@ class CliContext:
     _caught_up: bool = False
     stale: Staleness | None = None
     """Set by ``views`` when what the views hold is behind the log (``emit`` reports it)."""
+    _reads: set[str] | None = field(default_factory=set)
     closers: list[Any] = field(default_factory=list)
     log: WarningLines | None = None
     """Without ``-v``: the handler that turns log records into ``warning:`` lines."""
@@ -275,8 +277,18 @@ class CliContext:
                 self._catch_up(said=reads is None or bool(reads))
             self._caught_up = True
         if self._runner is not None and (reads is None or reads):
-            self.stale = self._staleness(reads)  # the fresh path leaves nothing behind
+            self.stale = self._staleness(self._read(reads))  # none on the fresh path
         return Views(self.view_store())
+
+    def _read(self, reads: Iterable[str] | None) -> set[str] | None:
+        """Every projection the command read so far (None: all): what one command shows from
+        several reads (``approvals list``: approvals, then calls in doubt) is as stale as the
+        stalest of them."""
+        if reads is None or self._reads is None:
+            self._reads = None
+        else:
+            self._reads |= set(reads)
+        return self._reads
 
     def _catch_up(self, *, said: bool) -> None:
         """The views caught up with the log; a projection that halts meanwhile is ``said`` by

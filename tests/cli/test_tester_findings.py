@@ -6,6 +6,7 @@ refused, and help text in step with the page."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,38 @@ def test_views_of_another_log_are_said_in_one_warning_line(target: Target,
     back = target.run("sessions", "list")  # and back: rebuilt from this store's log
     assert [line for line in _stderr_lines(back.stderr)
             if not line.startswith("warning: the views in ")] == [], back.stderr
+
+
+# --- views behind the log, and an empty list --------------------------------------------------
+
+
+def test_an_empty_list_behind_the_log_keeps_its_shape_and_says_so_on_stderr(
+        target: Target) -> None:
+    """`approvals list` with the approvals and status views halted and nothing to list: `[]`
+    (the documented shape) and the warning naming both views it read; with something to list,
+    each item's `stale` names both too. `projections status` tells a script the same."""
+    _break_the_log(target)
+    empty = target.invoke("--json", "approvals", "list")
+    assert empty.exit_code == 0, empty.stderr
+    assert json.loads(empty.stdout) == []
+    lines = _stderr_lines(empty.stderr)
+    assert len(lines) == 1 and lines[0].startswith("warning: what follows is behind"), lines
+    assert "approvals halted at position" in lines[0] and "status halted at" in lines[0]
+    halted = {s["name"] for s in target.json("projections", "status") if s["halted"]}
+    assert {"approvals", "status"} <= halted
+    target.parked()  # after the break: the halted views do not show it
+    listed = target.json("approvals", "list")
+    assert listed == []
+    for command in (["budget", "list"], ["approvals", "list", str(target.parked())]):
+        result = target.invoke("--json", *command)
+        assert result.exit_code == 0 and json.loads(result.stdout) == [], result.stderr
+        assert "status halted at" in _stderr_lines(result.stderr)[0]
+
+
+def test_stale_items_name_every_view_the_command_read(target: Target) -> None:
+    target.parked()
+    assert target.json("approvals", "list")  # listed before the break
+    _break_the_log(target)
+    items = target.json("approvals", "list")
+    assert items and all({"approvals", "status"} <= set(i["stale"]["projections"])
+                         for i in items), items
