@@ -28,7 +28,7 @@ def call_by_prefix(call_id: str, waiting: list[str]) -> str:
     if len(matches) > 1:
         raise click.BadParameter(f"{call_id!r} is ambiguous: it starts the waiting calls "
                                  f"{', '.join(matches)}; give more of it",
-                                 param_hint="CALL_ID")
+                                 param_hint="'CALL_ID'")
     return matches[0] if matches else call_id
 
 

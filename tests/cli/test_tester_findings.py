@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 from uuid import UUID, uuid4
 
+from terret.domain.events import ToolCallData
 from terret.domain.store import NewRecord, session_stream
-from tests.cli.conftest import DEMO_APP, Target, one_line_error, subprocess_env
+from tests.cli.conftest import DEMO_APP, DEPLOY_ARGS, Target, one_line_error, subprocess_env
 
 # --- `budget set SID -1` ------------------------------------------------------------------
 
@@ -153,3 +154,24 @@ def test_stale_items_name_every_view_the_command_read(target: Target) -> None:
     items = target.json("approvals", "list")
     assert items and all({"approvals", "status"} <= set(i["stale"]["projections"])
                          for i in items), items
+
+
+# --- error messages name their parameter as click does: `Invalid value for '<param>'` ------
+
+
+def test_an_ambiguous_call_id_prefix_names_its_parameter_quoted(target: Target) -> None:
+    writer = target.writer()
+    sid = target.new_session()
+    calls = [ToolCallData(id=f"call-deploy-{n}", name="deploy", args=DEPLOY_ARGS) for n in (1, 2)]
+    writer.execute(sid, lambda s: s.start_turn(trigger="user", text="deploy twice"))
+    writer.execute(sid, lambda s: s.start_step("demo:ops-model-1"))
+    writer.execute(sid, lambda s: s.record_assistant("", calls))
+    for call in calls:
+        writer.execute(sid, lambda s, c=call: s.request_approval(c.id, c.name, c.args))
+    before = target.snapshot()
+    for command in (["approve", str(sid), "call-d"], ["deny", str(sid), "call-d", "--reason", "x"]):
+        result = target.invoke(*command)
+        assert result.exit_code == 2, result.stderr
+        line = one_line_error(result.stderr)
+        assert "Invalid value for 'CALL_ID': 'call-d' is ambiguous" in line, line
+    assert target.snapshot() == before
