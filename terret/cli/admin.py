@@ -95,6 +95,19 @@ def resume(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
     runtime.catch_up_views()
     if not runtime.resumable(session_id):  # before an agent attaches: a refusal writes nothing
         raise NoOpenTurn(f"session {session_id} has no open turn to resume")
+    # Take the session before saying anything about its turn: a live owner (SessionOwned) or
+    # an agent this app does not define (ConfigurationError) is refused here, in one line,
+    # with nothing written; a session whose owner's lease expired is taken over.
+    runtime.agent_for(session_id)
+    _say_what_it_waits_on(runtime, session_id)
+    result = runtime.resume_turn(session_id)
+    obj.emit({"session": str(session_id), "turn": result.turn, "status": result.status},
+             f"turn {result.turn} {result.status}")
+
+
+def _say_what_it_waits_on(runtime: Runtime, session_id: UUID) -> None:
+    """Notes on stderr for a resumed turn that will wait on someone in another shell: a
+    verdict on an approval or a call in doubt, a higher budget."""
     pending = runtime.views.pending(session_id)
     if pending:
         calls = ", ".join(p.call_id for p in pending)
@@ -111,9 +124,6 @@ def resume(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
     if budget is not None and budget.exceeded:
         note(f"the session spent {money(budget.spent)} of its budget {money(budget.limit)}: the "
              f"turn waits for `terret budget set {session_id} AMOUNT` from another shell")
-    result = runtime.resume_turn(session_id)
-    obj.emit({"session": str(session_id), "turn": result.turn, "status": result.status},
-             f"turn {result.turn} {result.status}")
 
 
 @click.group("policy")

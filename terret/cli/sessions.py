@@ -160,7 +160,7 @@ def _show_data(s: _Shown, roles: dict[str, str],
         "owed_calls": status.owed, "cancel_requested": status.cancel_requested,
         "cancel": ({"by": s.state.cancel_by, "reason": s.state.cancel_reason}
                    if status.cancel_requested else None),
-        "inbox": status.inbox, "resumable": status.resumable and not status.closed,
+        "inbox": status.inbox, "resumable": _resumable(s),
         "pending_approvals": [{"call_id": p.call_id, "tool": p.name, "args": p.args}
                               for p in s.pending],
         "policy": s.policy, "models": roles,
@@ -170,6 +170,17 @@ def _show_data(s: _Shown, roles: dict[str, str],
         "budget": {"limit": status.budget, "spent": status.cost,
                    "parked": status.budget_wait},
     }
+
+
+def _live_owner(s: _Shown) -> bool:
+    return s.owner is not None and s.owner.get("lease") == "live"
+
+
+def _resumable(s: _Shown) -> bool:
+    """Whether a process may resume the open turn (``terret resume``, ``serve`` at start): not
+    while a worker with a live lease owns the session — it runs the turn, and a resume
+    elsewhere is refused with ``SessionOwned``."""
+    return s.status.resumable and not s.status.closed and not _live_owner(s)
 
 
 def _head_lines(s: _Shown, now: float) -> list[str]:
@@ -244,7 +255,11 @@ def _turn_lines(s: _Shown, data: dict[str, Any]) -> list[str]:
         by = _actor(s.state.cancel_by)
         lines.append("cancel    requested" + (f" by {by}" if by else "")
                      + (f": {s.state.cancel_reason}" if s.state.cancel_reason else ""))
-    if data["resumable"]:
+    if s.status.resumable and not s.status.closed and _live_owner(s):
+        assert s.owner is not None
+        lines.append(f"resumable no: worker {s.owner.get('worker')} (live) runs the turn; "
+                     "`terret resume` elsewhere is refused")
+    elif data["resumable"]:
         lines.append(f"resumable yes (`terret resume {s.summary.id}`, or `terret serve`)")
     return lines
 
