@@ -55,8 +55,11 @@ _COLUMNS = ("session, state, turn, turn_open, step, step_open, owed, pending, ca
             " inbox, closed, last_turn_status, waiting")
 
 
+@functools.cache
 def _evolving() -> frozenset[str]:
-    from terret.domain.session import EVOLVING  # the aggregate: on first use
+    """The wire names of the payload classes the aggregate's state has a handler for,
+    imported once, when first asked (importing this module does not load the aggregate)."""
+    from terret.domain.session import EVOLVING
 
     return EVOLVING
 
@@ -71,7 +74,6 @@ class StatusProjection(TypedProjection):
     name = "status"
     version = 3  # 3: what an open turn waits on (waiting); 2: the aggregate's state is the truth
     handles = LiveWireNames(_evolving)
-    """The wire names of the payload classes the state has a handler for (``EVOLVING``)."""
     tables = ("status",)
     schema = """
     CREATE TABLE IF NOT EXISTS status (
