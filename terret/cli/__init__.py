@@ -84,6 +84,27 @@ def _wants_json(args: list[str]) -> bool:
     return "--json" in args[:end]
 
 
+class CommandContext(click.Context):
+    """The context every ``terret`` command runs in: a value the domain refuses to record
+    (``InvalidPayload``, say an app's malformed allow-list floor) is a usage error of the
+    command that was given it, shown with that command's usage hint, as click's own are."""
+
+    def invoke(self, callback: Any, /, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().invoke(callback, *args, **kwargs)
+        except InvalidPayload as exc:
+            raise click.UsageError(f"{type(exc).__name__}: {_one_line(self, exc)}",
+                                   ctx=self) from None
+
+
+def _in_command_contexts(command: click.Command) -> click.Command:
+    """``command`` (and each subcommand of a group) run in a :class:`CommandContext`."""
+    command.context_class = CommandContext
+    for sub in getattr(command, "commands", {}).values():
+        _in_command_contexts(sub)
+    return command
+
+
 class TerretGroup(click.Group):
     """Every error is one line on stderr, ``Error: <Type>: <message>``: Terret's typed errors
     (exit 1), click's usage errors (exit 2, with click's usage hint above the line), an unknown
@@ -100,6 +121,9 @@ class TerretGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(COMMANDS) | set(self.commands))
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        super().add_command(_in_command_contexts(cmd), name)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
@@ -131,7 +155,7 @@ class TerretGroup(click.Group):
         except InvalidStoreURI as exc:
             raise click.BadParameter(_one_line(ctx, exc), ctx=ctx,
                                      param_hint="'--store'") from None
-        except InvalidPayload as exc:  # a value the domain cannot record: a usage error
+        except InvalidPayload as exc:  # outside a command (CommandContext): still usage
             raise click.UsageError(f"{type(exc).__name__}: {_one_line(ctx, exc)}") from None
         except TerretError as exc:
             raise click.ClickException(

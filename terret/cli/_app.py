@@ -9,7 +9,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from terret.domain.errors import ConfigurationError, TerretError
+import click
+
+from terret.domain.errors import ConfigurationError, TerretError, shown
 from terret.runtime.agent import AgentDefinition
 from terret.runtime.maintenance import Titler
 from terret.runtime.model import ModelResolver
@@ -29,29 +31,113 @@ class App:
 def default_app() -> App:
     """Providers from the environment (OpenRouter, OpenAI, OpenAI-compatible endpoints), a
     ``default`` agent with no tools, roles from ``TERRET_MAIN_MODEL`` (default: the scripted
-    echo model, so nothing is sent anywhere unless configured)."""
+    echo model, so nothing is sent anywhere unless configured).
+
+    Every ``TERRET_*`` value is checked here, when the app is built: one it cannot use (a spec
+    that is not ``provider:model`` or names a provider it does not have, a budget that is not a
+    whole number, a summarizer it does not know) is a ``ConfigurationError`` naming the
+    variable — before a command acts, not at a session's first step."""
     from terret.adapters.providers import ProviderRegistry
-    from terret.adapters.summarizers import MorphSummarizer
     from terret.runtime.scripted import Reply, ScriptedProvider
 
     registry = ProviderRegistry.from_env()
     registry.register("scripted", ScriptedProvider(
         name="scripted", default=lambda request: Reply(text=_echo(request))))
-    roles = {"main": os.environ.get("TERRET_MAIN_MODEL", "scripted:echo")}
-    for role in ("compactor", "titler"):
-        spec = os.environ.get(f"TERRET_{role.upper()}_MODEL")
+    roles = {"main": "scripted:echo"}
+    for role in ("main", "compactor", "titler"):
+        variable = f"TERRET_{role.upper()}_MODEL"
+        spec = os.environ.get(variable)
         if spec:
-            roles[role] = spec
-    budget = os.environ.get("TERRET_COMPACTION_BUDGET")
-    config = RuntimeConfig(roles=roles, compaction_budget=int(budget) if budget else None)
+            roles[role] = _env_spec(registry, variable, spec)
+    config = RuntimeConfig(roles=roles, compaction_budget=_env_budget())
     # Left unset, the runtime's defaults apply (R19, R20): the role summarizer and the role
     # titler on each session's own roles — so a `model set SID compactor …` is honoured — the
     # titler falling back to the first message when no titler role is configured.
-    summarizer: Summarizer | None = None
-    if os.environ.get("TERRET_SUMMARIZER") == "morph":
-        summarizer = MorphSummarizer()
     return App(resolver=registry, agents=[AgentDefinition()], config=config,
-               summarizer=summarizer)
+               summarizer=_env_summarizer())
+
+
+def _env_spec(resolver: ModelResolver, variable: str, spec: str) -> str:
+    """``spec`` from ``variable``, if it is a spec whose provider ``resolver`` has (one it has
+    but cannot build here, say without its API key, is left to the first step: the key may be
+    where the session is served)."""
+    from terret.domain.events import validate_model_spec
+
+    try:
+        validate_model_spec(spec)
+    except ValueError as exc:
+        raise ConfigurationError(f"{variable}={shown(spec)}: {exc}") from None
+    problem = resolve_problem(resolver, spec)
+    if problem is not None and not problem[1]:
+        raise ConfigurationError(f"{variable}={shown(spec)}: {problem[0]}")
+    return spec
+
+
+def _env_budget() -> int | None:
+    text = os.environ.get("TERRET_COMPACTION_BUDGET", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) <= 0:
+        raise ConfigurationError(f"TERRET_COMPACTION_BUDGET={shown(text)}: not a number of "
+                                 "prompt tokens (a whole number above 0)")
+    return int(text)
+
+
+def _env_summarizer() -> Summarizer | None:
+    name = os.environ.get("TERRET_SUMMARIZER", "").strip()
+    if not name:
+        return None
+    if name != "morph":
+        raise ConfigurationError(
+            f"TERRET_SUMMARIZER={shown(name)}: the one summarizer it names is 'morph' (the "
+            "Morph Compact API); unset, compaction uses the compactor role")
+    from terret.adapters.summarizers import MorphSummarizer
+
+    return MorphSummarizer()
+
+
+def resolve_problem(resolver: ModelResolver, spec: str) -> tuple[str, bool] | None:
+    """Why ``resolver`` cannot resolve ``spec`` (on one line), and whether it has the provider
+    all the same (it cannot build it here: its API key is not in this environment); None when
+    it resolves."""
+    try:
+        resolver.resolve(spec)
+    except Exception as exc:  # noqa: BLE001 - any failure to resolve, typed or not
+        return " ".join(str(exc).split()), knows_provider(resolver, spec.partition(":")[0])
+    return None
+
+
+def check_resolves(resolver: ModelResolver, spec: str, *, param_hint: str = "'SPEC'",
+                   served_here: bool = False) -> None:
+    """A spec naming a provider the app does not have would fail the session's next step:
+    a usage error on ``param_hint``. A provider it has but cannot build here (its API key is
+    not in this shell's environment) is accepted with a warning, since the serving process may
+    have what it needs — unless this process is the one to serve it (``served_here``: ``chat``),
+    where the first step would fail."""
+    from terret.cli._context import note
+
+    problem = resolve_problem(resolver, spec)
+    if problem is None:
+        return
+    message, known = problem
+    if known and not served_here:
+        note(f"warning: {spec!r} cannot be used from here ({message}); recorded: the "
+             "process serving the session needs it configured")
+        return
+    hint = "" if served_here else " (check the provider's name, or record it anyway with --force)"
+    raise click.BadParameter(f"the app cannot resolve {spec!r}: {message}{hint}",
+                             param_hint=param_hint)
+
+
+def knows_provider(resolver: object, name: str) -> bool:
+    """Whether the resolver has a provider of that name (configured or registered), built or
+    not. A resolver of another kind does not say: then only resolving counts."""
+    config = getattr(resolver, "config", None)
+    endpoints = getattr(config, "endpoints", None)
+    if isinstance(endpoints, dict):
+        return (name in endpoints or name in getattr(resolver, "_registered", ())
+                or name == "openai-compatible")  # an endpoint the spec itself names
+    return False
 
 
 def _echo(request: object) -> str:

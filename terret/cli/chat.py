@@ -24,6 +24,7 @@ from uuid import UUID
 
 import click
 
+from terret.cli._app import check_resolves
 from terret.cli._context import MODEL_SPEC, SESSION, CliContext, as_json, money, operator
 from terret.cli._params import AGENT_NAME
 from terret.cli.admin import APP_OPTION, runtime_for
@@ -440,16 +441,19 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
     obj.store(create=session_id is None)  # an existing session needs an existing store
     if session_id is not None:
         obj.require_session(session_id)
-    runtime = runtime_for(obj, app_spec).start()
+    runtime = runtime_for(obj, app_spec)
+    if spec is not None:  # this process runs its steps: one it cannot resolve would fail them
+        check_resolves(runtime.resolver, spec, param_hint="'--model'", served_here=True)
+    runtime.start()
     new = session_id is None
-    if session_id is None:
-        session_id = _new_session(runtime, agent, spec)
-    elif spec is not None:
-        runtime.set_model(session_id, "main", spec, by=operator())
-    sid = session_id
+    sid = _new_session(runtime, agent, spec) if session_id is None else session_id
+    # Attached first: a session whose agent the app does not define is refused before the
+    # model/set below is written.
+    live = runtime.agent_for_session(sid) or runtime.spawn_agent(sid)
+    if not new and spec is not None:
+        runtime.set_model(sid, "main", spec, by=operator())
     session = Chat(obj, runtime, sid)
     session.banner(new=new)
-    live = runtime.agent_for_session(sid) or runtime.spawn_agent(sid)
     live.on_text = session.screen.text
     from terret.domain import events as ev
 

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from uuid import UUID, uuid4
 
+import pytest
+
 from terret.domain.events import ToolCallData
 from terret.domain.store import NewRecord, session_stream
 from tests.cli.conftest import DEMO_APP, DEPLOY_ARGS, Target, one_line_error, subprocess_env
@@ -174,4 +176,108 @@ def test_an_ambiguous_call_id_prefix_names_its_parameter_quoted(target: Target) 
         assert result.exit_code == 2, result.stderr
         line = one_line_error(result.stderr)
         assert "Invalid value for 'CALL_ID': 'call-d' is ambiguous" in line, line
+    assert target.snapshot() == before
+
+
+# --- the default app's environment, checked when it is built; chat --model as model set ----
+
+BAD_ENVIRONMENTS = [
+    ("TERRET_MAIN_MODEL", "bad", "a model spec is 'provider:model'"),
+    ("TERRET_MAIN_MODEL", "nosuch:x", "unknown provider 'nosuch'"),
+    ("TERRET_COMPACTOR_MODEL", "nosuch:x", "unknown provider 'nosuch'"),
+    ("TERRET_TITLER_MODEL", "x", "a model spec is 'provider:model'"),
+    ("TERRET_SUMMARIZER", "nope", "the one summarizer it names is 'morph'"),
+    ("TERRET_COMPACTION_BUDGET", "lots", "a whole number above 0"),
+    ("TERRET_COMPACTION_BUDGET", "-5", "a whole number above 0"),
+]
+
+
+def _assert_bad_environment(stderr: str, variable: str, value: str, needle: str) -> None:
+    line = one_line_error(stderr)
+    assert "cannot build the default app from the environment" in line, line
+    assert f"{variable}='{value}'" in line and needle in line, line
+    assert "Usage: " in stderr and "Try '" in stderr, stderr  # a usage error's hint
+
+
+def test_the_default_app_refuses_an_environment_it_cannot_use(
+        target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every command that builds the default app refuses it up front (exit 2), naming the
+    variable; nothing is written. `serve` too, which started normally before (a real
+    process: serve sets up its own logging)."""
+    sid = str(target.finished())
+    before = target.snapshot()
+    for variable, value, needle in BAD_ENVIRONMENTS:
+        monkeypatch.setenv(variable, value)
+        for command in (["compact", sid], ["chat"], ["chat", sid], ["resume", sid],
+                        ["policy", "reset", sid], ["model", "set", sid, "main", "scripted:x"]):
+            result = target.invoke(*command, input="")
+            assert result.exit_code == 2, (variable, value, command, result.stderr)
+            _assert_bad_environment(result.stderr, variable, value, needle)
+        monkeypatch.delenv(variable)
+    for variable, value, needle in BAD_ENVIRONMENTS[:2] + BAD_ENVIRONMENTS[4:5]:
+        env = {**subprocess_env(), variable: value}
+        served = subprocess.run([sys.executable, "-m", "terret", *target.args("serve")],
+                                capture_output=True, text=True, timeout=60, cwd=target.cwd,
+                                env=env)
+        assert served.returncode == 2, (variable, served.stderr)
+        _assert_bad_environment(served.stderr, variable, value, needle)
+    assert target.snapshot() == before
+    # Usable values are used: a provider the app has, without its key here, is the serving
+    # process's to have (the first step says so, not the app).
+    monkeypatch.setenv("TERRET_MAIN_MODEL", "openrouter:openai/gpt-4o")
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    monkeypatch.setenv("TERRET_COMPACTION_BUDGET", "1000")
+    monkeypatch.setenv("TERRET_SUMMARIZER", "morph")
+    done = target.invoke("model", "set", sid, "main", "scripted:x")  # builds the default app
+    assert done.exit_code == 0, done.stderr
+
+
+def test_chat_checks_its_model_against_the_app_as_model_set_does(target: Target) -> None:
+    """A spec the app cannot resolve is refused before anything is written: a provider it
+    does not have, and (chat runs the steps itself) one it cannot build here."""
+    sid = str(target.finished())
+    before = target.snapshot()
+    for args, needle in ((["--model", "nosuch:x"], "unknown provider 'nosuch'"),
+                         ([sid, "--model", "nosuch:x"], "unknown provider 'nosuch'"),
+                         (["--model", "nosuch:x", "--app", DEMO_APP], "known: demo")):
+        result = target.invoke("chat", *args, input="")
+        assert result.exit_code == 2, (args, result.stderr)
+        line = one_line_error(result.stderr)
+        assert "Invalid value for '--model': the app cannot resolve 'nosuch:x'" in line, line
+        assert needle in line and "chat [OPTIONS] [SESSION_ID]" in result.stderr
+    model_set = target.invoke("model", "set", sid, "main", "nosuch:x")
+    assert model_set.exit_code == 2 and "unknown provider 'nosuch'" in model_set.stderr
+    assert target.snapshot() == before
+    # A session whose agent the app does not define is refused before --model is recorded.
+    other = target.invoke("chat", sid, "--model", "scripted:other", input="/quit\n")
+    assert other.exit_code == 1 and "no agent definition named 'demo'" in other.stderr
+    assert target.snapshot() == before
+    done = target.invoke("chat", sid, "--model", "demo:ops-model-2", "--app", DEMO_APP,
+                         input="/quit\n")
+    assert done.exit_code == 0, done.stderr
+    assert "model demo:ops-model-2" in done.stdout  # the banner
+    assert [e.payload.spec for e in target.events(UUID(sid))
+            if e.wire_name == "model/set"] == ["demo:ops-model-2"]
+
+
+def test_a_value_the_domain_refuses_has_the_commands_usage_hint(
+        target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`InvalidPayload` is a usage error with click's hint (`Usage: …`, `Try …`), as the page
+    says: here an app whose agent's allow-list floor is malformed cannot start a chat."""
+    (tmp_path / "badfloor_app.py").write_text(
+        "from terret.cli import App\n"
+        "from terret.cli.demo_app import demo_app\n"
+        "from terret.runtime.agent import AgentDefinition\n"
+        "def app() -> App:\n"
+        "    base = demo_app()\n"
+        "    base.agents = [AgentDefinition(name='ops', allow=['deploy!'])]\n"
+        "    return base\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = target.snapshot()
+    result = target.invoke("chat", "--app", "badfloor_app:app", "--agent", "ops", input="")
+    assert result.exit_code == 2, result.stderr
+    assert "InvalidPayload" in one_line_error(result.stderr)
+    assert "chat [OPTIONS] [SESSION_ID]" in result.stderr and "chat --help' for help" in (
+        result.stderr)
     assert target.snapshot() == before
