@@ -222,6 +222,7 @@ class CliContext:
         if self._store is None:
             from terret.adapters.stores.uri import open_store, sqlite_path
 
+            self._views_apart()
             path = sqlite_path(self.store_uri)  # None for the other stores
             if path is not None and not create and not os.path.exists(path):
                 raise StoreUnavailable(
@@ -247,6 +248,7 @@ class CliContext:
         if self._views is None:
             from terret.projections.base import ViewStore
 
+            self._views_apart()
             path = self.views_path or default_views_path(self.store_uri)
             try:
                 self._views = ViewStore(path)  # a damaged file or a full disk: typed errors
@@ -255,6 +257,23 @@ class CliContext:
                                          param_hint="'--views'") from None
             self.closers.append(self._views.close)
         return self._views
+
+    def _views_apart(self) -> None:
+        """Refuse a ``--views`` file that is the SQLite store's own (the same file, by any
+        path): the views are a cache of the log, deleted and rebuilt at will, and their tables
+        would go into the store. Checked before either is opened, so nothing is written."""
+        if not self.views_path or self.views_path == ":memory:":
+            return
+        from terret.adapters.stores.uri import sqlite_path
+
+        store = sqlite_path(self.store_uri)
+        if store is None or not _same_file(store, self.views_path):
+            return
+        raise click.BadParameter(
+            f"{self.views_path} is the store's own file ({self.masked_uri}): the views are a "
+            "cache of the log, kept in a file of their own; give another file, or leave "
+            f"--views out (default {default_views_path(self.store_uri)})",
+            param_hint="'--views'")
 
     def runner(self) -> ProjectionRunner:
         if self._runner is None:
@@ -383,6 +402,17 @@ class CliContext:
             click.echo(text)
         else:
             click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: the same resolved path, or (both existing) the same
+    file under two names (a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): two files
+        return False
 
 
 def with_stale(data: Any, stale: dict[str, Any], *, rows: bool = False) -> Any:

@@ -7,6 +7,8 @@ refused, and help text in step with the page."""
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,14 @@ import pytest
 
 from terret.domain.events import ToolCallData
 from terret.domain.store import NewRecord, session_stream
-from tests.cli.conftest import DEMO_APP, DEPLOY_ARGS, Target, one_line_error, subprocess_env
+from tests.cli.conftest import (
+    DEMO_APP,
+    DEPLOY_ARGS,
+    Target,
+    invoke_cli,
+    one_line_error,
+    subprocess_env,
+)
 
 # --- `budget set SID -1` ------------------------------------------------------------------
 
@@ -281,3 +290,40 @@ def test_a_value_the_domain_refuses_has_the_commands_usage_hint(
     assert "chat [OPTIONS] [SESSION_ID]" in result.stderr and "chat --help' for help" in (
         result.stderr)
     assert target.snapshot() == before
+
+
+# --- `--views` that is the store's own file ---------------------------------------------------
+
+
+def _tables(path: str) -> list[str]:
+    with sqlite3.connect(path) as db:
+        return sorted(r[0] for r in db.execute("SELECT name FROM sqlite_master"))
+
+
+def test_views_in_the_store_file_itself_are_refused(sqlite_target: Target,
+                                                    tmp_path: Path) -> None:
+    """Views are a cache kept apart from the log (SQLite only: an EventStoreDB has no file).
+    The same file under any name is a usage error on --views, and nothing is written."""
+    target = sqlite_target
+    sid = str(target.parked())
+    tables, before = _tables(target.uri), target.snapshot()
+    link = tmp_path / "link.db"
+    os.link(target.uri, link)
+    names = [target.uri, os.path.relpath(target.uri, Path.cwd()), str(link)]
+    for store in (target.uri, f"sqlite://{target.uri}"):
+        for views in names:
+            for command in (["sessions", "list"], ["sessions", "show", sid], ["doctor"],
+                            ["approve", sid, "call-deploy"], ["sessions", "new"],
+                            ["projections", "rebuild"]):
+                result = invoke_cli("--store", store, "--views", views, *command)
+                assert result.exit_code == 2, (store, views, command, result.stderr)
+                line = one_line_error(result.stderr)
+                assert "Invalid value for '--views'" in line and "the store's own file" in line
+    assert _tables(target.uri) == tables and target.snapshot() == before
+    missing = tmp_path / "new.db"  # a store `sessions new` would create: not created
+    result = invoke_cli("--store", str(missing), "--views", str(missing), "sessions", "new")
+    assert result.exit_code == 2 and not missing.exists(), result.stderr
+    # Another file is fine; so are in-memory views of an in-memory store.
+    assert target.invoke("sessions", "show", sid).exit_code == 0
+    assert invoke_cli("--store", "memory:", "--views", ":memory:", "sessions",
+                      "list").exit_code == 0
