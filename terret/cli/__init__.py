@@ -215,14 +215,14 @@ def _one_line(ctx: click.Context, exc: Exception) -> str:
 @click.group(cls=TerretGroup)
 @click.option("--store", "store_uri", envvar="TERRET_STORE", default=DEFAULT_STORE,
               show_default=True, metavar="URI",
-              help="Event store: a SQLite file path, sqlite:///path, or esdb://host:port?… "
-                   "(env TERRET_STORE).")
+              help="Event store: a SQLite file path, sqlite:///path, memory:, or "
+                   "esdb://host:port?… / esdb+discover://… (env TERRET_STORE).")
 @click.option("--views", "views_path", envvar="TERRET_VIEWS", default=None, metavar="PATH",
               help="SQLite file for the projections' views (default: beside the store).")
 @click.option("--store-timeout", "store_timeout", envvar="TERRET_STORE_TIMEOUT",
               type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="How long an unreachable EventStoreDB is retried before the command fails "
-                   "(default 10; env TERRET_STORE_TIMEOUT).")
+                   "(default 10, at least 0.1; env TERRET_STORE_TIMEOUT).")
 @click.option("--json", "json_output", is_flag=True, help="Machine-readable JSON output.")
 @click.option("-v", "--verbose", is_flag=True, help="Log lifecycle transitions to stderr.")
 @click.version_option(__version__, package_name="terret")  # no metadata lookup

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -327,3 +328,29 @@ def test_views_in_the_store_file_itself_are_refused(sqlite_target: Target,
     assert target.invoke("sessions", "show", sid).exit_code == 0
     assert invoke_cli("--store", "memory:", "--views", ":memory:", "sessions",
                       "list").exit_code == 0
+
+
+# --- help text and docs/cli.md say the same -------------------------------------------------
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+
+
+def _doc_row(option: str) -> str:
+    return next(line for line in DOC.splitlines() if line.startswith(f"| `{option} "))
+
+
+def test_global_help_and_the_page_agree(tmp_path: Path) -> None:
+    helped = invoke_cli("--help")
+    assert helped.exit_code == 0
+    text = " ".join(helped.stdout.split())
+    store_row = _doc_row("--store")
+    for form in ("sqlite:///", "memory:", "esdb://", "esdb+discover://"):
+        assert form in store_row and form in text, form  # every form the page lists
+    shown = re.search(r"\[x>=([\d.]+)\]", text)
+    assert shown is not None  # click shows --store-timeout's range
+    assert f"`[x>={shown.group(1)}]`" in _doc_row("--store-timeout")
+    assert f"at least {shown.group(1)}" in text
+    missing = invoke_cli("--store", str(tmp_path / "none.db"), "sessions", "list")
+    kind = one_line_error(missing.stderr).removeprefix("Error: ").partition(": ")[0]
+    assert missing.exit_code == 1 and kind == "StoreUnavailable"
+    assert f"`{kind}: no store at PATH`" in DOC
