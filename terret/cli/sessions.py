@@ -67,11 +67,11 @@ def list_sessions(obj: CliContext, status: str | None, agent: str | None,
     more = limit is not None and len(found) > limit
     found = found[:limit]
     live = None
-    if any(s.owner for s in found):  # the worker registry: only when someone owns something
+    if any(_owner_of(s) for s in found):  # the worker registry: only when someone owns one
         from terret.cli._owners import Liveness
 
         live = Liveness(obj.store())
-    owners = [live.owner(s.owner) if live is not None else None for s in found]
+    owners = [live.owner(_owner_of(s)) if live is not None else None for s in found]
     if more:
         note(f"showing {offset + 1}–{offset + len(found)}; more with --offset "
              f"{offset + len(found)}")
@@ -85,6 +85,12 @@ def list_sessions(obj: CliContext, status: str | None, agent: str | None,
     obj.emit(None, table(rows, ["ID", "STATUS", "LAST TURN", "OWNER", "EVENTS", "COST",
                                 "ACTIVE", "TITLE"])
              if rows else "no sessions")
+
+
+def _owner_of(summary: SessionSummary) -> dict[str, Any] | None:
+    """The owner its log names, none for a closed session: it runs nothing more, and its owner
+    lets it go when the close reaches it (``agent/detached``, reason ``session closed``)."""
+    return None if summary.closed else summary.owner
 
 
 def _turn_cell(last: dict[str, Any] | None) -> str:
@@ -129,7 +135,7 @@ def show(obj: CliContext, session_id: UUID) -> None:
     if summary is None or status is None or state is None:
         raise SessionNotFound(f"no session {session_id}")
     shown = _Shown(summary, status, state, views.pending(session_id), views.policy(session_id),
-                   Liveness(obj.store()).owner(summary.owner))
+                   Liveness(obj.store()).owner(_owner_of(summary)))
     data = _show_data(shown, views.roles(session_id), views.usage_by_model(session_id))
     now = time.time()
     lines = [*_head_lines(shown, now), *_activity_lines(shown, data, now),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -148,6 +149,31 @@ class AgentHost:
         agent.release()
         self.writer.execute(agent.session_id,
                             lambda s: agent.ownership.release(s, reason or "disposed"))
+
+    def let_go(self, session_id: UUID, reason: str, *, wait: float = 0.0) -> None:
+        """Drop this process's agent for a session that ended (``session/closed``, from any
+        process), once no turn holds it — none can start on a closed session, one may be
+        finishing — waiting up to ``wait`` seconds for that. Its release is recorded when it
+        still owns the session (``agent/detached``, ``reason``); one that cannot be written (the
+        session was purged meanwhile) is skipped, and the agent is dropped all the same, so the
+        worker stops listing the session as served."""
+        agent = self.agent_for_session(session_id)
+        if agent is None:
+            return
+        deadline = time.monotonic() + wait
+        while agent.busy and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if agent.busy:
+            log.warning("session %s is closed but its agent %s is still mid-turn; it is let go "
+                        "when this worker stops", session_id, agent.id)
+            return
+        if self._agents.get(agent.id) is not agent:
+            return  # let go already, by another caller
+        try:  # recorded first: a session this worker no longer serves is released in the log
+            self.writer.execute(session_id, partial(_release, agent, reason))
+        except errors.TerretError as exc:
+            log.info("session %s: its release was not recorded (%s)", session_id, exc)
+        self.forget(agent)
 
     def forget(self, agent: Agent) -> None:
         """Drop the agent from the registry and remove its listeners (nothing is written)."""

@@ -12,11 +12,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 from uuid import UUID
 
 from terret.domain import errors
-from terret.domain.events import Actor, AgentDetached, InboxQueued, TurnEnded
+from terret.domain.codec import RecordedEvent
+from terret.domain.events import Actor, AgentDetached, InboxQueued, SessionClosed, TurnEnded
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
 from terret.domain.store import EventStore
@@ -121,6 +123,7 @@ class Runtime:
         r.add_listener(self.titler.on_turn_end, {TurnEnded.wire_name})
         r.add_listener(self.supervisor.on_inbox, {InboxQueued.wire_name})
         r.add_listener(self.supervisor.on_detached, {AgentDetached.wire_name})
+        r.add_listener(self._on_closed, {SessionClosed.wire_name})
         r.start()
         self._started = True
         return self
@@ -210,10 +213,19 @@ class Runtime:
         return spec
 
     def close_session(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
+        """Record ``session/closed``; this process's agent for it, if idle, lets it go at once
+        (``agent/detached``, reason ``session closed``) — a started runtime's owner does the
+        same for a close from any process, when it arrives through the subscription."""
         self.commands.close(session_id, by=by, reason=reason)
-        agent = self.agent_for_session(session_id)
-        if agent is not None and not agent.busy:
-            self.dispose_agent(agent.id, reason="session closed")
+        self.agent_host.let_go(session_id, "session closed")
+
+    def _on_closed(self, event: RecordedEvent) -> None:
+        """A session closed (by any process): its agent here lets it go, off the runner's
+        thread (a turn finishing may be waiting for the views)."""
+        sid = event.session_id
+        if sid is not None and self.agent_for_session(sid) is not None:
+            self.background(partial(self.agent_host.let_go, sid, "session closed",
+                                    wait=self.config.wait_timeout))
 
     def purge(self, session_id: UUID, *, by: Actor, reason: str | None = None,
               max_age: int | None = None) -> None:
