@@ -47,7 +47,11 @@ def payload_classes(fn: Handler) -> tuple[type[Any], ...]:
     if isinstance(annotation, str):
         from terret.domain import events  # the payload classes: on first use
 
-        annotation = eval(annotation, {**vars(events), **fn.__globals__})  # noqa: S307
+        try:  # the annotation as written in the handler's module (postponed evaluation)
+            annotation = eval(annotation, {**vars(events), **fn.__globals__})
+        except NameError as exc:
+            raise TypeError(f"{fn.__qualname__}: {exc}; import the payload class at run time"
+                            " (not under TYPE_CHECKING) unless it is one of Terret's") from None
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         return typing.get_args(annotation)
     if not isinstance(annotation, type):
