@@ -144,7 +144,7 @@ def test_chat_bad_input(target: Target) -> None:
         (["chat", MISSING], 1, "SessionNotFound"),
         (["chat", "not-a-uuid"], 2, "is not a session id"),
         (["chat", "--app", "no.such:app"], 2, "--app"),
-        (["chat", "--agent", "nobody", "--app", DEMO_APP], 1, "no agent definition"),
+        (["chat", "--agent", "nobody", "--app", DEMO_APP], 2, "Invalid value for '--agent'"),
     ]
     for args, code, needle in cases:
         result = target.invoke(*args, input="hi\n/quit\n")
