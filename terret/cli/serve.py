@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -41,9 +42,10 @@ def serve(obj: CliContext, app_spec: str | None, grace: float) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    resumed = runtime.serve_start()
-    note(f"serving {obj.masked_uri}; resumed {len(resumed)} open turn(s); pid "
-         f"{__import__('os').getpid()}")
+    # The serving line is said when ready: the open turns are claimed, none has run yet, so
+    # every transition is logged after it.
+    runtime.serve_start(on_ready=lambda resumed: note(
+        f"serving {obj.masked_uri}; resumed {len(resumed)} open turn(s); pid {os.getpid()}"))
     while not stop.wait(0.5):
         pass
     runtime.close(grace=grace)

@@ -373,7 +373,10 @@ class Runtime:
 
     # --- serving -------------------------------------------------------------------------
 
-    def serve_start(self) -> list[UUID]:
+    def serve_start(self, on_ready: Callable[[list[UUID]], object] | None = None
+                    ) -> list[UUID]:
         """Serve the store's sessions from this worker (see ``terret.runtime.serving``):
-        returns the open turns it resumed at start."""
-        return self.supervisor.serve_start()
+        returns the open turns it resumed at start. ``on_ready`` is called with them once they
+        are claimed, before any of them runs, so that what it reports precedes what the turns
+        log."""
+        return self.supervisor.serve_start(on_ready)

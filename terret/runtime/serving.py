@@ -72,6 +72,9 @@ class Supervisor:
         self._wakers: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._held: list[UUID] | None = None
+        """While ``serve_start`` gets ready: the sessions to wake once it is (None otherwise)."""
+        self._held_notes: list[tuple[UUID, Exception]] = []
 
     @property
     def grace(self) -> float:
@@ -79,23 +82,45 @@ class Supervisor:
 
     # --- serving -------------------------------------------------------------------------
 
-    def serve_start(self) -> list[UUID]:
+    def serve_start(self, on_ready: Callable[[list[UUID]], object] | None = None
+                    ) -> list[UUID]:
         """Claim and resume the open turns this worker should run (the rolling-deploy case:
         those of a live worker are left to it), wake sessions with a pending waking inbox;
-        then keep serving as events arrive and the scan finds free sessions."""
+        then keep serving as events arrive and the scan finds free sessions. ``on_ready`` is
+        called with the open turns claimed once every claim is made and before any turn runs
+        (``terret serve`` prints its serving line there): what the turns log, and the warnings
+        about sessions left alone, come after it."""
         rt = self.services
-        rt.start()
-        self.serving = True
-        rt.catch_up_views()
-        rt.lease.ensure_beating()
-        resumed = [sid for sid in rt.views.resumable_sessions() if self._offer(sid, now=True)]
-        for sid in rt.views.sessions_to_wake():
-            self._offer(sid, now=True)
+        with self._lock:
+            self._held = []
+        try:
+            rt.start()
+            self.serving = True
+            rt.catch_up_views()
+            rt.lease.ensure_beating()
+            resumed = [sid for sid in rt.views.resumable_sessions()
+                       if self._offer(sid, now=True)]
+            for sid in rt.views.sessions_to_wake():
+                self._offer(sid, now=True)
+            if on_ready is not None:
+                on_ready(resumed)
+        finally:
+            self._release_held()
         self._title_untitled()
         self._thread = threading.Thread(target=self._scan_loop, name="terret-supervisor",
                                         daemon=True)
         self._thread.start()
         return resumed
+
+    def _release_held(self) -> None:
+        """Ready: say which sessions are left alone, then start the wakes held meanwhile."""
+        with self._lock:
+            held, self._held = self._held or [], None
+            notes, self._held_notes = self._held_notes, []
+        for sid, exc in notes:
+            log.warning("not serving session %s: %s", sid, exc)
+        for sid in dict.fromkeys(held):
+            self.wake_later(sid)
 
     def stop(self) -> None:
         self.serving = False
@@ -162,10 +187,17 @@ class Supervisor:
             # Another app's agent, a closed session, the agent cap: not ours to serve. Said for
             # every event that asks, but once only by the scan.
             if now or sid not in self._refused:
-                log.warning("not serving session %s: %s", sid, exc)
+                self._not_serving(sid, exc)
             self._refused.add(sid)
             return False
         return True
+
+    def _not_serving(self, sid: UUID, exc: Exception) -> None:
+        with self._lock:
+            if self._held is not None:  # getting ready: said once it is
+                self._held_notes.append((sid, exc))
+                return
+        log.warning("not serving session %s: %s", sid, exc)
 
     def _live_workers(self) -> list[str]:
         """The live workers, read from the registry at most every ``LIVE_FOR`` seconds: a scan
@@ -228,6 +260,9 @@ class Supervisor:
             return
         thread = threading.Thread(target=run, name=f"terret-wake-{session_id}", daemon=True)
         with self._lock:
+            if self._held is not None:  # serve_start is getting ready: woken once it is
+                self._held.append(session_id)
+                return
             self._wakers = {t for t in self._wakers if t.is_alive()} | {thread}
         thread.start()
 
