@@ -219,7 +219,7 @@ def _activity_lines(s: _Shown, data: dict[str, Any], now: float) -> list[str]:
         f"({ago(summary.created, now)})   last activity {when(summary.last_activity)} "
         f"({ago(summary.last_activity, now)})",
         f"policy    {policy_text(s.policy)}",
-        f"models    {', '.join(f'{k}={v}' for k, v in sorted(data['models'].items()))}",
+        f"models    {models_text(data['models'])}",
         f"usage     {usage_text(summary.usage.as_dict())}",
     ]
     for model_spec, used in sorted(data["usage_by_model"].items()):
@@ -268,6 +268,17 @@ def _turn_lines(s: _Shown, data: dict[str, Any]) -> list[str]:
     elif data["resumable"]:
         lines.append(f"resumable yes (`terret resume {s.summary.id}`, or `terret serve`)")
     return lines
+
+
+def models_text(roles: dict[str, str]) -> str:
+    """The model roles the session recorded (``session/started``, ``model/set``); the roles it
+    did not record are the serving app's (its ``RuntimeConfig.roles``)."""
+    if not roles:
+        return "(none recorded: the serving app's defaults apply)"
+    text = ", ".join(f"{k}={v}" for k, v in sorted(roles.items()))
+    if "main" not in roles:
+        text += " (main and any other role: the serving app's defaults)"
+    return text
 
 
 def policy_text(policy: list[str] | None) -> str:
