@@ -66,6 +66,9 @@ class UpkeepServices:
     background: Callable[[Callable[[], object]], None]
     """Queue a task on the upkeep pool (never the projection runner's thread)."""
     catch_up_views: Callable[[], None]
+    serves: Callable[[str], bool] = lambda agent: True
+    """Whether this process serves sessions of that agent (it defines it): the automatic
+    upkeep writes only to those, and leaves the others to the processes that do."""
 
 
 def session_roles(upkeep: UpkeepServices, session: Session) -> RoleResolver:
@@ -101,6 +104,8 @@ class Compactor:
         prompt = self.upkeep.views.last_prompt_tokens(sid, turn)
         if prompt is None or self.budget is None or prompt < self.budget:
             return
+        if not self.upkeep.serves(self.upkeep.writer.refresh(sid).state.agent):
+            return  # another app's agent: its own processes compact it, with their summarizer
         try:
             self._compact(sid, after=end_seq)
         except Exception as exc:  # a decline or a summarizer error is never fatal here
@@ -163,8 +168,8 @@ class AutoTitler:
         if self.upkeep.views.title(sid) is not None:
             return  # titled already: a local view read; a title once projected stays until a purge
         session = self.upkeep.writer.refresh(sid)
-        if session.state.titled:
-            return
+        if session.state.titled or not self.upkeep.serves(session.state.agent):
+            return  # titled already, or another app's agent: its own processes title it
         title = None
         titler = self._titler_for(session)
         if titler is not None:

@@ -83,7 +83,8 @@ class Runtime:
         """The three parts, each given what it uses (never this runtime): maintenance, the
         agent host with its turn drivers, serving."""
         upkeep = UpkeepServices(self.store, self.writer, self.views, self.resolver,
-                                self.model_spec, self.background, self.catch_up_views)
+                                self.model_spec, self.background, self.catch_up_views,
+                                self.defines)
         # Defaults: the role summarizer and role titler on the session's roles (R19, R20).
         self.compactor = Compactor(upkeep, summarizer, self.config.compaction_budget)
         self.titler = AutoTitler(upkeep, titler)
@@ -202,6 +203,10 @@ class Runtime:
         if name == "default" and not self.definitions:
             return AgentDefinition()
         raise errors.ConfigurationError(f"no agent definition named {name!r}")
+
+    def defines(self, agent: str) -> bool:
+        """Whether this runtime serves sessions of ``agent`` (see ``_definition``)."""
+        return agent in self.definitions or (agent == "default" and not self.definitions)
 
     def model_spec(self, session: Session, role: str) -> str:
         """The session's spec for ``role`` as its log records it (``session/started`` and

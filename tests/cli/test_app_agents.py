@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from uuid import UUID
 
 from terret.domain.events import TurnEnded
 from tests.cli.conftest import Target, is_type, one_line_error
@@ -92,3 +93,31 @@ def test_the_default_app_still_serves_a_default_session(target: Target) -> None:
     texts = [getattr(e.payload, "text", None) for e in target.events(sid)
              if e.wire_name == "assistant/message"]
     assert texts == ["(echo) hello"]
+
+
+def _ended_turn(target: Target, sid: UUID) -> None:
+    """A turn another process ran to its end (a reply, no tools), as its log shows it."""
+    writer = target.writer()
+    writer.execute(sid, lambda s: s.start_turn(trigger="user", text="status of the other app"))
+    writer.execute(sid, lambda s: s.start_step("other:model"))
+    writer.execute(sid, lambda s: (s.record_assistant("fine"), s.end_step(),
+                                   s.end_turn("completed")))
+
+
+def test_serve_titles_no_session_of_an_agent_its_app_does_not_define(target: Target) -> None:
+    """Between-turn upkeep is a write too: the untitled session of another app's agent is left
+    to that app's processes, at start and when one of its turns ends while serving."""
+    write_app(target)
+    before_start = target.new_session(agent="other")
+    _ended_turn(target, before_start)
+    ops = new_session(target, "--agent", "ops")
+    with serving(target):
+        during = target.new_session(agent="other")
+        _ended_turn(target, during)
+        # The server sees the ops wake after the other session's turn/end: once it parks,
+        # the upkeep for that turn/end was queued, and a graceful stop lets it finish.
+        assert target.invoke("inject", str(ops), "deploy checkout v2", "--wake").exit_code == 0
+        target.wait_for(ops, is_type("approval/requested"), "the ops session to park")
+    for sid in (before_start, during):
+        assert "session/titled" not in target.types(sid), target.types(sid)
+        assert target.types(sid)[-1] == "turn/end"
