@@ -6,6 +6,7 @@ Every command that changes a session goes through the command service
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -60,7 +61,7 @@ def runtime_for(obj: CliContext, app_spec: str | None) -> Runtime:
 def inject(obj: CliContext, session_id: UUID, text: str, wake: bool) -> None:
     """Queue TEXT in the session's durable inbox; it rides the next step."""
     if not text.strip():
-        raise click.BadParameter("the text cannot be empty", param_hint="TEXT")
+        raise click.BadParameter("the text cannot be empty", param_hint="'TEXT'")
     obj.require_session(session_id)
     inbox_id = obj.commands().inject(session_id, text, wake=wake)
     obj.emit({"session": str(session_id), "inbox_id": inbox_id, "wake": wake},
@@ -170,7 +171,7 @@ def policy_set(obj: CliContext, session_id: UUID, patterns: tuple[str, ...],
     try:
         obj.commands().set_policy(session_id, patterns, by=operator())
     except InvalidPayload as exc:
-        raise click.BadParameter(str(exc), param_hint="PATTERN") from None
+        raise click.BadParameter(str(exc), param_hint="'PATTERN'") from None
     obj.emit({"session": str(session_id), "patterns": list(patterns)},
              f"policy of {session_id}: {', '.join(patterns) or '(deny all)'}")
 
@@ -223,6 +224,7 @@ def model_set(obj: CliContext, session_id: UUID, role: str, spec: str, app_spec:
               force: bool) -> None:
     """Point ROLE at SPEC (provider:model); the next step uses it. SPEC is checked against
     the app's providers first."""
+    from terret.cli._app import check_resolves
     from terret.domain.errors import InvalidPayload
 
     obj.require_session(session_id)
@@ -230,39 +232,12 @@ def model_set(obj: CliContext, session_id: UUID, role: str, spec: str, app_spec:
     try:
         # The app's check runs after the session's rules (a closed session, a bad role) and
         # before anything is written.
-        obj.commands().set_model(session_id, role, spec, by=operator(), check=None
-                                 if app is None else lambda spec: _check_resolves(app, spec))
+        check = None if app is None else partial(check_resolves, app.resolver)
+        obj.commands().set_model(session_id, role, spec, by=operator(), check=check)
     except InvalidPayload as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint="'ROLE'" if exc.field == "role"
+                                 else "'SPEC'") from None
     obj.emit({"session": str(session_id), "role": role, "spec": spec}, f"{role} = {spec}")
-
-
-def _check_resolves(app: App, spec: str) -> None:
-    """A spec naming a provider the app does not have would fail the session's next step:
-    refuse it. A provider it has but cannot build here (its API key is not in this shell's
-    environment) is recorded with a warning: the serving process may have what it needs."""
-    try:
-        app.resolver.resolve(spec)
-    except Exception as exc:  # noqa: BLE001 - any failure to resolve, typed or not
-        message = " ".join(str(exc).split())
-        if _knows_provider(app.resolver, spec.partition(":")[0]):
-            note(f"warning: {spec!r} cannot be used from here ({message}); recorded: the "
-                 "process serving the session needs it configured")
-            return
-        raise click.BadParameter(
-            f"the app cannot resolve {spec!r}: {message} (check the provider's name, or "
-            "record it anyway with --force)", param_hint="SPEC") from None
-
-
-def _knows_provider(resolver: object, name: str) -> bool:
-    """Whether the resolver has a provider of that name (configured or registered), built or
-    not. A resolver of another kind does not say: then only resolving counts."""
-    config = getattr(resolver, "config", None)
-    endpoints = getattr(config, "endpoints", None)
-    if isinstance(endpoints, dict):
-        return (name in endpoints or name in getattr(resolver, "_registered", ())
-                or name == "openai-compatible")  # an endpoint the spec itself names
-    return False
 
 
 @click.command("compact")
@@ -289,7 +264,7 @@ def title(obj: CliContext, session_id: UUID, new_title: str | None) -> None:
     obj.require_session(session_id)
     if new_title is not None:
         if not new_title.strip():
-            raise click.BadParameter("a title cannot be empty", param_hint="NEW_TITLE")
+            raise click.BadParameter("a title cannot be empty", param_hint="'NEW_TITLE'")
         value = obj.commands().set_title(session_id, new_title, by=operator())
         obj.emit({"session": str(session_id), "title": value}, value)
         return
@@ -305,7 +280,7 @@ def title(obj: CliContext, session_id: UUID, new_title: str | None) -> None:
 def usage(obj: CliContext, session_id: UUID | None, by: str | None) -> None:
     """Tokens and cost, for one session or all."""
     if by == "turn" and session_id is None:
-        raise click.UsageError("--by turn needs a SESSION")
+        raise click.UsageError("--by turn needs a SESSION_ID")
     if session_id is not None:
         obj.require_session(session_id)
     views = obj.views(reads=("usage", "sessions") if by is None and session_id is None

@@ -440,11 +440,16 @@ class Session(Aggregate):
             raise errors.CompactionDeclined(
                 f"model-visible event {self.state.last_visible_seq} landed after mark {mark}"
             )
-        if self.state.owed:
-            raise errors.CompactionDeclined("a step owes tool results; compact between turns")
+        self.require_compactable()
         upto = self.version
         self._record(SessionCompacted(upto_seq=upto, summary=summary))
         return upto
+
+    def require_compactable(self) -> None:
+        """Refuse (``CompactionDeclined``) while a step owes tool results: the summary would
+        cut a tool call from its result. Checked again when the compaction is recorded."""
+        if self.state.owed:
+            raise errors.CompactionDeclined("a step owes tool results; compact between turns")
 
     def title(self, title: str, *, by: Actor | None = None, automatic: bool = False) -> str:
         """R20: one automatic title per session; explicit titles replace it. Capped at 80."""

@@ -135,6 +135,9 @@ class Compactor:
             raise errors.CompactionDeclined(
                 f"session {sid}: nothing the model sees is new since the compaction at seq "
                 f"{last}")
+        # Before the summarizer is bound to a role: a mid-step session is declined whatever the
+        # roles, without a model call.
+        session.require_compactable()
         summarizer = self.summarizer
         if isinstance(summarizer, RoleBound):
             summarizer = summarizer.for_session(session_roles(upkeep, session))

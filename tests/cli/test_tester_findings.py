@@ -354,3 +354,20 @@ def test_global_help_and_the_page_agree(tmp_path: Path) -> None:
     kind = one_line_error(missing.stderr).removeprefix("Error: ").partition(": ")[0]
     assert missing.exit_code == 1 and kind == "StoreUnavailable"
     assert f"`{kind}: no store at PATH`" in DOC
+
+
+# --- compact mid-step: declined whatever the roles ---------------------------------------------
+
+
+def test_compact_while_a_step_owes_results_is_declined_before_any_role_is_asked(
+        target: Target) -> None:
+    """docs/cli.md: `compact` is refused with `CompactionDeclined` while a step owes tool
+    results — also when the session has no compactor role to ask (it said ConfigurationError)."""
+    sid = target.parked()
+    assert "compactor" not in target.json("sessions", "show", str(sid))["models"]
+    before = target.snapshot()
+    result = target.invoke("compact", str(sid))
+    assert result.exit_code == 1, result.stderr
+    line = one_line_error(result.stderr)
+    assert line.startswith("Error: CompactionDeclined: a step owes tool results"), line
+    assert target.snapshot() == before
