@@ -42,13 +42,14 @@ def marked(namespace: Mapping[str, Any]) -> list[Handler]:
 
 def payload_classes(fn: Handler) -> tuple[type[Any], ...]:
     """The classes named by the annotation of ``fn``'s last parameter. A name the module
-    imports for typing only is looked up among Terret's payload classes."""
+    imports for typing only is looked up among Terret's payload classes (``OpaquePayload``,
+    an event this process cannot read, included)."""
     annotation = list(inspect.signature(fn).parameters.values())[-1].annotation
     if isinstance(annotation, str):
-        from terret.domain import events  # the payload classes: on first use
+        from terret.domain import events, payloads  # the payload classes: on first use
 
         try:  # the annotation as written in the handler's module (postponed evaluation)
-            annotation = eval(annotation, {**vars(events), **fn.__globals__})
+            annotation = eval(annotation, {**vars(payloads), **vars(events), **fn.__globals__})
         except NameError as exc:
             raise TypeError(f"{fn.__qualname__}: {exc}; import the payload class at run time"
                             " (not under TYPE_CHECKING) unless it is one of Terret's") from None

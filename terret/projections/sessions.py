@@ -17,7 +17,7 @@ from terret.projections.status import status_name
 from terret.projections.usage import UsageTotals
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
-    from terret.domain.catalogue import EventPayload
+    from terret.domain.catalogue import EventPayload, OpaquePayload
     from terret.domain.codec import RecordedEvent
     from terret.domain.events import SessionClosed, SessionStarted, TurnEnded
 
@@ -59,10 +59,19 @@ def _every_known_event() -> frozenset[str]:
     return catalogue.wire_names()
 
 
+class EveryWireName(LiveWireNames):
+    """Every wire name, those this process cannot read included (a newer release's, an
+    extension not installed here): the session index counts every event of a session's log.
+    Iterating gives the catalogue's names (the ones a reader can name)."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str)
+
+
 class SessionsProjection(TypedProjection):
     name = "sessions"
-    version = 2  # 2: how the last turn ended (last_turn)
-    handles = LiveWireNames(_every_known_event)
+    version = 3  # 2: how the last turn ended (last_turn); 3: unreadable events counted too
+    handles = EveryWireName(_every_known_event)
     tables = ("sessions",)
     schema = """
     CREATE TABLE IF NOT EXISTS sessions (
@@ -85,7 +94,8 @@ class SessionsProjection(TypedProjection):
         self._last, self._started, self._closed, self._ended = {}, {}, set(), {}
 
     @handler
-    def _on_any(self, db: sqlite3.Connection, event: RecordedEvent, p: EventPayload) -> None:
+    def _on_any(self, db: sqlite3.Connection, event: RecordedEvent,
+                p: EventPayload | OpaquePayload) -> None:
         self._last[event.stream] = event
 
     @handler

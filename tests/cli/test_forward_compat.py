@@ -70,3 +70,22 @@ def test_newer_versions_are_shown_and_halt_nothing(target: Target) -> None:
     assert target.invoke("title", str(sid), "After the newer events").exit_code == 0
     assert target.invoke("inject", str(sid), "still here").exit_code == 0
     assert target.json("title", str(sid))["title"] == "After the newer events"
+
+
+def test_the_session_index_counts_every_event_of_the_log(target: Target) -> None:
+    """`sessions list`/`show`'s event count is the log's length, events this release cannot
+    read included: newer versions of its own events and wire names it has never heard of."""
+    sid = target.finished()
+    stream = session_stream(sid)
+    store = target.store()
+    records = []
+    for wire, data in NEWER:
+        meta = json.dumps({"schema_version": version_of(wire) + 1}).encode()
+        records.append(NewRecord(uuid4(), wire, json.dumps(data).encode(), meta))
+    records.append(NewRecord(uuid4(), "acme/never-heard-of", b'{"x": 1}', b"{}"))
+    store.append(stream, records, store.stream_version(stream))
+
+    logged = target.invoke("--json", "log", str(sid)).stdout.splitlines()
+    listed = {s["id"]: s for s in target.json("sessions", "list")}
+    assert listed[str(sid)]["events"] == len(logged)
+    assert target.json("sessions", "show", str(sid))["events"] == len(logged)
