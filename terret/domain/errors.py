@@ -271,6 +271,11 @@ class ProjectionHalted(TerretError):
         super().__init__(f"projection {projection!r} halted at position {position}: {error}")
 
 
+class ProjectionNotHalted(TerretError):
+    """A skip (``projections skip``) was asked for a projection that is not halted: there is
+    no event to skip."""
+
+
 # --- store files and views -------------------------------------------------------------------
 
 

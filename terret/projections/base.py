@@ -35,7 +35,7 @@ from uuid import UUID, uuid4
 
 from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
 
-from terret.domain.errors import StoreFull, ViewsCorrupt
+from terret.domain.errors import ProjectionNotHalted, StoreFull, ViewsCorrupt
 from terret.domain.store import SESSION_PREFIX, StoredRecord
 from terret.projections._typed import Dispatch, Handler, marked
 
@@ -458,12 +458,12 @@ class ViewStore(TrackingRecorder):
 
     def skip(self, name: str, by: str) -> tuple[int, str]:
         """Record that ``by`` skipped the event ``name`` halted at, and lift the fault; the
-        position and error skipped. ``KeyError`` if ``name`` is not halted."""
+        position and error skipped. ``ProjectionNotHalted`` if ``name`` is not halted."""
         with self.transaction() as db:
             row = db.execute("SELECT position, error FROM projection_faults WHERE projection = ?",
                              (name,)).fetchone()
             if row is None:
-                raise KeyError(f"projection {name!r} is not halted")
+                raise ProjectionNotHalted(f"projection {name!r} is not halted: nothing to skip")
             db.execute("INSERT OR REPLACE INTO projection_skips VALUES (?, ?, ?, ?, ?)",
                        (name, row[0], row[1], by, time.time()))
             db.execute("DELETE FROM projection_faults WHERE projection = ?", (name,))

@@ -167,7 +167,8 @@ def test_unknown_projection(target: Target) -> None:
     for command in (["projections", "rebuild", "nope"], ["projections", "verify", "nope"],
                     ["projections", "skip", "nope"]):
         assert_refused(target, command, 1, "no projection named 'nope'")
-    assert_refused(target, ["projections", "skip", "usage"], 1, "not halted")
+    assert_refused(target, ["projections", "skip", "usage"], 1,
+                   "Error: ProjectionNotHalted: projection 'usage' is not halted")
 
 
 def test_purge_confirmation_declined(target: Target) -> None:

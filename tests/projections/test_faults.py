@@ -12,7 +12,7 @@ from uuid import UUID, uuid4
 import pytest
 
 from terret import RecordedEvent, Session
-from terret.domain.errors import ProjectionHalted
+from terret.domain.errors import ProjectionHalted, ProjectionNotHalted
 from terret.domain.events import ToolCallData
 from terret.domain.store import EventStore, NewRecord, session_stream
 from terret.projections import Projection, ProjectionRunner, Views, ViewStore, default_projections
@@ -128,7 +128,7 @@ def test_skip_is_recorded_and_the_projection_resumes_without_losing_later_events
     assert [p.call_id for p in views.pending(third)] == ["c1"]
     assert view_store.tracked("approvals") == store.head_position()
 
-    with pytest.raises(KeyError, match="not halted"):
+    with pytest.raises(ProjectionNotHalted, match="not halted"):
         runner.skip("approvals")
     with pytest.raises(KeyError, match="no projection"):
         runner.skip("nonesuch")
