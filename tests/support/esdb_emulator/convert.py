@@ -75,24 +75,31 @@ def expected_version(options: Any, oneof: str, revision_field: str) -> int:
     }.get(which or "any", EXPECTED_ANY)
 
 
-def _recorded_event(record: Record, string_ids: bool) -> RecordedEvent:
-    return RecordedEvent(
-        id=shared_pb2.UUID(string=record.event_id)
+def recorded_event_fields(record: Record, string_ids: bool) -> dict[str, Any]:
+    """A record as the fields of a RecordedEvent message (the Streams and the
+    PersistentSubscriptions services each have a RecordedEvent type with these fields)."""
+    return {
+        "id": shared_pb2.UUID(string=record.event_id)
         if string_ids
         else structured_uuid(record.event_id),
-        stream_identifier=shared_pb2.StreamIdentifier(stream_name=record.stream.encode("utf8")),
-        stream_revision=record.number,
-        prepare_position=record.position,
-        commit_position=record.position,
-        metadata={
+        "stream_identifier": shared_pb2.StreamIdentifier(
+            stream_name=record.stream.encode("utf8")),
+        "stream_revision": record.number,
+        "prepare_position": record.position,
+        "commit_position": record.position,
+        "metadata": {
             "type": record.type,
             "created": str(record.created),
             # The server normalises the content type on the way out.
             "content-type": JSON if record.is_json else OCTET_STREAM,
         },
-        custom_metadata=record.custom_metadata,
-        data=record.data,
-    )
+        "custom_metadata": record.custom_metadata,
+        "data": record.data,
+    }
+
+
+def _recorded_event(record: Record, string_ids: bool) -> RecordedEvent:
+    return RecordedEvent(**recorded_event_fields(record, string_ids))
 
 
 def event_resp(record: Record, *, string_ids: bool = True) -> ReadResp:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from esdbclient.protos.Grpc import persistent_pb2, shared_pb2
+from esdbclient.protos.Grpc import persistent_pb2
 
-from .convert import JSON, OCTET_STREAM, structured_uuid
+from .convert import recorded_event_fields
 from .persistent_model import Delivery, GroupStats
 from .records import Record
 
@@ -26,22 +26,7 @@ def confirmation_resp(subscription_id: str) -> ReadResp:
 
 
 def _recorded_event(record: Record, string_ids: bool) -> RecordedEvent:
-    return RecordedEvent(
-        id=shared_pb2.UUID(string=record.event_id)
-        if string_ids
-        else structured_uuid(record.event_id),
-        stream_identifier=shared_pb2.StreamIdentifier(stream_name=record.stream.encode("utf8")),
-        stream_revision=record.number,
-        prepare_position=record.position,
-        commit_position=record.position,
-        metadata={
-            "type": record.type,
-            "created": str(record.created),
-            "content-type": JSON if record.is_json else OCTET_STREAM,
-        },
-        custom_metadata=record.custom_metadata,
-        data=record.data,
-    )
+    return RecordedEvent(**recorded_event_fields(record, string_ids))
 
 
 def event_resp(delivery: Delivery, *, string_ids: bool) -> ReadResp:
