@@ -240,3 +240,19 @@ def sqlite_target(tmp_path: Path) -> Iterator[Target]:
     t.store()
     yield t
     t.close()
+
+
+def badfloor_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An app (``badfloor_app:app``, importable from ``tmp_path``, the working directory) whose
+    agent ``ops`` has a malformed allow-list floor: the domain refuses it (``InvalidPayload``)."""
+    (tmp_path / "badfloor_app.py").write_text(
+        "from terret.cli import App\n"
+        "from terret.cli.demo_app import demo_app\n"
+        "from terret.runtime.agent import AgentDefinition\n"
+        "def app() -> App:\n"
+        "    base = demo_app()\n"
+        "    base.agents = [AgentDefinition(name='ops', allow=['deploy!'])]\n"
+        "    return base\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "badfloor_app:app"

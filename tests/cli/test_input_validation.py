@@ -18,6 +18,7 @@ import pytest
 from tests.cli.conftest import (
     MISSING,
     Target,
+    badfloor_app,
     invoke_cli,
     one_line_error,
     subprocess_env,
@@ -85,16 +86,7 @@ def test_surrogates_reaching_the_domain_are_usage_errors(target: Target, tmp_pat
     """What the CLI does not check itself, the domain refuses (``InvalidPayload``); the CLI
     reports that as a usage error too: here an app whose agent's allow-list floor is malformed
     cannot start a chat session."""
-    (tmp_path / "badfloor_app.py").write_text(
-        "from terret.cli import App\n"
-        "from terret.cli.demo_app import demo_app\n"
-        "from terret.runtime.agent import AgentDefinition\n"
-        "def app() -> App:\n"
-        "    base = demo_app()\n"
-        "    base.agents = [AgentDefinition(name='ops', allow=['deploy!'])]\n"
-        "    return base\n")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    badfloor_app(tmp_path, monkeypatch)
     assert_usage_error(target, ["chat", "--app", "badfloor_app:app", "--agent", "ops"],
                        "InvalidPayload", "policy_floor", "'!' only negates a set")
 

@@ -23,6 +23,7 @@ from tests.cli.conftest import (
     DEMO_APP,
     DEPLOY_ARGS,
     Target,
+    badfloor_app,
     invoke_cli,
     one_line_error,
     subprocess_env,
@@ -274,16 +275,7 @@ def test_a_value_the_domain_refuses_has_the_commands_usage_hint(
         target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`InvalidPayload` is a usage error with click's hint (`Usage: …`, `Try …`), as the page
     says: here an app whose agent's allow-list floor is malformed cannot start a chat."""
-    (tmp_path / "badfloor_app.py").write_text(
-        "from terret.cli import App\n"
-        "from terret.cli.demo_app import demo_app\n"
-        "from terret.runtime.agent import AgentDefinition\n"
-        "def app() -> App:\n"
-        "    base = demo_app()\n"
-        "    base.agents = [AgentDefinition(name='ops', allow=['deploy!'])]\n"
-        "    return base\n")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    badfloor_app(tmp_path, monkeypatch)
     before = target.snapshot()
     result = target.invoke("chat", "--app", "badfloor_app:app", "--agent", "ops", input="")
     assert result.exit_code == 2, result.stderr
