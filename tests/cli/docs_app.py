@@ -12,14 +12,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from uuid import UUID
 
 from tests.cli.conftest import Target, subprocess_env
-from tests.cli.test_docs_serve import documented
+from tests.cli.test_docs_serve import documented, wait
 
 APP = "myapp:app"
 
@@ -43,15 +42,6 @@ def run(target: Target, *args: str, timeout: float = 60.0) -> subprocess.Complet
     return subprocess.run([sys.executable, "-m", "terret", *target.args(*args)],
                           capture_output=True, text=True, timeout=timeout, cwd=target.cwd,
                           env=app_env())
-
-
-def wait(what: str, test: Callable[[], object], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if test():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class AppServer:

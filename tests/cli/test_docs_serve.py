@@ -47,7 +47,7 @@ def env() -> dict[str, str]:
     return out
 
 
-def wait(what: str, test: Callable[[], bool], timeout: float = 30.0) -> None:
+def wait(what: str, test: Callable[[], object], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if test():
