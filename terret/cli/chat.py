@@ -438,6 +438,9 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
     """Chat with an agent in the terminal; a new session unless SESSION is given.
     Type /help for the chat's commands, /quit (or Ctrl-D) to leave; the session stays in the
     store."""
+    if session_id is not None and agent is not None:  # it was silently ignored
+        raise click.BadParameter("names the agent of a new session; SESSION keeps its own",
+                                 param_hint="'--agent'")
     obj.store(create=session_id is None)  # an existing session needs an existing store
     if session_id is not None:
         obj.require_session(session_id)

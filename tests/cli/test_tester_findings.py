@@ -74,6 +74,17 @@ def test_chat_with_an_agent_the_app_does_not_define_is_a_usage_error(target: Tar
     assert done.exit_code == 0, done.stderr
 
 
+def test_chat_on_a_session_refuses_agent_instead_of_ignoring_it(target: Target) -> None:
+    """`--agent` names the agent of a new session; with SESSION it was silently ignored."""
+    sid = target.new_session()
+    before = target.snapshot()
+    result = target.invoke("chat", str(sid), "--agent", "demo", "--app", DEMO_APP, input="")
+    assert result.exit_code == 2, result.stderr
+    line = one_line_error(result.stderr)
+    assert "Invalid value for '--agent'" in line and "SESSION keeps its own" in line, line
+    assert target.snapshot() == before
+
+
 # --- stderr: the documented `warning:` lines, the raw log only with -v ----------------------
 
 
