@@ -42,10 +42,11 @@ def app_for(app_spec: str | None) -> App:
         raise click.BadParameter(str(exc), param_hint="'--app'") from None
 
 
-def runtime_for(obj: CliContext, app_spec: str | None) -> Runtime:
+def runtime_for(obj: CliContext, app_spec: str | None, app: App | None = None) -> Runtime:
+    """A runtime on the command's store for the app (``app``, already loaded, or ``app_spec``)."""
     from terret.runtime.runtime import Runtime
 
-    app = app_for(app_spec)
+    app = app if app is not None else app_for(app_spec)
     runtime = Runtime(obj.store(), resolver=app.resolver, views=obj.view_store(),
                       config=app.config, agents=app.agents, summarizer=app.summarizer,
                       titler=app.titler)

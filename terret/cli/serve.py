@@ -10,7 +10,7 @@ import threading
 import click
 
 from terret.cli._context import CliContext, note
-from terret.cli.admin import APP_OPTION, runtime_for
+from terret.cli.admin import APP_OPTION, app_for, runtime_for
 
 log = logging.getLogger("terret.serve")
 
@@ -31,8 +31,9 @@ def serve(obj: CliContext, app_spec: str | None, grace: float) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logging.getLogger("terret").addHandler(handler)
     logging.getLogger("terret").propagate = False
+    app = app_for(app_spec)  # before the store: a refused app leaves no new store file behind
     obj.store(create=True)
-    runtime = runtime_for(obj, app_spec)
+    runtime = runtime_for(obj, app_spec, app)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

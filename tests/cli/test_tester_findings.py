@@ -374,3 +374,13 @@ def test_compact_while_a_step_owes_results_is_declined_before_any_role_is_asked(
     line = one_line_error(result.stderr)
     assert line.startswith("Error: CompactionDeclined: a step owes tool results"), line
     assert target.snapshot() == before
+
+
+def test_serve_with_an_app_it_cannot_load_leaves_no_store_file(tmp_path: Path) -> None:
+    store = tmp_path / "new.db"
+    done = subprocess.run([sys.executable, "-m", "terret", "--store", str(store), "serve",
+                           "--app", "no_such_module_here:app"], capture_output=True, text=True,
+                          timeout=60, env=subprocess_env(), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Invalid value for '--app'" in one_line_error(done.stderr)
+    assert not store.exists() and not list(tmp_path.glob("new.*"))
