@@ -132,12 +132,8 @@ def check_resolves(resolver: ModelResolver, spec: str, *, param_hint: str = "'SP
 def knows_provider(resolver: object, name: str) -> bool:
     """Whether the resolver has a provider of that name (configured or registered), built or
     not. A resolver of another kind does not say: then only resolving counts."""
-    config = getattr(resolver, "config", None)
-    endpoints = getattr(config, "endpoints", None)
-    if isinstance(endpoints, dict):
-        return (name in endpoints or name in getattr(resolver, "_registered", ())
-                or name == "openai-compatible")  # an endpoint the spec itself names
-    return False
+    names = getattr(resolver, "provider_names", None)  # ProviderRegistry's
+    return callable(names) and name in names()
 
 
 def _echo(request: object) -> str:

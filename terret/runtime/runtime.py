@@ -197,12 +197,9 @@ class Runtime:
         agent (no tools, allowing nothing) exists only for a runtime that defines no agents at
         all: one that defines agents serves those alone, so that a session of another agent
         is left to the processes that define it, never run here without its tools."""
-        found = self.definitions.get(name)
-        if found is not None:
-            return found
-        if name == "default" and not self.definitions:
-            return AgentDefinition()
-        raise errors.ConfigurationError(f"no agent definition named {name!r}")
+        if not self.defines(name):
+            raise errors.ConfigurationError(f"no agent definition named {name!r}")
+        return self.definitions.get(name) or AgentDefinition()
 
     def defines(self, agent: str) -> bool:
         """Whether this runtime serves sessions of ``agent`` (see ``_definition``)."""

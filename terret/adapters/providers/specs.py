@@ -117,6 +117,12 @@ class ProviderRegistry:
         names = sorted({*self.config.endpoints, *self._registered})
         return f"ProviderRegistry(providers={names})"
 
+    def provider_names(self) -> frozenset[str]:
+        """Every provider a spec may name here, built or not (a configured endpoint whose API
+        key is missing included): the configured endpoints, the registered providers, and the
+        ad-hoc ``openai-compatible`` endpoint a spec names itself."""
+        return frozenset({*self.config.endpoints, *self._registered, AD_HOC_PROVIDER})
+
     # --- resolution ---------------------------------------------------------------------------
 
     def resolve(self, spec: str | ModelSpec) -> tuple[ModelProvider, str]:
@@ -175,7 +181,7 @@ class ProviderRegistry:
                 return cached
             endpoint = self.config.endpoints.get(spec.provider)
             if endpoint is None:
-                known = sorted({*self.config.endpoints, *self._registered, AD_HOC_PROVIDER})
+                known = sorted(self.provider_names())
                 raise ConfigurationError(
                     f"model spec {str(spec)!r} names an unknown provider {spec.provider!r} "
                     f"(known: {', '.join(known)})"
