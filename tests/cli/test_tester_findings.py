@@ -384,3 +384,22 @@ def test_serve_with_an_app_it_cannot_load_leaves_no_store_file(tmp_path: Path) -
     assert done.returncode == 2, done.stderr
     assert "Invalid value for '--app'" in one_line_error(done.stderr)
     assert not store.exists() and not list(tmp_path.glob("new.*"))
+
+
+def test_model_set_records_a_known_provider_it_cannot_build_here_with_a_warning(
+        target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A provider the app has (a configured endpoint) but cannot build in this shell (no API
+    key) is recorded with a warning — the serving process may have the key; an unknown one is
+    refused."""
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    sid = target.new_session()
+    done = target.invoke("model", "set", str(sid), "main", "openrouter:openai/gpt-4o")
+    assert done.exit_code == 0, done.stderr
+    assert "warning: 'openrouter:openai/gpt-4o' cannot be used from here" in done.stderr
+    assert [e.payload.spec for e in target.events(sid)  # type: ignore[union-attr]
+            if e.wire_name == "model/set"] == ["openrouter:openai/gpt-4o"]
+    before = target.snapshot()
+    refused = target.invoke("model", "set", str(sid), "main", "nosuchprovider:x")
+    assert refused.exit_code == 2
+    assert "Invalid value for 'SPEC'" in one_line_error(refused.stderr)
+    assert target.snapshot() == before
