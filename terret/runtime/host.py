@@ -167,7 +167,7 @@ class AgentHost:
             log.warning("session %s is closed but its agent %s is still mid-turn; it is let go "
                         "when this worker stops", session_id, agent.id)
             return
-        if self._agents.get(agent.id) is not agent:
+        if self.agent_for_session(session_id) is not agent:
             return  # let go already, by another caller
         try:  # recorded first: a session this worker no longer serves is released in the log
             self.writer.execute(session_id, partial(_release, agent, reason))
