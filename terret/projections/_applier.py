@@ -155,6 +155,7 @@ class BatchApplier:
         decode = self._decode
         registry = self.registry
         wanting: dict[str, list[Target]] = {}
+        newer: dict[str, list[Target]] = {}
         for record in records:
             targets = wanting.get(record.wire_name)
             if targets is None:
@@ -169,7 +170,10 @@ class BatchApplier:
             append(event)
             payload = event.payload
             if targets and isinstance(payload, OpaquePayload) and record.wire_name in registry:
-                continue  # a newer version of a known event: no projection reads it
+                # A newer version of a known event: only a handler of opaque payloads reads it.
+                targets = newer.get(record.wire_name)
+                if targets is None:
+                    targets = newer[record.wire_name] = _opaque_targets(live, record.wire_name)
             for target in targets:
                 target(db, event, payload)
         return events
@@ -189,7 +193,7 @@ class BatchApplier:
                 event: RecordedEvent | CorruptRecord = self._decode(record)
             except CorruptRecord as exc:
                 event = exc
-            newer = False  # a newer version of a known event: no projection reads it
+            newer = False  # a newer version of a known event: see _opaque_targets
             if not isinstance(event, CorruptRecord):
                 events.append(event)
                 newer = event.is_opaque and record.wire_name in self.registry
@@ -202,7 +206,7 @@ class BatchApplier:
                   event: RecordedEvent | CorruptRecord, newer: bool, batch: _Batch) -> None:
         """The event at ``record`` into ``p`` (live and behind it): applied if it wants it
         and no skip names it; the projection halts there if it fails, else moves past it."""
-        if (not newer and p.wants(record.wire_name)
+        if ((not newer or _opaque_handler(p) is not None) and p.wants(record.wire_name)
                 and (p.name, record.position) not in batch.skips):
             error = self._apply_one(db, p, event)
             if error is not None:
@@ -260,6 +264,19 @@ def _targets(projections: Sequence[Projection], wire_name: str, registry: EventC
         else:
             out.append(_ignoring_payload(p.process))
     return out
+
+
+def _opaque_handler(p: Projection) -> Target | None:
+    """A typed projection's handler of events this process cannot read (``OpaquePayload``)."""
+    return p.handler_for(OpaquePayload) if isinstance(p, TypedProjection) else None
+
+
+def _opaque_targets(projections: Sequence[Projection], wire_name: str) -> list[Target]:
+    """What reads a newer version of a known event: only a typed projection's handler of
+    opaque payloads (the session index counts it); the others would read fields it may not
+    have, so they pass over it."""
+    return [h for p in projections if p.wants(wire_name)
+            and (h := _opaque_handler(p)) is not None]
 
 
 def _nothing(db: sqlite3.Connection, event: RecordedEvent, payload: Any) -> None:
