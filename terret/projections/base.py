@@ -129,6 +129,12 @@ class WireNames(LiveWireNames):
             names = self._resolved = frozenset(c.wire_name for c in self._classes(events))
         return names
 
+    def __contains__(self, name: object) -> bool:
+        # Asked per event and projection (``wants``, the purge check): one set lookup once
+        # resolved, not three calls.
+        names = self._resolved
+        return name in (names if names is not None else self.resolved())
+
 
 PURGED = WireNames(lambda ev: (ev.SessionPurged,))
 """``session/purged``: every projection forgets the session it names (R27)."""

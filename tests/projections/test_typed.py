@@ -44,7 +44,14 @@ def test_the_default_projections_handle_what_they_handled() -> None:
                                     ev.ApprovalRequested.wire_name,
                                     ev.ApprovalResolved.wire_name}
     assert handles["status"] == set(EVOLVING)
-    assert handles["sessions"] == set(catalogue.wire_names())
+    assert ev.TurnStarted.wire_name in EVOLVING and ev.UserMessage.wire_name in EVOLVING
+    # The session index counts every event of a log: each catalogued wire name, and those this
+    # process has never heard of (what `wants` asks).
+    sessions = next(p for p in default_projections() if p.name == "sessions")
+    assert all(sessions.wants(name) for name in catalogue.wire_names())
+    assert sessions.wants("acme.unknown/x")
+    assert not next(p for p in default_projections() if p.name == "title").wants(
+        "acme.unknown/x")
 
 
 class _Seen(TypedProjection):
