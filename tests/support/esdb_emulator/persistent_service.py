@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn, cast
 
 import grpc
@@ -80,6 +81,27 @@ def _target(options: Any) -> str:
     return _stream_name(options.stream_identifier)
 
 
+def _source_name(options: Any) -> str:
+    """The event source a Create/Update request names (before its settings are read)."""
+    which = options.WhichOneof("stream_option")
+    if which == "all":
+        return ALL_STREAM
+    if which == "stream":
+        return _stream_name(options.stream.stream_identifier)
+    return _stream_name(options.stream_identifier)  # clients before 21.10
+
+
+@contextmanager
+def _group_errors(context: grpc.ServicerContext, stream: str, group: str) -> Iterator[None]:
+    """The server's answers for a group that does not exist, or a request it refuses."""
+    try:
+        yield
+    except GroupNotFound:
+        abort_not_found(context, stream, group)
+    except GroupError as error:
+        abort_failed(context, stream, group, str(error))
+
+
 def _stream_origin(stream_options: Any) -> Origin:
     which = stream_options.WhichOneof("revision_option")
     if which == "revision":
@@ -111,11 +133,8 @@ def _create_target(options: Any) -> tuple[Source, Origin]:
             except InvalidRead as error:
                 raise GroupError(str(error)) from None
         return AllSource(event_filter), _all_origin(options.all)
-    if which == "stream":
-        stream = _stream_name(options.stream.stream_identifier)
-        return StreamSource(stream), _stream_origin(options.stream)
-    # Clients before 21.10 named the stream and revision outside the oneof.
-    return StreamSource(_stream_name(options.stream_identifier)), int(options.settings.revision)
+    name, origin = _update_target(options)
+    return StreamSource(name), origin
 
 
 def _update_target(options: Any) -> tuple[str, Origin]:
@@ -123,8 +142,9 @@ def _update_target(options: Any) -> tuple[str, Origin]:
     if which == "all":
         return ALL_STREAM, _all_origin(options.all)
     if which == "stream":
-        return _stream_name(options.stream.stream_identifier), _stream_origin(options.stream)
-    return _stream_name(options.stream_identifier), int(options.settings.revision)
+        return _source_name(options), _stream_origin(options.stream)
+    # Clients before 21.10 named the stream and revision outside the oneof.
+    return _source_name(options), int(options.settings.revision)
 
 
 class PersistentSubscriptionsServicer(persistent_pb2_grpc.PersistentSubscriptionsServicer):
@@ -142,21 +162,19 @@ class PersistentSubscriptionsServicer(persistent_pb2_grpc.PersistentSubscription
     ) -> persistent_pb2.CreateResp:
         guard_call(context, self._faults, "PersistentSubscriptions.Create")
         options = request.options
-        group = options.group_name
-        stream = ALL_STREAM if options.WhichOneof("stream_option") == "all" else "?"
-        try:
+        group, stream = options.group_name, _source_name(options)
+        with _group_errors(context, stream, group):
             source, origin = _create_target(options)
-            stream = source.name
-            self._registry.create(source, group, GroupSettings.from_proto(options.settings), origin)
-        except GroupExists:
-            abort_call(
-                context,
-                grpc.StatusCode.ALREADY_EXISTS,
-                f"Subscription group {group} on stream {stream} exists.",
-                _trailers("persistent-subscription-exists", stream, group),
-            )
-        except GroupError as error:
-            abort_failed(context, stream, group, str(error))
+            try:
+                self._registry.create(
+                    source, group, GroupSettings.from_proto(options.settings), origin)
+            except GroupExists:
+                abort_call(
+                    context,
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"Subscription group {group} on stream {stream} exists.",
+                    _trailers("persistent-subscription-exists", stream, group),
+                )
         return persistent_pb2.CreateResp()
 
     def Update(  # noqa: N802
@@ -164,16 +182,10 @@ class PersistentSubscriptionsServicer(persistent_pb2_grpc.PersistentSubscription
     ) -> persistent_pb2.UpdateResp:
         guard_call(context, self._faults, "PersistentSubscriptions.Update")
         options = request.options
-        group = options.group_name
-        stream = ALL_STREAM if options.WhichOneof("stream_option") == "all" else "?"
-        try:
-            stream, origin = _update_target(options)
-            settings = GroupSettings.from_proto(options.settings)
-            self._registry.update(stream, group, settings, origin)
-        except GroupNotFound:
-            abort_not_found(context, stream, group)
-        except GroupError as error:
-            abort_failed(context, stream, group, str(error))
+        group, stream = options.group_name, _source_name(options)
+        with _group_errors(context, stream, group):
+            _, origin = _update_target(options)
+            self._registry.update(stream, group, GroupSettings.from_proto(options.settings), origin)
         return persistent_pb2.UpdateResp()
 
     def Delete(  # noqa: N802
@@ -181,10 +193,8 @@ class PersistentSubscriptionsServicer(persistent_pb2_grpc.PersistentSubscription
     ) -> persistent_pb2.DeleteResp:
         guard_call(context, self._faults, "PersistentSubscriptions.Delete")
         stream, group = _target(request.options), request.options.group_name
-        try:
+        with _group_errors(context, stream, group):
             self._registry.delete(stream, group)
-        except GroupNotFound:
-            abort_not_found(context, stream, group)
         return persistent_pb2.DeleteResp()
 
     def GetInfo(  # noqa: N802
@@ -192,10 +202,8 @@ class PersistentSubscriptionsServicer(persistent_pb2_grpc.PersistentSubscription
     ) -> persistent_pb2.GetInfoResp:
         guard_call(context, self._faults, "PersistentSubscriptions.GetInfo")
         stream, group = _target(request.options), request.options.group_name
-        try:
+        with _group_errors(context, stream, group):
             stats = self._registry.run(stream, group, Group.stats)
-        except GroupNotFound:
-            abort_not_found(context, stream, group)
         return persistent_pb2.GetInfoResp(subscription_info=subscription_info(stats))
 
     def List(  # noqa: N802
@@ -224,12 +232,8 @@ class PersistentSubscriptionsServicer(persistent_pb2_grpc.PersistentSubscription
         options = request.options
         stream, group = _target(options), options.group_name
         stop_at = options.stop_at if options.WhichOneof("stop_at_option") == "stop_at" else None
-        try:
+        with _group_errors(context, stream, group):
             self._registry.run(stream, group, lambda g: g.replay_parked(stop_at))
-        except GroupNotFound:
-            abort_not_found(context, stream, group)
-        except GroupError as error:
-            abort_failed(context, stream, group, str(error))
         return persistent_pb2.ReplayParkedResp()
 
     # -- Read --------------------------------------------------------------------------------
