@@ -28,13 +28,16 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Self, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, Self, overload
 from uuid import UUID, uuid4
 
 from eventsourcing import persistence as es
 
 from terret.domain.errors import WrongExpectedVersion
 from terret.domain.workers import MemoryWorkers, WorkerRegistry
+
+if TYPE_CHECKING:
+    from terret.domain.groups import GroupReader
 
 MAX_RECORD_BYTES = 1024 * 1024
 """EventStoreDB's limit on one record; every adapter refuses larger payloads before writing."""
@@ -193,10 +196,21 @@ class EventStore(es.ApplicationRecorder):
 
     @abstractmethod
     def open_subscription(
-        self, *, after: int = 0, wire_names: Collection[str] | None = None
+        self, *, after: int = 0, wire_names: Collection[str] | None = None,
+        streams: Collection[str] | None = None,
     ) -> Subscription:
-        """A catch-up subscription from position ``after`` (exclusive), filtered on wire names:
-        records, ``Checkpoint``s and one ``CaughtUp``. ``subscribe(after=…)`` returns it."""
+        """A catch-up subscription from position ``after`` (exclusive), filtered on wire names
+        and, when ``streams`` is given, to the events of those streams (exact names; an empty
+        collection delivers no event, only ``Checkpoint``s): records, ``Checkpoint``s and one
+        ``CaughtUp``. ``subscribe(after=…)`` returns it. A store that can filter server-side
+        (EventStoreDB) does so: a reader of a few streams does not receive the others'
+        events."""
+
+    def consumer_group(self, name: str, *, wire_names: Collection[str]) -> GroupReader | None:
+        """Join the consumer group ``name`` over this store's events of ``wire_names``
+        (``terret.domain.groups``), creating the group if it is missing; None when the store
+        has no such primitive (the default)."""
+        return None
 
     @overload
     def subscribe(self, gt: int | None = None, topics: Sequence[str] = ()
