@@ -42,12 +42,16 @@ def app_for(app_spec: str | None) -> App:
         raise click.BadParameter(str(exc), param_hint="'--app'") from None
 
 
-def runtime_for(obj: CliContext, app_spec: str | None, app: App | None = None) -> Runtime:
-    """A runtime on the command's store for the app (``app``, already loaded, or ``app_spec``)."""
+def runtime_for(obj: CliContext, app_spec: str | None, app: App | None = None, *,
+                own_views: bool = False) -> Runtime:
+    """A runtime on the command's store for the app (``app``, already loaded, or
+    ``app_spec``); with ``own_views``, views of its own in memory (a pool member's) instead of
+    the command's."""
     from terret.runtime.runtime import Runtime
 
     app = app if app is not None else app_for(app_spec)
-    runtime = Runtime(obj.store(), resolver=app.resolver, views=obj.view_store(),
+    views = ":memory:" if own_views else obj.view_store()
+    runtime = Runtime(obj.store(), resolver=app.resolver, views=views,
                       config=app.config, agents=app.agents, summarizer=app.summarizer,
                       titler=app.titler)
     obj.closers.append(lambda: runtime.close(grace=0))

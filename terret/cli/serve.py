@@ -14,26 +14,38 @@ from terret.cli.admin import APP_OPTION, app_for, runtime_for
 
 log = logging.getLogger("terret.serve")
 
+DEFAULT_GROUP = "terret-serve"
+
 
 @click.command("serve")
 @APP_OPTION
 @click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds running turns get to reach a step boundary on SIGTERM.")
+@click.option("--group", default=DEFAULT_GROUP, show_default=True, metavar="NAME",
+              help="On EventStoreDB, the pool this worker joins (a persistent subscription "
+                   "group): its members share the sessions, and each reads only its own. "
+                   "Workers of different apps use different groups. Ignored on SQLite.")
+@click.option("--no-group", is_flag=True,
+              help="Join no pool: this worker reads every session's events (on EventStoreDB "
+                   "too) and finds its work in its views.")
 @click.pass_obj
-def serve(obj: CliContext, app_spec: str | None, grace: float) -> None:
+def serve(obj: CliContext, app_spec: str | None, grace: float, group: str,
+          no_group: bool) -> None:
     """Serve the store's sessions: at start resume the open turns no live worker owns (others
     are left to their owner: the rolling-deploy case), wake sessions on `inject --wake`, resume
     parked turns when verdicts arrive, take over sessions whose owner's lease expired. SIGTERM
     stops gracefully: running turns stop at a step boundary, stay resumable, and are released
     to another live worker."""
+    if not group.strip():
+        raise click.BadParameter("the group name cannot be empty", param_hint="'--group'")
     logging.getLogger("terret").setLevel(logging.INFO)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logging.getLogger("terret").addHandler(handler)
     logging.getLogger("terret").propagate = False
     app = app_for(app_spec)  # before the store: a refused app leaves no new store file behind
-    obj.store(create=True)
-    runtime = runtime_for(obj, app_spec, app)
+    pooled = not no_group and obj.store(create=True).consumer_groups
+    runtime = runtime_for(obj, app_spec, app, own_views=pooled)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -45,8 +57,10 @@ def serve(obj: CliContext, app_spec: str | None, grace: float) -> None:
     signal.signal(signal.SIGINT, on_signal)
     # The serving line is said when ready: the open turns are claimed, none has run yet, so
     # every transition is logged after it.
-    runtime.serve_start(on_ready=lambda resumed: note(
-        f"serving {obj.masked_uri}; resumed {len(resumed)} open turn(s); pid {os.getpid()}"))
+    pool = f"; pool {group}" if pooled else ""
+    runtime.serve_start(group=group if pooled else None, on_ready=lambda resumed: note(
+        f"serving {obj.masked_uri}; resumed {len(resumed)} open turn(s); pid {os.getpid()}"
+        f"{pool}"))
     while not stop.wait(0.5):
         pass
     runtime.close(grace=grace)

@@ -206,6 +206,9 @@ class EventStore(es.ApplicationRecorder):
         (EventStoreDB) does so: a reader of a few streams does not receive the others'
         events."""
 
+    consumer_groups: bool = False
+    """Whether ``consumer_group`` joins a group (EventStoreDB) rather than answering None."""
+
     def consumer_group(self, name: str, *, wire_names: Collection[str]) -> GroupReader | None:
         """Join the consumer group ``name`` over this store's events of ``wire_names``
         (``terret.domain.groups``), creating the group if it is missing; None when the store

@@ -87,18 +87,38 @@ class BatchApplier:
             self._track(db, projections, batch, records)
         return events
 
+    def apply_history(self, records: Sequence[StoredRecord], projections: Sequence[Projection]
+                      ) -> None:
+        """Apply ``records`` — the history of a stream a scoped runner starts to watch, from
+        before the projections' tracked positions — to every live projection, moving no
+        tracked position (the runner's per-stream marks say what each stream has had). The
+        rules are ``apply``'s: skips honoured, a failing event halts its projection."""
+        if not records:
+            return
+        with self.views.transaction() as db:
+            batch = self._begin(db, projections, history=True)
+            live = self._all_at_once_takes(records, projections, batch)
+            if live is None or self._all_at_once(db, records, live) is None:
+                if live is not None:  # undone: start again, event by event
+                    db.execute("BEGIN IMMEDIATE")
+                    batch = self._begin(db, projections, history=True)
+                self._event_by_event(db, records, projections, batch)
+
     def _moves(self, upto: int, projections: Sequence[Projection]) -> bool:
         with self.views.reading() as db:
             tracked = self.views.positions(db, [p.name for p in projections])
             halted = self.views.halted(db)
         return any(tracked[p.name] < upto for p in projections if p.name not in halted)
 
-    def _begin(self, db: sqlite3.Connection, projections: Sequence[Projection]) -> _Batch:
+    def _begin(self, db: sqlite3.Connection, projections: Sequence[Projection], *,
+               history: bool = False) -> _Batch:
         """Inside the batch's transaction, before anything is applied: the guard, and what the
-        views say now (another process sharing the file may have moved them)."""
+        views say now (another process sharing the file may have moved them). A history batch
+        is behind every tracked position by design: it counts as before all of them."""
         self._guard(db)
-        return _Batch(self.views.positions(db, [p.name for p in projections]),
-                      self.views.halted(db), self.views.skips(db))
+        names = [p.name for p in projections]
+        tracked = dict.fromkeys(names, -1) if history else self.views.positions(db, names)
+        return _Batch(tracked, self.views.halted(db), self.views.skips(db))
 
     def _track(self, db: sqlite3.Connection, projections: Sequence[Projection], batch: _Batch,
                records: Sequence[StoredRecord]) -> None:

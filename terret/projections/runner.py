@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 
 from terret.domain.catalogue import EventCatalogue, catalogue
 from terret.domain.errors import (
@@ -57,6 +58,29 @@ class ProjectionState:
     position: int
     lag: int
     fault: tuple[int, str] | None
+
+
+@dataclass
+class StreamScope:
+    """What a scoped runner follows: the streams watched, and for each stream it ever
+    watched the position of its last event applied (a stream watched again, or delivered again
+    by a new subscription, is applied from there)."""
+
+    watched: set[str]
+    marks: dict[str, int] = field(default_factory=dict)
+
+    def streams(self) -> frozenset[str]:
+        return frozenset(self.watched)
+
+    def unseen(self, records: Sequence[StoredRecord]) -> list[StoredRecord]:
+        """The records of watched streams past their marks (``note`` them once applied)."""
+        marks, watched = self.marks, self.watched
+        return [r for r in records
+                if r.stream in watched and r.position > marks.get(r.stream, 0)]
+
+    def note(self, records: Sequence[StoredRecord]) -> None:
+        for r in records:
+            self.marks[r.stream] = r.position
 
 
 class ProjectionRunner:
@@ -93,6 +117,9 @@ class ProjectionRunner:
         self._create_tables()
         self._position = self._lowest_tracked()
         self._applied = self._position  # applied to the views (published after the listeners)
+        self._scope: StreamScope | None = None
+        self._generation = 0
+        """Moves on whenever the scope changes: a batch of an older subscription is dropped."""
 
     def _create_tables(self) -> None:
         for projection in self.projections:
@@ -191,28 +218,84 @@ class ProjectionRunner:
 
     def _follow(self) -> None:
         self._recheck(self.store.head_position())
-        sub = self.store.subscribe(after=self._lowest_tracked())
-        self._subscription = sub
+        with self._pause:
+            generation = self._generation
+            streams = None if self._scope is None else self._scope.streams()
+            sub = self.store.open_subscription(after=self._lowest_tracked(), streams=streams)
+            self._subscription = sub
+        apply = partial(self._apply, generation=generation)
         batch: list[StoredRecord] = []
         try:
             for item in sub:
-                if self._stopping.is_set():
+                if self._stopping.is_set() or generation != self._generation:
                     break
                 if isinstance(item, StoredRecord):
                     batch.append(item)
                     if len(batch) < self.batch_size and sub.buffered > 0:
                         continue
-                    self._apply(batch, batch[-1].position)
+                    apply(batch, batch[-1].position)
                     batch = []
                 elif isinstance(item, Checkpoint | CaughtUp):
                     if batch:
-                        self._apply(batch, batch[-1].position)
+                        apply(batch, batch[-1].position)
                         batch = []
                     if item.position > self._position:
-                        self._apply([], item.position)
+                        apply([], item.position)
         finally:
             sub.stop()
             self._subscription = None
+
+    # --- a scoped runner ---------------------------------------------------------------------
+
+    def scope_to(self, streams: Iterable[str] = ()) -> None:
+        """From now on, follow only the streams watched (``watch``), starting with
+        ``streams``: a pool worker's views hold the sessions it serves, and it receives no
+        other session's events (filtered by the store, server-side on EventStoreDB). Called
+        before ``start`` on views that hold nothing yet (a scoped runner's per-stream marks
+        live in memory)."""
+        if self._thread is not None:
+            raise RuntimeError("scope_to() must be called before start()")
+        self._scope = StreamScope(set(streams))
+
+    @property
+    def scoped(self) -> bool:
+        return self._scope is not None
+
+    def watch(self, stream: str) -> None:
+        """Follow ``stream`` too (a scoped runner): its events not yet applied are applied
+        now, from the store, before this returns — a worker that is about to own a session
+        reads complete views of it — and the subscription follows it from here on."""
+        scope = self._scope
+        if scope is None or stream in scope.watched:
+            return
+        with self._pause:
+            self._restart()
+            history = [r for r in self.store.read_stream(stream)
+                       if r.position > scope.marks.get(stream, 0)]
+            if history:
+                with collector_paused():
+                    self._applier.apply_history(history, self.projections)
+                scope.note(history[-1:])
+            scope.watched.add(stream)
+
+    def unwatch(self, stream: str) -> None:
+        """Stop following ``stream`` (a scoped runner); what its views hold stays, and a later
+        ``watch`` applies only what came meanwhile."""
+        scope = self._scope
+        if scope is None or stream not in scope.watched:
+            return
+        with self._pause:
+            self._restart()
+            scope.watched.discard(stream)
+
+    def _restart(self) -> None:
+        """Under the pause lock: end the subscription; the runner's thread opens the next one
+        with the scope as it is then, from the tracked position (nothing of the old one is
+        applied after this: its generation is past)."""
+        self._generation += 1
+        sub = self._subscription
+        if sub is not None:
+            sub.stop()
 
     def catch_up(self, *, progress: Progress | None = None) -> int:
         """Process everything up to the store's head in this thread (CLI commands use this
@@ -241,12 +324,20 @@ class ProjectionRunner:
                     )
                 self._progress.wait(remaining)
 
-    def _apply(self, records: Sequence[StoredRecord], upto: int) -> None:
+    def _apply(self, records: Sequence[StoredRecord], upto: int, *,
+               generation: int | None = None) -> None:
         """Apply a batch to every projection, then hand its events to the listeners, then
         publish the position: whoever ``wait_until``s a position also sees what the listeners
-        derived from it (caches, signals)."""
+        derived from it (caches, signals). A batch of a subscription the scope has moved past
+        (``generation``) is dropped: the next one delivers it again."""
         with self._pause, collector_paused():
+            if generation is not None and generation != self._generation:
+                return
+            if self._scope is not None:
+                records = self._scope.unseen(records)
             events = self._applier.apply(records, upto, self.projections)
+            if self._scope is not None:
+                self._scope.note(records)
             self._applied = max(self._applied, upto)
         self._bus.publish(events)
         with self._progress:

@@ -30,6 +30,10 @@ log = logging.getLogger("terret.runtime")
 AgentFactory = Callable[[str, UUID, AgentDefinition], Agent]
 
 
+def _nothing(session_id: UUID) -> None:
+    """A host whose views follow every session watches none in particular."""
+
+
 def _release(agent: Agent, reason: str, s: Session) -> None:
     agent.ownership.release(s, reason)
 
@@ -41,8 +45,15 @@ class AgentHost:
 
     def __init__(self, writer: SessionWriter, *, max_agents: int,
                  definition: Callable[[str], AgentDefinition],
-                 make_agent: AgentFactory) -> None:
+                 make_agent: AgentFactory,
+                 watch: Callable[[UUID], None] = _nothing,
+                 unwatch: Callable[[UUID], None] = _nothing) -> None:
         self.writer = writer
+        self._watch = watch
+        """Called before a spawn claims a session, and ``unwatch`` once its agent is dropped
+        (outside every lock of the host): a pool member's views follow the sessions it
+        serves (``ProjectionRunner.watch``)."""
+        self._unwatch = unwatch
         self.max_agents = max_agents
         self._definition = definition
         self._make_agent = make_agent
@@ -121,6 +132,7 @@ class AgentHost:
                 agent.release()
                 raise
             try:
+                self._watch(session_id)
                 self.writer.execute(session_id,
                                     lambda s: agent.ownership.take(s, take_idle=take_idle))
             except BaseException:
@@ -147,8 +159,11 @@ class AgentHost:
                                        "can be disposed")
             self._unregister(agent)
         agent.release()
-        self.writer.execute(agent.session_id,
-                            lambda s: agent.ownership.release(s, reason or "disposed"))
+        try:
+            self.writer.execute(agent.session_id,
+                                lambda s: agent.ownership.release(s, reason or "disposed"))
+        finally:
+            self._unwatch(agent.session_id)
 
     def let_go(self, session_id: UUID, reason: str, *, wait: float = 0.0) -> None:
         """Drop this process's agent for a session that ended (``session/closed``, from any
@@ -180,6 +195,8 @@ class AgentHost:
         with self._lock:
             self._unregister(agent)
         agent.release()
+        if self.agent_for_session(agent.session_id) is None:
+            self._unwatch(agent.session_id)
 
     def _unregister(self, agent: Agent) -> None:
         self._agents.pop(agent.id, None)

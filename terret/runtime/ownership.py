@@ -150,6 +150,21 @@ class WorkerLease:
             live.append(self.worker)
         return live
 
+    def orphans(self) -> list[tuple[str, str]]:
+        """(worker, session) for each session named in the last beat of a worker that is gone
+        without leaving (its lease expired, or on this host its process did): what a failover
+        takes over. A worker that stopped gracefully left the registry; it released its
+        sessions in their logs."""
+        now = time.time()
+        return [(b.worker, s) for b in self.registry.beats()
+                if b.worker != self.worker and b.sessions and not self._beat_alive(b, now)
+                for s in b.sessions]
+
+    def _beat_alive(self, beat: WorkerBeat, now: float) -> bool:
+        if beat.host == self.host and not process_running(beat.pid, beat.proc_start):
+            return False  # on this host a crash is seen at once, not when the lease expires
+        return beat.alive(now)
+
     def alive(self, worker: str | None, now: float | None = None) -> bool:
         """Is ``worker`` (an owner named in a log) alive by its latest beat? A version 1 owner
         (no worker recorded) counts as gone."""
@@ -158,11 +173,7 @@ class WorkerLease:
         if worker == self.worker:
             return self._last_ok is not None
         beat = self.registry.latest(worker)
-        if beat is None:
-            return False
-        if beat.host == self.host and not process_running(beat.pid, beat.proc_start):
-            return False  # on this host a crash is seen at once, not when the lease expires
-        return beat.alive(time.time() if now is None else now)
+        return beat is not None and self._beat_alive(beat, time.time() if now is None else now)
 
     def preferred(self, key: str, live: Iterable[str]) -> str | None:
         """The live worker that should act first for ``key`` (rendezvous hashing: each key

@@ -19,9 +19,10 @@ from uuid import UUID
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent
 from terret.domain.events import Actor, AgentDetached, InboxQueued, SessionClosed, TurnEnded
+from terret.domain.groups import GroupReader
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
-from terret.domain.store import EventStore
+from terret.domain.store import EventStore, session_stream
 from terret.projections.base import ViewStore
 from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views, default_projections
@@ -34,6 +35,7 @@ from terret.runtime.host import AgentHost
 from terret.runtime.maintenance import AutoTitler, Compactor, Titler, UpkeepServices
 from terret.runtime.model import ModelResolver
 from terret.runtime.ownership import WorkerLease
+from terret.runtime.pool import WIRE_NAMES as POOL_WIRE_NAMES
 from terret.runtime.serving import ServingServices, Supervisor
 from terret.runtime.summarizer import Summarizer
 from terret.runtime.tools import ToolContext
@@ -89,7 +91,8 @@ class Runtime:
         self.compactor = Compactor(upkeep, summarizer, self.config.compaction_budget)
         self.titler = AutoTitler(upkeep, titler)
         self.agent_host = AgentHost(self.writer, max_agents=self.config.max_agents,
-                                    definition=self._definition, make_agent=self._make_agent)
+                                    definition=self._definition, make_agent=self._make_agent,
+                                    watch=self._watch, unwatch=self._unwatch)
         self.lease = WorkerLease(self.store.workers(), ttl=self.config.lease_ttl,
                                  sessions=lambda: [str(s) for s in self.agent_host.session_ids()])
         self._turn_services = self._turn_services_of()
@@ -375,10 +378,40 @@ class Runtime:
 
     # --- serving -------------------------------------------------------------------------
 
-    def serve_start(self, on_ready: Callable[[list[UUID]], object] | None = None
-                    ) -> list[UUID]:
+    def serve_start(self, on_ready: Callable[[list[UUID]], object] | None = None, *,
+                    group: str | None = None) -> list[UUID]:
         """Serve the store's sessions from this worker (see ``terret.runtime.serving``):
         returns the open turns it resumed at start. ``on_ready`` is called with them once they
         are claimed, before any of them runs, so that what it reports precedes what the turns
-        log."""
-        return self.supervisor.serve_start(on_ready)
+        log.
+
+        ``group`` makes this worker a member of a pool (``terret.runtime.pool``) on a store
+        with consumer groups (EventStoreDB): the group gives each member its share of the
+        sessions asking for a worker, and this runtime's views follow only the sessions it
+        serves — it receives no other session's events, and ``views`` must be empty (in
+        memory, the default). On a store without groups (SQLite, memory) it is ignored: every
+        worker follows every session. Call it on a runtime not started yet."""
+        reader = None
+        if group is not None:
+            reader = self._join_pool(group)
+        return self.supervisor.serve_start(on_ready, group=reader)
+
+    def _join_pool(self, group: str) -> GroupReader | None:
+        if self._started:
+            raise errors.RuntimeFault("serve_start(group=...) needs a runtime not started yet")
+        if self.runner.position > 0:
+            raise errors.RuntimeFault(
+                "a pool member's views hold only the sessions it serves: give it views that "
+                "hold nothing yet (the default, in memory)")
+        reader = self.store.consumer_group(group, wire_names=POOL_WIRE_NAMES)
+        if reader is None:
+            log.info("this store has no consumer groups: serving follows every session")
+            return None
+        self.runner.scope_to()
+        return reader
+
+    def _watch(self, session_id: UUID) -> None:
+        self.runner.watch(session_stream(session_id))
+
+    def _unwatch(self, session_id: UUID) -> None:
+        self.runner.unwatch(session_stream(session_id))

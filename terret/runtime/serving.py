@@ -31,10 +31,13 @@ from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent
+from terret.domain.groups import GroupReader
+from terret.domain.session import Session
 from terret.projections.views import Views
 from terret.runtime.agent import TurnResult
 from terret.runtime.host import AgentHost
 from terret.runtime.ownership import WorkerLease
+from terret.runtime.pool import GroupFeed
 from terret.runtime.stops import TurnSuspended
 from terret.runtime.writer import SessionWriter
 
@@ -75,6 +78,9 @@ class Supervisor:
         self._held: list[UUID] | None = None
         """While ``serve_start`` gets ready: the sessions to wake once it is (None otherwise)."""
         self._held_notes: list[tuple[UUID, Exception]] = []
+        self._feed: GroupFeed | None = None
+        self._settled: set[tuple[str, str]] = set()
+        """Orphans (worker, session) found settled: taken over, closed, or needing no one."""
 
     @property
     def grace(self) -> float:
@@ -82,14 +88,16 @@ class Supervisor:
 
     # --- serving -------------------------------------------------------------------------
 
-    def serve_start(self, on_ready: Callable[[list[UUID]], object] | None = None
-                    ) -> list[UUID]:
+    def serve_start(self, on_ready: Callable[[list[UUID]], object] | None = None, *,
+                    group: GroupReader | None = None) -> list[UUID]:
         """Claim and resume the open turns this worker should run (the rolling-deploy case:
         those of a live worker are left to it), wake sessions with a pending waking inbox;
         then keep serving as events arrive and the scan finds free sessions. ``on_ready`` is
         called with the open turns claimed once every claim is made and before any turn runs
         (``terret serve`` prints its serving line there): what the turns log, and the warnings
-        about sessions left alone, come after it."""
+        about sessions left alone, come after it. With ``group`` (a pool member, ``pool``) the
+        work comes from the group and from the beats of crashed workers, not from views of
+        every session."""
         rt = self.services
         with self._lock:
             self._held = []
@@ -98,8 +106,12 @@ class Supervisor:
             self.serving = True
             rt.catch_up_views()
             rt.lease.ensure_beating()
+            if group is not None:
+                self._feed = GroupFeed(group, self.offer_chosen, rt.stopping)
+                self._feed.start()
             resumed = [sid for sid in rt.views.resumable_sessions()
                        if self._offer(sid, now=True)]
+            resumed += self._take_orphans(now=True)
             for sid in rt.views.sessions_to_wake():
                 self._offer(sid, now=True)
             if on_ready is not None:
@@ -124,6 +136,8 @@ class Supervisor:
 
     def stop(self) -> None:
         self.serving = False
+        if self._feed is not None:
+            self._feed.stop()  # first: what the group gives now goes to the other members
 
     def waiting_threads(self) -> list[threading.Thread]:
         with self._lock:
@@ -145,20 +159,69 @@ class Supervisor:
     def scan(self) -> None:
         rt = self.services
         wanted = set(rt.views.resumable_sessions()) | set(rt.views.sessions_to_wake())
+        orphans = self._orphans()
         with self._lock:
-            self._free_since = {s: t for s, t in self._free_since.items() if s in wanted}
+            self._free_since = {s: t for s, t in self._free_since.items()
+                                if s in wanted or s in orphans}
         for sid in wanted:
             self._offer(sid, now=False)
+        self._take_orphans(now=False, orphans=orphans)
 
-    def _offer(self, sid: UUID, *, now: bool, leaving: str | None = None) -> bool:
-        """Start serving ``sid`` on a thread of its own if this worker should, now; True if
-        it did."""
-        if not self._should_try(sid, now=now, leaving=leaving) or not self._claim(sid, now=now):
+    # --- a pool member -----------------------------------------------------------------------
+
+    def offer_chosen(self, sid: UUID, leaving: str | None) -> None:
+        """The pool's group chose this worker for ``sid`` (``pool``): try it now. A store that
+        cannot be read raises ``StoreError`` (the group delivers the message again)."""
+        self.services.writer.load(sid)
+        self._offer(sid, now=True, leaving=leaving, chosen=True)
+
+    def _orphans(self) -> dict[UUID, str]:
+        """A pool member's failover candidates: the sessions named in the last beats of
+        crashed workers (no event says they need a worker), less those already settled."""
+        if self._feed is None:
+            return {}
+        found: dict[UUID, str] = {}
+        for worker, session in self.services.lease.orphans():
+            if (worker, session) not in self._settled:
+                try:
+                    found[UUID(session)] = worker
+                except ValueError:
+                    self._settled.add((worker, session))
+        return found
+
+    def _take_orphans(self, *, now: bool, orphans: dict[UUID, str] | None = None
+                      ) -> list[UUID]:
+        """Claim the orphans this worker should take (see ``_first_to_try``); settled are
+        those taken by another, closed, or needing no worker (idle, nothing waking)."""
+        taken = []
+        for sid, worker in (self._orphans() if orphans is None else orphans).items():
+            try:
+                session = self.services.writer.load(sid)
+            except errors.StoreError:
+                continue  # tried again at the next scan
+            except errors.TerretError:  # purged, unreadable: nothing to take over
+                self._settled.add((worker, str(sid)))
+                continue
+            owner = session.state.owner
+            if session.closed or not _needs_worker(session) or (
+                    owner is not None and owner.worker != worker):
+                self._settled.add((worker, str(sid)))
+            elif self._offer(sid, now=now):
+                taken.append(sid)
+        return taken
+
+    def _offer(self, sid: UUID, *, now: bool, leaving: str | None = None,
+               chosen: bool = False) -> bool:
+        """Start serving ``sid`` on a thread of its own if this worker should, now (at once if
+        it was ``chosen`` for it); True if it did."""
+        if not self._should_try(sid, now=now, leaving=leaving, chosen=chosen) \
+                or not self._claim(sid, now=now):
             return False
         self.wake_later(sid)
         return True
 
-    def _should_try(self, sid: UUID, *, now: bool, leaving: str | None) -> bool:
+    def _should_try(self, sid: UUID, *, now: bool, leaving: str | None,
+                    chosen: bool = False) -> bool:
         """Whether this worker should try to claim ``sid`` now: it is free (or this worker's
         already, between turns), and this worker is the first to try (see the module)."""
         agent = self.host.agent_for_session(sid)
@@ -175,7 +238,7 @@ class Supervisor:
         mine = owner is not None and owner.worker == lease.worker
         if owner is not None and not mine and lease.alive(owner.worker):
             return False  # a live worker owns it: its turns are its own
-        return mine or self._first_to_try(sid, now=now, leaving=leaving)
+        return mine or chosen or self._first_to_try(sid, now=now, leaving=leaving)
 
     def _claim(self, sid: UUID, *, now: bool) -> bool:
         """Claim ``sid`` for this worker, now (its turn then runs on a thread of its own)."""
@@ -296,3 +359,8 @@ class Supervisor:
                 status = rt.views.status(summary.session)
                 if status is not None and status.last_turn_status is not None:
                     rt.background(partial(rt.title_now, UUID(summary.id)))
+
+
+def _needs_worker(session: Session) -> bool:
+    """An open turn to resume, or a waking inbox entry to start one with."""
+    return session.turn_open or any(e.wake for e in session.pending_inbox().values())
