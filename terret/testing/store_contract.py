@@ -324,8 +324,11 @@ class StoreContract:
         finally:
             processes.reap()
 
-    def collect(self, store: EventStore, after: int, wire_names: Sequence[str] | None = None
-                ) -> Collector:
+    def collect(self, store: EventStore, after: int, wire_names: Sequence[str] | None = None,
+                streams: Sequence[str] | None = None) -> Collector:
+        if streams is not None:
+            return Collector(store.open_subscription(after=after, wire_names=wire_names,
+                                                     streams=streams))
         return Collector(store.subscribe(after=after, wire_names=wire_names))
 
     # --- append and expected versions ------------------------------------------------------
@@ -909,6 +912,169 @@ class StoreContract:
         finally:
             local.stop()
 
+    # --- subscriptions to some streams ------------------------------------------------------
+
+    def test_stream_subscription_delivers_only_its_streams_history_then_live(
+        self, store: EventStore
+    ) -> None:
+        start = store.head_position()
+        a, b, c = new_stream(), new_stream(), new_stream()
+        for i in range(3):
+            for stream in (a, b, c):
+                store.append(stream, [record(SIGNAL if i % 2 == 0 else NOISE, i)], expect(i))
+        collector = self.collect(store, start, streams=[a, c])
+        try:
+            caught_up = collector.wait_caught_up()
+            items = collector.snapshot()
+            history = _records_in(items[: items.index(caught_up)])
+            assert [(r.stream, r.seq) for r in history] == [
+                (a, 1), (c, 1), (a, 2), (c, 2), (a, 3), (c, 3)]
+            assert history == _by_position(store, [a, c])
+            store.append(b, [record(SIGNAL, 3)], 3)
+            store.append(c, [record(NOISE, 3)], 3)
+            store.append(b, [record(SIGNAL, 4)], 4)
+            store.append(a, [record(SIGNAL, 3)], 3)
+            got = collector.wait_records([a, c], 8)
+            assert [(r.stream, r.seq) for r in got[6:]] == [(c, 4), (a, 4)]
+            assert got == _by_position(store, [a, c])
+            # b's events (and any other stream's) came before a's last: none was delivered
+            assert {r.stream for r in _records_in(collector.snapshot())} == {a, c}
+        finally:
+            collector.stop()
+        _assert_monotonic(collector.snapshot())
+
+    def test_stream_subscription_combines_with_wire_names(self, store: EventStore) -> None:
+        start = store.head_position()
+        a, b = new_stream(), new_stream()
+        store.append(a, [record(SIGNAL if i % 2 == 0 else NOISE, i) for i in range(4)],
+                     StreamState.NO_STREAM)
+        store.append(b, records(2), StreamState.NO_STREAM)
+        collector = self.collect(store, start, [SIGNAL], streams=[a])
+        try:
+            collector.wait_caught_up()
+            assert [r.seq for r in collector.records([a])] == [1, 3]
+            store.append(a, [record(NOISE, 4)], 4)
+            store.append(b, [record(SIGNAL, 2)], 2)
+            store.append(a, [record(SIGNAL, 5)], 5)
+            assert [r.seq for r in collector.wait_records([a], 3)] == [1, 3, 6]
+            delivered = _records_in(collector.snapshot())
+            assert {(r.stream, r.wire_name) for r in delivered} == {(a, SIGNAL)}
+        finally:
+            collector.stop()
+        _assert_monotonic(collector.snapshot())
+
+    def test_stream_subscription_to_no_streams_delivers_only_markers(
+        self, store: EventStore
+    ) -> None:
+        start = store.head_position()
+        stream = new_stream()
+        store.append(stream, records(self.checkpoint_stretch), StreamState.NO_STREAM)
+        last = store.read_stream(stream, backwards=True, limit=1)[0].position
+        collector = self.collect(store, start, streams=[])
+        try:
+            assert collector.wait(lambda items: any(
+                isinstance(i, Checkpoint) and i.position >= last for i in items))
+            collector.wait_caught_up()
+            for i in range(self.checkpoint_stretch):
+                store.append(stream, [record(SIGNAL, i)], self.checkpoint_stretch + i)
+            last = store.read_stream(stream, backwards=True, limit=1)[0].position
+            assert collector.wait(lambda items: any(
+                isinstance(i, Checkpoint) and i.position >= last for i in items))
+            assert _records_in(collector.snapshot()) == []
+        finally:
+            collector.stop()
+        _assert_monotonic(collector.snapshot())
+
+    def test_stream_subscription_checkpoints_past_other_streams_events(
+        self, store: EventStore
+    ) -> None:
+        """A reader of an idle stream still moves forward: past the other streams' history,
+        and past their live events (which its wire names alone would deliver)."""
+        start = store.head_position()
+        watched, other = new_stream(), new_stream()
+        store.append(other, records(self.checkpoint_stretch), StreamState.NO_STREAM)
+        last = store.read_stream(other, backwards=True, limit=1)[0].position
+        collector = self.collect(store, start, [SIGNAL], streams=[watched])
+        try:
+            assert collector.wait(lambda items: any(
+                isinstance(i, Checkpoint) and i.position >= last for i in items))
+            caught_up = collector.wait_caught_up()
+            for i in range(self.checkpoint_stretch):
+                store.append(other, [record(SIGNAL, i)], self.checkpoint_stretch + i)
+            last = store.read_stream(other, backwards=True, limit=1)[0].position
+            assert collector.wait(lambda items: any(
+                isinstance(i, Checkpoint) and i.position >= last for i in items))
+            assert _records_in(collector.snapshot()) == []
+            # a checkpoint never skips an event of the stream committed after it
+            store.append(watched, records(1), StreamState.NO_STREAM)
+            got = collector.wait_records([watched], 1)
+            assert got[0].position > last > caught_up.position
+            assert [r.stream for r in _records_in(collector.snapshot())] == [watched]
+        finally:
+            collector.stop()
+        _assert_monotonic(collector.snapshot())
+
+    def test_stream_subscription_matches_names_exactly(self, store: EventStore) -> None:
+        """Names are names, not patterns: regex metacharacters in them match themselves, and
+        a name matches neither a longer one nor one it ends."""
+        start = store.head_position()
+        base = f"contract-{uuid4().hex}"
+        dotted, special = f"{base}-a.b", f"{base}-(x|y) *+?[z]{{2}}^$\\#"
+        decoys = [f"{base}-aXb", f"{base}-a.b-more", f"more-{base}-a.b", f"{base}-a",
+                  f"{base}-x", f"{base}-xx", f"{base}-(x|y)", f"{base}-y zz^$\\#"]
+        for i, stream in enumerate([dotted, *decoys, special]):
+            store.append(stream, [record(SIGNAL, i)], StreamState.NO_STREAM)
+        collector = self.collect(store, start, streams=[dotted, special])
+        try:
+            collector.wait_caught_up()
+            assert [r.stream for r in collector.records([dotted, special])] == [dotted, special]
+            for stream in [*decoys, special, dotted]:
+                store.append(stream, [record(SIGNAL, 1)], 1)
+            got = collector.wait_records([dotted, special], 4)
+            assert [(r.stream, r.seq) for r in got] == [
+                (dotted, 1), (special, 1), (special, 2), (dotted, 2)]
+            assert _records_in(collector.snapshot()) == got
+        finally:
+            collector.stop()
+
+    def test_stream_subscription_to_thousands_of_streams(self, store: EventStore) -> None:
+        start = store.head_position()
+        watched = [new_stream() for _ in range(2000)]
+        written, others = watched[::50], [new_stream() for _ in range(40)]
+        for mine, theirs in zip(written, others, strict=True):  # 640 events in all
+            store.append(theirs, records(8), StreamState.NO_STREAM)
+            store.append(mine, records(8), StreamState.NO_STREAM)
+        collector = self.collect(store, start, streams=watched)
+        try:
+            collector.wait_caught_up()
+            assert collector.records(watched) == _by_position(store, written)
+            late = [watched[-1], watched[1], written[3]]
+            for mine, theirs in zip(late, others, strict=False):
+                store.append(theirs, records(1), 8)
+                store.append(mine, [record(SIGNAL, 9)], StreamState.ANY)
+            got = collector.wait_records(watched, len(written) * 8 + 3)
+            assert [r.stream for r in got[-3:]] == late
+            assert _records_in(collector.snapshot()) == got == _by_position(
+                store, list(dict.fromkeys([*written, *late])))
+        finally:
+            collector.stop()
+        _assert_monotonic(collector.snapshot())
+
+    def test_deleted_events_are_gone_from_stream_subscriptions(self, store: EventStore) -> None:
+        start = store.head_position()
+        doomed, kept, other = new_stream(), new_stream(), new_stream()
+        store.append(doomed, records(3), StreamState.NO_STREAM)
+        store.append(kept, records(2), StreamState.NO_STREAM)
+        store.append(other, records(2), StreamState.NO_STREAM)
+        store.delete_stream(doomed)
+        collector = self.collect(store, start, streams=[doomed, kept])
+        try:
+            collector.wait_caught_up()
+            assert [(r.stream, r.seq) for r in _records_in(collector.snapshot())] == [
+                (kept, 1), (kept, 2)]
+        finally:
+            collector.stop()
+
     # --- damaged records ------------------------------------------------------------------
 
     def test_undecodable_json_raises_corrupt_record_naming_the_position(
@@ -1293,6 +1459,15 @@ class _HostileHead:
                 self.done.append(n)
             self._reads.append(head)
             return head
+
+
+def _records_in(items: Sequence[SubscriptionItem]) -> list[StoredRecord]:
+    return [i for i in items if isinstance(i, StoredRecord)]
+
+
+def _by_position(store: EventStore, streams: Sequence[str]) -> list[StoredRecord]:
+    """Every event of ``streams``, in position order."""
+    return sorted((r for s in streams for r in store.read_stream(s)), key=lambda r: r.position)
 
 
 def _read_all(store: EventStore, after: int, limit: int,

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import Iterator
+from typing import Any
+from uuid import uuid4
 
 import pytest
 from esdbclient import EventStoreDBClient, NewEvent
 from esdbclient import StreamState as EsdbStreamState
 
+from terret.adapters.stores._esdb import DELETION_EVENT_TYPE
+from terret.adapters.stores._esdb_subscription import EsdbSubscription, stream_filter
 from terret.adapters.stores.eventstoredb import (
     DELETIONS_STREAM,
     SNAPSHOT_PREFIX,
@@ -20,9 +25,11 @@ from terret.adapters.stores.eventstoredb import (
 )
 from terret.adapters.stores.uri import open_store
 from terret.domain.errors import StreamDeleted
-from terret.domain.store import EventStore, StoredRecord, StreamState
+from terret.domain.store import Checkpoint, EventStore, StoredRecord, StreamState
 from terret.testing.store_contract import (
+    NOISE,
     SIGNAL,
+    TIMEOUT,
     Collector,
     Opener,
     StoreContract,
@@ -31,6 +38,7 @@ from terret.testing.store_contract import (
     record,
     records,
 )
+from tests.support.esdb_emulator import EsdbEmulator
 
 
 class TestEventStoreDBStore(StoreContract):
@@ -206,3 +214,106 @@ class TestEventStoreDBStore(StoreContract):
         store.append(stream, records(1), StreamState.ANY)
         assert store.append(stream, batch, StreamState.ANY) == first
         assert first.version == 3
+
+    # --- subscriptions to some streams ------------------------------------------------------
+
+    def test_the_stream_filter_selects_exact_names_on_the_server(
+        self, store: EventStore, raw: EventStoreDBClient
+    ) -> None:
+        """What the server itself selects with a subscription's stream filter (its regex, as
+        the server runs it): the names, metacharacters and all, and the deletions stream."""
+        start = store.head_position()
+        base = f"contract-{uuid4().hex}"
+        dotted, special = f"{base}-a.b", f"{base}-(x|y) *+?[z]{{2}}^$\\#"
+        decoys = [f"{base}-aXb", f"{base}-a.b-more", f"more-{base}-a.b", f"{base}-a",
+                  f"{base}-(x|y)", f"{base}-y zz^$\\#"]
+        many = [new_stream() for _ in range(2000)]
+        for stream in [*decoys, dotted, special, many[-1]]:
+            store.append(stream, records(1), StreamState.NO_STREAM)
+        store.delete_stream(decoys[0])  # a deletion record after start
+        for names, expected in (([dotted, special], {dotted, special}),
+                                ([*many, dotted], {many[-1], dotted})):
+            found = {e.stream_name for e in raw.read_all(
+                commit_position=start, **stream_filter(names))}
+            assert found - {DELETIONS_STREAM} == expected
+            assert DELETIONS_STREAM in found
+
+    def test_a_stream_subscription_asks_the_server_for_its_streams_every_time(
+        self, store: EventStore, esdb_faults: EsdbEmulator, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Server-side: the subscription, every resubscription (here after a cut) and every
+        idle probe filter on the stream names; nothing of another stream is delivered."""
+        calls: list[tuple[str, dict[str, Any]]] = []
+        for method in ("subscribe_to_all", "read_all"):
+            monkeypatch.setattr(EventStoreDBClient, method, _spy(method, calls))
+        start = store.head_position()
+        watched, other = new_stream(), new_stream()
+        store.append(other, records(2), StreamState.NO_STREAM)
+        sub = store.open_subscription(after=start, streams=[watched])
+        assert isinstance(sub, EsdbSubscription)
+        collector = Collector(sub)
+        try:
+            collector.wait_caught_up()
+            assert esdb_faults.cut_subscriptions() >= 1
+            store.append(watched, records(1), StreamState.NO_STREAM)
+            assert [r.seq for r in collector.wait_records([watched], 1)] == [1]
+            assert sub.resubscriptions >= 1
+            # live and idle: only a probe can checkpoint past another stream's event
+            store.append(other, records(1), 2)
+            last = store.read_stream(other, backwards=True, limit=1)[0].position
+            assert collector.wait(lambda items: any(
+                isinstance(i, Checkpoint) and i.position >= last for i in items))
+        finally:
+            collector.stop()
+        assert [i for i in collector.snapshot() if isinstance(i, StoredRecord)] == \
+            collector.records([watched])
+        subscribes = [kw for method, kw in calls if method == "subscribe_to_all"]
+        probes = [kw for method, kw in calls if method == "read_all" and kw.get("limit") == 2]
+        assert len(subscribes) >= 2 and probes
+        for kwargs in subscribes + probes:
+            assert {k: kwargs.get(k) for k in stream_filter([watched])} == \
+                stream_filter([watched])
+
+    def test_a_stream_subscription_learns_deletions_from_its_own_filter(
+        self, store: EventStore
+    ) -> None:
+        """A subscription to some streams receives the deletion records (its filter lets the
+        deletions stream through) and delivers none of them. Another store instance, with no
+        idle probe (which would resubscribe, and so re-read the deletions): only its
+        subscription can tell it of the deletion."""
+        start = store.head_position()
+        watched, doomed = new_stream(), new_stream()
+        store.append(watched, records(1), StreamState.NO_STREAM)
+        store.append(doomed, [record(NOISE, 0)], StreamState.NO_STREAM)
+        other = EventStoreDBStore(self.uri, idle_checkpoint_after=0)
+        try:
+            collector = Collector(other.open_subscription(after=start, wire_names=[SIGNAL],
+                                                          streams=[watched]))
+            try:
+                collector.wait_caught_up()
+                assert doomed not in other.log.deleted_streams(refresh=False)
+                store.delete_stream(doomed)
+                deadline = time.monotonic() + TIMEOUT
+                while doomed not in other.log.deleted_streams(refresh=False):
+                    assert time.monotonic() < deadline, "the deletion record never arrived"
+                    time.sleep(0.01)
+                store.append(watched, records(1), 1)
+                assert [r.seq for r in collector.wait_records([watched], 2)] == [1, 2]
+            finally:
+                collector.stop()
+            delivered = [i for i in collector.snapshot() if isinstance(i, StoredRecord)]
+            assert [(r.stream, r.wire_name) for r in delivered] == [(watched, SIGNAL)] * 2
+            assert DELETION_EVENT_TYPE not in {r.wire_name for r in delivered}
+        finally:
+            other.close()
+
+
+def _spy(method: str, calls: list[tuple[str, dict[str, Any]]]) -> Any:
+    """``EventStoreDBClient.<method>``, noting the keyword arguments of every call."""
+    real = getattr(EventStoreDBClient, method)
+
+    def spy(self: EventStoreDBClient, *args: Any, **kwargs: Any) -> Any:
+        calls.append((method, kwargs))
+        return real(self, *args, **kwargs)
+
+    return spy

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import sqlite3
 import threading
 import time
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+import terret.adapters.stores.sqlite as sqlite_module
 from terret.adapters.stores.sqlite import SQLiteStore
 from terret.domain.errors import WrongExpectedVersion
 from terret.domain.store import EventStore, StoredRecord, StreamState
 from terret.testing.store_contract import (
+    NOISE,
     SIGNAL,
     TIMEOUT,
     Collector,
@@ -78,6 +81,58 @@ class TestSQLiteStore(StoreContract):
         assert store.synchronous == "FULL"
         assert store._conn().execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert "synchronous=FULL" in store.describe()
+
+    @pytest.mark.parametrize("plan", ["sift", "scan", "index"])
+    def test_a_read_of_some_streams_is_the_same_whatever_the_plan(
+        self, store: EventStore, plan: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``_read_streams`` reads in one of three ways; each gives the same records."""
+        assert isinstance(store, SQLiteStore)
+        monkeypatch.setattr(sqlite_module, "SIFT_RATIO", 0 if plan == "sift" else 10**9)
+        monkeypatch.setattr(SQLiteStore, "_by_stream_is_cheaper",
+                            staticmethod(lambda *_: plan == "index"))
+        streams = [new_stream() for _ in range(6)]
+        for i in range(30):
+            store.append(streams[i % 6], [record(SIGNAL if i % 3 else NOISE, i)],
+                         StreamState.ANY)
+        everything = store.read_all(after=0, limit=10_000)
+        head = store.head_position()
+        wanted = [streams[0], streams[3], new_stream()]  # the last one has no events
+        for after, upto, limit, wire_names in [
+            (0, head, 1000, None), (0, head, 4, None), (5, head - 5, 1000, [SIGNAL]),
+            (0, head, 3, [NOISE]), (0, head, 1000, ["contract/none"]), (head, head, 10, None),
+        ]:
+            expected = [r for r in everything if after < r.position <= upto
+                        and r.stream in wanted
+                        and (wire_names is None or r.wire_name in wire_names)][:limit]
+            for collection in (frozenset(wanted), wanted):
+                got = store._read_range(after, upto, limit, wire_names, collection)
+                assert got == expected, (after, upto, limit, wire_names)
+        assert store._read_range(0, head, 1000, None, []) == []
+
+    def test_a_read_of_a_few_short_streams_in_a_long_log_takes_their_index(
+        self, store: EventStore
+    ) -> None:
+        assert isinstance(store, SQLiteStore)
+        short, long = [new_stream(), new_stream()], new_stream()
+        for stream in short:
+            store.append(stream, records(5), StreamState.NO_STREAM)
+        for i in range(0, 12_000, 1000):
+            store.append(long, records(1000), expect(i))
+        head = store.head_position()
+        conn = store._conn()
+        cheaper = SQLiteStore._by_stream_is_cheaper
+        assert cheaper(conn, json.dumps(short), head, 1000)
+        assert not cheaper(conn, json.dumps([long]), head, 1000)  # the scan ends sooner
+        assert not cheaper(conn, json.dumps(short), sqlite_module.SCAN_SPAN, 1000)
+        plan = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT position FROM events WHERE position > ?"
+            f" AND position <= ?{sqlite_module._IN_STREAMS} ORDER BY position LIMIT 10",
+            (0, head, json.dumps(short))).fetchall()
+        assert any("INDEX" in row[-1] for row in plan), plan  # SQLite's choice, unforced
+        got = store._read_range(0, head, 1000, None, frozenset(short))
+        assert got == sorted(store.read_stream(short[0]) + store.read_stream(short[1]),
+                             key=lambda r: r.position)
 
     def test_two_instances_on_one_file_wake_each_other_at_once(self) -> None:
         reader = SQLiteStore(self.db_path, poll_interval=5.0)

@@ -4,6 +4,11 @@ The consumer's own thread iterates the gRPC subscription to ``$all`` (server-sid
 wire names, checkpoints and caught-up included): a reader thread handing items over would cost
 a thread switch per event, which measured as a third of the catch-up throughput.
 
+A subscription to some streams filters on stream names server-side instead (the server filters
+on event types or on stream names, not both; ``stream_filter``) and on wire names here. Its
+filter lets the deletions stream through as well: the subscription learns from its records
+which streams are gone (and never delivers them), as one filtered on types does.
+
 No gap, no duplicate: when the subscription drops (node unavailable, "not leader", the server
 ended the call, the channel was replaced by a reconnect), it resubscribes from the last
 position it received. The server's start is exclusive, and anything at or before that position
@@ -33,7 +38,14 @@ from esdbclient import RecordedEvent
 from esdbclient.events import CaughtUp as EsdbCaughtUp
 from esdbclient.events import Checkpoint as EsdbCheckpoint
 
-from terret.adapters.stores._esdb import DELETION_EVENT_TYPE, EsdbLog, TypeFilter, to_stored
+from terret.adapters.stores._esdb import (
+    DELETION_EVENT_TYPE,
+    DELETIONS_STREAM,
+    EsdbLog,
+    TypeFilter,
+    include_pattern,
+    to_stored,
+)
 from terret.adapters.stores._esdb_connection import EsdbConnection, Failure, log
 from terret.domain.store import CaughtUp, Checkpoint, Subscription, SubscriptionItem
 
@@ -48,6 +60,13 @@ STABLE_SECONDS = 1.0
 DELETIONS_REFRESH_SECONDS = 1.0
 
 
+def stream_filter(streams: Collection[str]) -> dict[str, Any]:
+    """The server-side filter of a subscription to ``streams``: their exact names (escaped,
+    anchored: esdbclient wraps the pattern in ``^…$``), and the deletions stream's."""
+    return {"filter_include": [include_pattern({*streams, DELETIONS_STREAM})],
+            "filter_exclude": (), "filter_by_stream_name": True}
+
+
 @dataclass(frozen=True)
 class SubscriptionOptions:
     """The server-side filter's paging (a checkpoint every ``window_size`` ×
@@ -60,13 +79,17 @@ class SubscriptionOptions:
 
 class EsdbSubscription(Subscription):
     def __init__(self, connection: EsdbConnection, log: EsdbLog, options: SubscriptionOptions,
-                 after: int, wire_names: Collection[str] | None) -> None:
+                 after: int, wire_names: Collection[str] | None,
+                 streams: Collection[str] | None = None) -> None:
         super().__init__()
         self._connection = connection
         self._log = log
         self._options = options
         self._wire_names = frozenset(wire_names) if wire_names is not None else None
         self._filter: TypeFilter = log.type_filter(self._wire_names)
+        self._streams = frozenset(streams) if streams is not None else None
+        # Built once: every (re)subscription and idle probe asks the server for these streams.
+        self._stream_filter = stream_filter(self._streams) if self._streams is not None else None
         self._ready: deque[SubscriptionItem] = deque()
         # Shared with the watchdog: the position, the open call, a checkpoint it decided on.
         self._lock = threading.Lock()
@@ -211,11 +234,19 @@ class EsdbSubscription(Subscription):
         elif event.type == DELETION_EVENT_TYPE:
             self._log.note_deletion(event)
             self._deleted = self._log.deleted_streams(refresh=False)
-        elif self._filter.delivers(event.type):
+        elif self._filter.delivers(event.type) and (
+                self._streams is None or event.stream_name in self._streams):
             if time.monotonic() - self._deleted_at > DELETIONS_REFRESH_SECONDS:
                 self._refresh_deletions()
             if event.stream_name not in self._deleted:
                 self._ready.append(to_stored(event))
+
+    def _server_filter(self) -> dict[str, Any]:
+        """What the server selects: these streams' events (and the deletions), or the wire
+        names' (and the deletions)."""
+        if self._stream_filter is not None:
+            return self._stream_filter
+        return self._filter.server_filter()
 
     def _refresh_deletions(self) -> None:
         self._deleted = self._log.deleted_streams()
@@ -241,7 +272,7 @@ class EsdbSubscription(Subscription):
             include_caught_up=True,
             window_size=self._options.window_size,
             checkpoint_interval_multiplier=self._options.checkpoint_interval_multiplier,
-            **self._filter.server_filter(),
+            **self._server_filter(),
         )
         with self._lock:
             self._inner = inner
@@ -325,7 +356,7 @@ class EsdbSubscription(Subscription):
                 commit_position=start if start > 0 else None,
                 limit=2,
                 timeout=timeout,
-                **self._filter.server_filter(),
+                **self._server_filter(),
             ) as events:
                 for event in events:
                     if start < (event.commit_position or 0) <= head:

@@ -4,7 +4,8 @@ It runs in the consumer's thread: it reads pages of history, signals ``CaughtUp`
 waits on the store's change signal (set at once by an append in this process; other processes
 are noticed by the store's poll) and reads again. Every read is bounded by a head position read
 *before* it, so a filtered read that finds nothing may safely advance to that head (a
-``Checkpoint``) without skipping an event committed meanwhile.
+``Checkpoint``) without skipping an event committed meanwhile. The filters (wire names, and
+streams when given) are the store's to apply in ``_read_range``.
 """
 
 from __future__ import annotations
@@ -40,18 +41,21 @@ class PositionalStore(EventStore):
 
     @abstractmethod
     def _read_range(
-        self, after: int, upto: int, limit: int, wire_names: Collection[str] | None
+        self, after: int, upto: int, limit: int, wire_names: Collection[str] | None,
+        streams: Collection[str] | None = None,
     ) -> list[StoredRecord]:
-        """Records with ``after < position <= upto``, at most ``limit``, filtered."""
+        """Records with ``after < position <= upto``, at most ``limit``, filtered on wire
+        names and, when ``streams`` is given, to those streams' (an empty one: none)."""
 
     @abstractmethod
     def _wait_for_change(self, seen_head: int, timeout: float, sub: Subscription) -> None:
         """Return once the head may have moved past ``seen_head``, or the sub stopped."""
 
     def open_subscription(
-        self, *, after: int = 0, wire_names: Collection[str] | None = None
+        self, *, after: int = 0, wire_names: Collection[str] | None = None,
+        streams: Collection[str] | None = None,
     ) -> Subscription:
-        return PositionalSubscription(self, after, wire_names, self.poll_interval)
+        return PositionalSubscription(self, after, wire_names, self.poll_interval, streams)
 
     def appended_positions(self, stream: str, result: AppendResult, count: int) -> list[int]:
         return list(range(result.position - count + 1, result.position + 1))
@@ -70,11 +74,13 @@ class PositionalSubscription(Subscription):
         after: int,
         wire_names: Collection[str] | None,
         poll_interval: float,
+        streams: Collection[str] | None = None,
     ) -> None:
         super().__init__()
         self._store = store
         self._after = after
         self._names = frozenset(wire_names) if wire_names is not None else None
+        self._streams = frozenset(streams) if streams is not None else None
         self._poll = poll_interval
         self._buffer: deque[SubscriptionItem] = deque()
         self._caught_up = False
@@ -104,7 +110,8 @@ class PositionalSubscription(Subscription):
     def _fill(self) -> None:
         head = self._store.head_position()
         if head > self._after:
-            records = self._store._read_range(self._after, head, self.page, self._names)
+            records = self._store._read_range(self._after, head, self.page, self._names,
+                                              self._streams)
             if records:
                 self._buffer.extend(records)
                 last = records[-1].position

@@ -11,7 +11,9 @@ Mapping of the port onto the server:
   so a retry after an unknown outcome never writes twice (R7);
 * positions are ``$all`` commit positions; reads and subscriptions of ``$all`` carry a
   server-side event-type filter: the wire names asked for, or by default every application
-  event (all but the server's ``$`` system events and Terret's internal types);
+  event (all but the server's ``$`` system events and Terret's internal types); a
+  subscription to some streams carries a stream-name filter instead (their names and the
+  deletions stream's) and filters on types itself;
 * snapshots live in ``snapshot-<stream>`` (type ``terret-snapshot``, ``$maxCount: 1``), outside
   every filter;
 * the store's identity (``store_id``) is in the metadata of the ``terret-store`` stream,
@@ -483,9 +485,13 @@ class EventStoreDBStore(EventStore):
     # --- subscriptions ---------------------------------------------------------------------
 
     def open_subscription(
-        self, *, after: int = 0, wire_names: Collection[str] | None = None
+        self, *, after: int = 0, wire_names: Collection[str] | None = None,
+        streams: Collection[str] | None = None,
     ) -> Subscription:
-        sub = EsdbSubscription(self.connection, self.log, self.options, after, wire_names)
+        """Filtered server-side: on ``wire_names``, or, for a subscription to ``streams``, on
+        their names (and on the wire names here: the server filters on one or the other)."""
+        sub = EsdbSubscription(self.connection, self.log, self.options, after, wire_names,
+                               streams)
         self._subscriptions.add(sub)
         return sub
 

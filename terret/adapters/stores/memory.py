@@ -102,7 +102,8 @@ class MemoryStore(PositionalStore):
             return self._positions[-1] if self._positions else 0
 
     def _read_range(
-        self, after: int, upto: int, limit: int, wire_names: Collection[str] | None
+        self, after: int, upto: int, limit: int, wire_names: Collection[str] | None,
+        streams: Collection[str] | None = None,
     ) -> list[StoredRecord]:
         out: list[StoredRecord] = []
         with self._signal:
@@ -110,7 +111,8 @@ class MemoryStore(PositionalStore):
             for record in self._log[index:]:
                 if record.position > upto or len(out) >= limit:
                     break
-                if wire_names is None or record.wire_name in wire_names:
+                if (wire_names is None or record.wire_name in wire_names) and (
+                        streams is None or record.stream in streams):
                     out.append(record)
         return out
 
