@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from terret.domain.store import StoredRecord
+if TYPE_CHECKING:  # the store's port names this module's types: no cycle at run time
+    from terret.domain.store import StoredRecord
 
 
 class GroupMessage(ABC):

@@ -220,8 +220,10 @@ class ProjectionRunner:
         self._recheck(self.store.head_position())
         with self._pause:
             generation = self._generation
-            streams = None if self._scope is None else self._scope.streams()
-            sub = self.store.open_subscription(after=self._lowest_tracked(), streams=streams)
+            after = self._lowest_tracked()
+            # Unscoped, the port's older spelling: an adapter written before ``streams`` serves.
+            sub = (self.store.open_subscription(after=after) if self._scope is None else
+                   self.store.open_subscription(after=after, streams=self._scope.streams()))
             self._subscription = sub
         apply = partial(self._apply, generation=generation)
         batch: list[StoredRecord] = []

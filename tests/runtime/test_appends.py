@@ -190,9 +190,10 @@ class AtLeastOnceTransport(EventStore):
     def head_position(self) -> int:
         return self.inner.head_position()
 
-    def open_subscription(self, *, after: int = 0,
-                          wire_names: Collection[str] | None = None) -> Subscription:
-        return self.inner.open_subscription(after=after, wire_names=wire_names)
+    def open_subscription(self, *, after: int = 0, wire_names: Collection[str] | None = None,
+                          streams: Collection[str] | None = None) -> Subscription:
+        return self.inner.open_subscription(after=after, wire_names=wire_names,
+                                            streams=streams)
 
     def delete_stream(self, stream: str) -> None:
         self.inner.delete_stream(stream)
