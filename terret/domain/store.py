@@ -28,16 +28,13 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Self, overload
+from typing import Any, NamedTuple, Self, overload
 from uuid import UUID, uuid4
 
 from eventsourcing import persistence as es
 
 from terret.domain.errors import WrongExpectedVersion
 from terret.domain.workers import MemoryWorkers, WorkerRegistry
-
-if TYPE_CHECKING:
-    from terret.domain.groups import GroupReader
 
 MAX_RECORD_BYTES = 1024 * 1024
 """EventStoreDB's limit on one record; every adapter refuses larger payloads before writing."""
@@ -151,6 +148,38 @@ class Subscription(ABC, Iterator[SubscriptionItem]):
 
     @abstractmethod
     def __next__(self) -> SubscriptionItem: ...
+
+
+# --- consumer groups (the port's types; terret.domain.groups says what they are for) ------------
+
+
+class GroupMessage(ABC):
+    """One event delivered to this member of the group. Settle it once: ``ack`` when handled
+    (the group forgets it), ``retry`` to have it delivered again (to this member or, if it
+    left, another)."""
+
+    record: StoredRecord
+
+    @abstractmethod
+    def ack(self) -> None: ...
+
+    @abstractmethod
+    def retry(self, reason: str) -> None: ...
+
+
+class GroupReader(ABC, Iterator[GroupMessage]):
+    """This process's membership of a consumer group: iterate it for the events the group gives
+    this member; ``stop()`` (from any thread) leaves the group and ends the iteration. A lost
+    connection is re-established inside: the group redelivers what was not settled."""
+
+    def __iter__(self) -> GroupReader:
+        return self
+
+    @abstractmethod
+    def __next__(self) -> GroupMessage: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
 
 
 class EventStore(es.ApplicationRecorder):

@@ -56,6 +56,7 @@ from terret.adapters.stores._esdb import (
     to_stored,
 )
 from terret.adapters.stores._esdb_connection import EsdbConnection, Refused
+from terret.adapters.stores._esdb_group import EsdbConsumerGroup
 from terret.adapters.stores._esdb_subscription import EsdbSubscription, SubscriptionOptions
 from terret.adapters.stores._esdb_workers import EsdbWorkers
 from terret.adapters.stores._rules import check_size
@@ -71,6 +72,7 @@ from terret.domain.store import (
     AppendResult,
     EventStore,
     ExpectedVersion,
+    GroupReader,
     NewRecord,
     StoredRecord,
     StreamState,
@@ -138,6 +140,7 @@ class EventStoreDBStore(EventStore):
         self.subscription_buffer = subscription_buffer
         self.max_append_bytes = max_append_bytes
         self._subscriptions: weakref.WeakSet[EsdbSubscription] = weakref.WeakSet()
+        self._groups: weakref.WeakSet[EsdbConsumerGroup] = weakref.WeakSet()
         self._store_id: str | None = None
         self._workers: WorkerRegistry | None = None
 
@@ -495,7 +498,18 @@ class EventStoreDBStore(EventStore):
         self._subscriptions.add(sub)
         return sub
 
+    consumer_groups = True
+
+    def consumer_group(self, name: str, *, wire_names: Collection[str]) -> GroupReader:
+        """A member of the persistent subscription group ``name`` to ``$all`` (Pinned), over
+        the events of ``wire_names`` (``_esdb_group``)."""
+        group = EsdbConsumerGroup(self.connection, self.log, name, wire_names)
+        self._groups.add(group)
+        return group
+
     def close(self) -> None:
+        for group in list(self._groups):
+            group.stop()
         for sub in list(self._subscriptions):
             sub.stop()
         self.connection.close()
