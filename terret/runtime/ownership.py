@@ -88,6 +88,13 @@ class WorkerLease:
                 thread.start()
             return self._generation
 
+    def beat_now(self) -> None:
+        """Beat at once (a pool member about to claim a session): its beat names the session
+        before the claim, so that if it crashes mid-turn the others find the session in its
+        last beat (``orphans``)."""
+        with self._lock:
+            self._beat_locked()
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             with self._lock:

@@ -411,7 +411,11 @@ class Runtime:
         return reader
 
     def _watch(self, session_id: UUID) -> None:
-        self.runner.watch(session_stream(session_id))
+        """Before a claim: a pool member's views take the session in, and its beat names it
+        (the agent is registered by now) — a crash mid-turn is found in its last beat."""
+        if self.runner.scoped:
+            self.runner.watch(session_stream(session_id))
+            self.lease.beat_now()
 
     def _unwatch(self, session_id: UUID) -> None:
         self.runner.unwatch(session_stream(session_id))
