@@ -59,6 +59,8 @@ class Pool:
     env: dict[str, str]
     workers: list[Worker] = field(default_factory=list)
     operator: Runtime | None = None
+    emulator: EsdbEmulator | None = None
+    """The test's own emulator (None on SQLite or a real server)."""
 
     def serve(self, name: str, **env: str) -> Worker:
         """Start a worker and wait until it serves."""
@@ -145,7 +147,8 @@ def pool(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pool]:
                 "PYTHONUNBUFFERED": "1", "OWNERSHIP_RUNS": str(tmp_path / "runs.txt")})
     for key in ("TERRET_STORE", "TERRET_VIEWS", "TERRET_APP"):
         env.pop(key, None)
-    pool = Pool(request.param, uri, store, tmp_path, tmp_path / "runs.txt", env)
+    pool = Pool(request.param, uri, store, tmp_path, tmp_path / "runs.txt", env,
+                emulator=emulator)
     try:
         yield pool
     finally:

@@ -183,6 +183,11 @@ class EsdbEmulator:
         """Forget pending fail_next/not_leader rules."""
         self._faults.reset()
 
+    def traces(self) -> list[set[str]]:
+        """For each `$all` subscription served so far, the streams of the events sent to it:
+        what a reader received (a pool member must receive its own sessions' only)."""
+        return self._store.copy_traces()
+
     @property
     def open_reads(self) -> int:
         """Read calls (subscriptions included) currently being served."""

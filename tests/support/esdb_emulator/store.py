@@ -112,6 +112,8 @@ class EventStore:
         self._committed: dict[str, Record] = {}  # event id -> latest record with that id
         self._metadata: dict[str, StreamMetadata] = {}  # stream -> parsed last `$$` event
         self._next_position = FIRST_POSITION
+        self.traces: list[set[str]] = []
+        """Per `$all` subscription, the streams of the events sent to it (tests read it)."""
 
     # -- the log ---------------------------------------------------------------------------
 
@@ -134,6 +136,21 @@ class EventStore:
         """Block until `predicate()` (evaluated under the lock) holds, or timeout."""
         with self._changed:
             return self._changed.wait_for(predicate, timeout)
+
+    def trace_subscription(self) -> set[str]:
+        """A new `$all` subscription's trace: the streams of the events it was sent."""
+        trace: set[str] = set()
+        with self._lock:
+            self.traces.append(trace)
+        return trace
+
+    def traced(self, trace: set[str], stream: str) -> None:
+        with self._lock:
+            trace.add(stream)
+
+    def copy_traces(self) -> list[set[str]]:
+        with self._lock:
+            return [set(t) for t in self.traces]
 
     def wake_waiters(self) -> None:
         with self._changed:

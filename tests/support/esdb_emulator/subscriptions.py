@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Generator, Iterator
+from typing import NamedTuple
 
 from .convert import ReadResp, caught_up_resp, checkpoint_resp, confirmation_resp
 from .reads import UNFILTERED_PAGE, End, ReadRequest, Start, record_resp, resolve_origin
@@ -34,6 +35,23 @@ def subscribe_all(store: EventStore, request: ReadRequest, scope: CallScope) -> 
         assert isinstance(origin, int)
         cursor = store.index_after(origin)
     yield confirmation_resp(str(uuid.uuid4()))
+    trace = store.trace_subscription()
+    for resp in _all(store, request, scope, cursor):
+        if isinstance(resp, Delivered):
+            store.traced(trace, resp.stream)
+            resp = resp.resp
+        yield resp
+
+
+class Delivered(NamedTuple):
+    """An event sent to a `$all` subscriber (its stream is traced: ``EsdbEmulator.traces``)."""
+
+    stream: str
+    resp: ReadResp
+
+
+def _all(store: EventStore, request: ReadRequest, scope: CallScope, cursor: int
+         ) -> Iterator[ReadResp | Delivered]:
     cursor = yield from _catch_up_all(store, request, scope, cursor)
     yield caught_up_resp()
     yield from _live_all(store, request, scope, cursor)
@@ -41,7 +59,7 @@ def subscribe_all(store: EventStore, request: ReadRequest, scope: CallScope) -> 
 
 def _catch_up_all(
     store: EventStore, request: ReadRequest, scope: CallScope, cursor: int
-) -> Generator[ReadResp, None, int]:
+) -> Generator[ReadResp | Delivered, None, int]:
     """Catch-up, page by page; the cursor reached. After a page that is not the end of the
     log, once enough events were considered (matching or not), send a checkpoint. The
     checkpoint carries the position of the page's last considered event: never beyond the
@@ -57,7 +75,7 @@ def _catch_up_all(
             record = log[index]
             scope.check_cut()
             if event_filter is None or event_filter.matches(record):
-                yield record_resp(store, request, record)
+                yield Delivered(record.stream, record_resp(store, request, record))
         considered += page_end - cursor
         cursor = page_end
         if event_filter is not None and considered >= interval and cursor < len(log):
@@ -68,7 +86,7 @@ def _catch_up_all(
 
 def _live_all(
     store: EventStore, request: ReadRequest, scope: CallScope, cursor: int
-) -> Iterator[ReadResp]:
+) -> Iterator[ReadResp | Delivered]:
     """Live: every newly committed event counts; at `interval` a checkpoint follows it."""
     log = store.log
     event_filter = request.event_filter
@@ -84,7 +102,7 @@ def _live_all(
             record = log[index]
             scope.check_cut()
             if event_filter is None or event_filter.matches(record):
-                yield record_resp(store, request, record)
+                yield Delivered(record.stream, record_resp(store, request, record))
             if event_filter is not None:
                 considered += 1
                 if considered >= interval:

@@ -1,0 +1,71 @@
+"""A pool of ``terret serve`` workers on EventStoreDB: the consumer group spreads the sessions,
+and each member receives its own sessions' events only (docs/operations.md, "How sessions
+spread")."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import pytest
+
+from terret.domain.store import session_stream
+from tests.ownership.conftest import Pool
+from tests.ownership.test_scenarios import _check_closed_once, _owners
+
+SESSIONS = 12
+
+
+def _traced(pool: Pool) -> None:
+    if pool.kind == "sqlite":
+        pytest.skip("on SQLite every worker reads the one file: no group, no filter")
+    if pool.emulator is None:
+        pytest.skip("the delivery traces are the emulator's")
+
+
+def _run_all(pool: Pool, count: int) -> dict[str, int]:
+    """Wake ``count`` new sessions; once each has its turn and title, its owner's pid by
+    stream (each was claimed once: nobody took one over)."""
+    sessions = [pool.new_session() for _ in range(count)]
+    for sid in sessions:
+        pool.runtime().inject(sid, "go", wake=True)
+    owner: dict[str, int] = {}
+    for sid in sessions:
+        pool.wait_for(sid, "session/titled")
+        _check_closed_once(pool, sid)
+        (pid,) = _owners(pool, sid)
+        owner[session_stream(sid)] = pid
+    return owner
+
+
+def test_pool_members_receive_only_their_own_sessions_events(pool: Pool) -> None:
+    _traced(pool)
+    for name in "abc":
+        pool.serve(name, OWNERSHIP_TOOL_SECONDS="0.05")
+    owner = _run_all(pool, SESSIONS)
+    assert len(set(owner.values())) >= 2, owner  # the group spread them
+    assert pool.emulator is not None
+    received = [t & owner.keys() for t in pool.emulator.traces()]
+    received = [t for t in received if t]
+    assert received, "no subscription received a session's events"
+    for streams in received:
+        # One reader's sessions all belong to one worker, and no reader had them all.
+        assert len({owner[s] for s in streams}) == 1, (streams, owner)
+        assert len(streams) < SESSIONS
+
+
+def test_a_member_that_joins_takes_new_sessions_and_one_that_leaves_hands_its_own_off(
+        pool: Pool) -> None:
+    _traced(pool)
+    a = pool.serve("a", OWNERSHIP_TOOL_SECONDS="0.05")
+    first = _run_all(pool, 4)
+    assert set(first.values()) == {a.pid}
+    b = pool.serve("b", OWNERSHIP_TOOL_SECONDS="0.05")
+    later = _run_all(pool, SESSIONS)
+    assert b.pid in later.values(), later  # the newcomer got a share of the new sessions
+    # b leaves (SIGTERM); a session of its own that wakes later is served by a.
+    mine = [UUID(s.removeprefix("session-")) for s, pid in later.items() if pid == b.pid]
+    b.signal(15)
+    assert b.wait() == 0
+    pool.runtime().inject(mine[0], "again", wake=True)
+    pool.wait_for(mine[0], "turn/end", 2)
+    assert _owners(pool, mine[0]) == [b.pid, a.pid]
