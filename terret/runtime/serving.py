@@ -171,9 +171,12 @@ class Supervisor:
 
     def offer_chosen(self, sid: UUID, leaving: str | None) -> None:
         """The pool's group chose this worker for ``sid`` (``pool``): try it now. A store that
-        cannot be read raises ``StoreError`` (the group delivers the message again)."""
-        self.services.writer.load(sid)
-        self._offer(sid, now=True, leaving=leaving, chosen=True)
+        cannot be read raises ``StoreError`` (the group delivers the message again). A session
+        that needs no worker now (idle: released between turns, or its wake already taken up)
+        is left alone: claiming it would only hold an agent."""
+        session = self.services.writer.load(sid)
+        if _needs_worker(session):
+            self._offer(sid, now=True, leaving=leaving, chosen=True)
 
     def _orphans(self) -> dict[UUID, str]:
         """A pool member's failover candidates: the sessions named in the last beats of
