@@ -2,8 +2,9 @@
 store's consumer group (``terret.domain.groups``; EventStoreDB's persistent subscription to
 ``$all``, Pinned strategy), each handed to one member only.
 
-Two kinds of events ask for a worker: a waking inbox entry (``inbox/queued`` with ``wake``) and
-a session let go (``agent/detached``: a worker that stopped hands its open turn off). The group
+The events that ask for a worker: a waking inbox entry (``inbox/queued`` with ``wake``), a
+session let go (``agent/detached``: a worker that stopped hands its open turn off), and the
+stimuli of an open turn nobody owns (``WIRE_NAMES``). The group
 gives each to one member, and a session's to the same member while the membership holds, so a
 member reads its share and none of the others'. The member that gets one tries the session at
 once (it was chosen: no preference, no grace); the fenced claim still decides. A crashed
@@ -24,14 +25,27 @@ from uuid import UUID
 from terret.domain.catalogue import catalogue
 from terret.domain.codec import RecordDecoder
 from terret.domain.errors import CorruptRecord, StoreError
-from terret.domain.events import AgentDetached, InboxQueued
+from terret.domain.events import (
+    AgentDetached,
+    ApprovalResolved,
+    CancelRequested,
+    InboxQueued,
+    InDoubtResolved,
+    TurnStarted,
+)
 from terret.domain.groups import GroupMessage, GroupReader
 from terret.domain.store import session_id_of
 
 log = logging.getLogger("terret.serving")
 
-WIRE_NAMES = frozenset({InboxQueued.wire_name, AgentDetached.wire_name})
-"""What a pool's consumer group carries: the events that ask for a worker."""
+WIRE_NAMES = frozenset({InboxQueued.wire_name, AgentDetached.wire_name, TurnStarted.wire_name,
+                        ApprovalResolved.wire_name, InDoubtResolved.wire_name,
+                        CancelRequested.wire_name})
+"""What a pool's consumer group carries: the events that may ask for a worker. Besides wakes
+and releases, the stimuli of an open turn (its start, a verdict, a cancel): when nobody owns
+the turn — written by a process that held no lease, or whose owner's beat is gone — the member
+given one takes the turn; when a live worker owns it, the member leaves it (the owner follows
+its session's stream)."""
 
 Offer = Callable[[UUID, "str | None"], object]
 """Try a session now, as the member chosen for it (the worker that let it go, if any)."""
@@ -53,7 +67,7 @@ class GroupFeed:
 
     def stop(self) -> None:
         """Leave the group: what this member was given and did not settle goes to another."""
-        self.reader.stop()
+        self.reader.stop()  # before it started too: the reader then never joins
         if self._thread.ident is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
 

@@ -106,9 +106,8 @@ class Supervisor:
             self.serving = True
             rt.catch_up_views()
             rt.lease.ensure_beating()
-            if group is not None:
+            if group is not None:  # read once ready (below): the group keeps what comes
                 self._feed = GroupFeed(group, self.offer_chosen, rt.stopping)
-                self._feed.start()
             resumed = [sid for sid in rt.views.resumable_sessions()
                        if self._offer(sid, now=True)]
             resumed += self._take_orphans(now=True)
@@ -118,6 +117,8 @@ class Supervisor:
                 on_ready(resumed)
         finally:
             self._release_held()
+        if self._feed is not None:
+            self._feed.start()
         self._title_untitled()
         self._thread = threading.Thread(target=self._scan_loop, name="terret-supervisor",
                                         daemon=True)

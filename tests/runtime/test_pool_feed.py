@@ -9,7 +9,7 @@ from uuid import UUID, uuid4
 
 from terret.domain.codec import encode
 from terret.domain.errors import StoreUnavailable
-from terret.domain.events import AgentDetached, InboxQueued, TurnStarted
+from terret.domain.events import AgentDetached, InboxQueued, StepStarted, TurnStarted
 from terret.domain.groups import GroupMessage, GroupReader
 from terret.domain.store import StoredRecord, session_stream
 from terret.runtime.pool import GroupFeed
@@ -56,17 +56,19 @@ def _run(messages: list[Message], offer: object, stopping: bool = False) -> None
     feed._thread.join(5)
 
 
-def test_wakes_and_releases_are_offered_and_acked_the_rest_only_acked() -> None:
+def test_what_may_ask_for_a_worker_is_offered_and_acked_the_rest_only_acked() -> None:
     sid = uuid4()
     offered: list[tuple[UUID, str | None]] = []
     wake = _message(sid, InboxQueued(inbox_id="i1", text="hi", wake=True))
     quiet = _message(sid, InboxQueued(inbox_id="i2", text="later"))
     released = _message(sid, AgentDetached(agent_id="a", host="h", pid=1, reason="shutdown",
                                            worker="w1"))
-    other = _message(sid, TurnStarted(turn=1, trigger="user"))
-    _run([wake, quiet, released, other], lambda s, leaving: offered.append((s, leaving)))
-    assert offered == [(sid, None), (sid, "w1")]
-    assert [m.settled for m in (wake, quiet, released, other)] == [["ack"]] * 4
+    started = _message(sid, TurnStarted(turn=1, trigger="user"))
+    other = _message(sid, StepStarted(turn=1, step=1, model="m"))
+    _run([wake, quiet, released, started, other],
+         lambda s, leaving: offered.append((s, leaving)))
+    assert offered == [(sid, None), (sid, "w1"), (sid, None)]
+    assert [m.settled for m in (wake, quiet, released, started, other)] == [["ack"]] * 5
 
 
 def test_a_store_that_cannot_be_read_retries_and_a_stopping_member_hands_back() -> None:
