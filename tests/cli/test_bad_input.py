@@ -155,6 +155,7 @@ def test_invalid_values_are_usage_errors(target: Target) -> None:
         (["compact", sid, "--app", "terret.cli.demo_app:COMPACTION_BUDGET"], "not callable"),
         (["compact", sid, "--app", "terret.cli.demo_app:demo_model"], "--app"),
         (["serve", "--grace", "-1"], "--grace"),
+        (["serve", "--group", " "], "'--group'"),
         (["sessions", "frobnicate"], "No such command"),
         (["frobnicate"], "No such command"),
         (["approve", sid], "Missing argument"),

@@ -62,12 +62,12 @@ class Pool:
     emulator: EsdbEmulator | None = None
     """The test's own emulator (None on SQLite or a real server)."""
 
-    def serve(self, name: str, **env: str) -> Worker:
-        """Start a worker and wait until it serves."""
+    def serve(self, name: str, *args: str, **env: str) -> Worker:
+        """Start a worker (``args``: more options of ``serve``) and wait until it serves."""
         popen = subprocess.Popen(
             [sys.executable, "-m", "terret", "--store", self.uri,
              "--views", str(self.tmp / f"views-{name}.db"), "serve", "--app", APP,
-             "--grace", "20"],
+             "--grace", "20", *args],
             cwd=ROOT, env={**self.env, **env}, stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL, text=True)
         worker = Worker(name, popen)

@@ -69,3 +69,16 @@ def test_a_member_that_joins_takes_new_sessions_and_one_that_leaves_hands_its_ow
     pool.runtime().inject(mine[0], "again", wake=True)
     pool.wait_for(mine[0], "turn/end", 2)
     assert _owners(pool, mine[0]) == [b.pid, a.pid]
+
+
+def test_workers_outside_a_pool_read_every_session_and_still_run_each_turn_once(
+        pool: Pool) -> None:
+    """``--no-group``: no pool (on SQLite there is none anyway); each worker follows every
+    session in its own views, and the fenced claim still gives each turn one executor."""
+    workers = [pool.serve(name, "--no-group", OWNERSHIP_TOOL_SECONDS="0.05") for name in "ab"]
+    for worker in workers:
+        assert "; pool " not in "".join(worker.err), worker.err
+    owner = _run_all(pool, 6)
+    assert set(owner.values()) <= {w.pid for w in workers}
+    if pool.emulator is not None:  # a reader that received every session: not a pool member
+        assert any(owner.keys() <= t for t in pool.emulator.traces())
