@@ -31,6 +31,7 @@ from terret.domain.catalogue import EventCatalogue, catalogue
 from terret.domain.errors import (
     NotATerretStore,
     ProjectionHalted,
+    RuntimeFault,
     StoreCorrupt,
     StoreError,
     TerretError,
@@ -137,6 +138,8 @@ class ProjectionRunner:
                 return False
             self._create_tables()
             self._applied = 0
+            if self._scope is not None:  # emptied: the watched streams replay from 0 too
+                self._scope.marks.clear()
             with self._progress:
                 self._position = 0
             return True
@@ -362,6 +365,13 @@ class ProjectionRunner:
         raise KeyError(f"no projection named {name!r}; known: "
                        f"{', '.join(p.name for p in self.projections)}")
 
+    def _whole_log(self) -> None:
+        """Rebuild, verify and skip replay the whole log: not for a scoped runner's views,
+        which hold only the sessions watched (a pool member's)."""
+        if self._scope is not None:
+            raise RuntimeFault("a pool member's views hold only the sessions it serves: "
+                               "rebuild, verify and skip run on views of the whole log")
+
     def _chosen(self, names: Sequence[str] | None) -> list[Projection]:
         return list(self.projections) if names is None else [self.projection(n) for n in names]
 
@@ -384,6 +394,7 @@ class ProjectionRunner:
     def skip(self, name: str, *, by: str = "operator") -> int:
         """Skip the event a halted projection stopped at. The skip is recorded in the view
         store and honoured by later rebuilds."""
+        self._whole_log()
         self._checked()
         projection = self.projection(name)
         with self._pause:
@@ -399,6 +410,7 @@ class ProjectionRunner:
         """Drop the views of the projections named (all of them by default) and replay them
         from position 0 to the store's head, in one pass over the log. A rebuild runs under
         the runner's pause lock, so it is safe while the runner is live."""
+        self._whole_log()
         self._checked()
         chosen = self._chosen(names)
         with self._pause:
@@ -414,6 +426,7 @@ class ProjectionRunner:
                    progress: Progress | None = None) -> dict[str, list[str]]:
         """``verify`` for the projections named (all of them by default), in one pass over
         the log."""
+        self._whole_log()
         self._checked()
         chosen = self._chosen(names)
         with self._pause:

@@ -163,7 +163,7 @@ class AgentHost:
             self.writer.execute(agent.session_id,
                                 lambda s: agent.ownership.release(s, reason or "disposed"))
         finally:
-            self._unwatch(agent.session_id)
+            self._unwatch_unheld(agent.session_id)
 
     def let_go(self, session_id: UUID, reason: str, *, wait: float = 0.0) -> None:
         """Drop this process's agent for a session that ended (``session/closed``, from any
@@ -195,8 +195,14 @@ class AgentHost:
         with self._lock:
             self._unregister(agent)
         agent.release()
-        if self.agent_for_session(agent.session_id) is None:
-            self._unwatch(agent.session_id)
+        self._unwatch_unheld(agent.session_id)
+
+    def _unwatch_unheld(self, session_id: UUID) -> None:
+        """Unwatch the session unless an agent holds it again: under its spawn lock, which a
+        spawn holds from its registration through its watch, so the two cannot interleave."""
+        with self._spawning(session_id):
+            if self.agent_for_session(session_id) is None:
+                self._unwatch(session_id)
 
     def _unregister(self, agent: Agent) -> None:
         self._agents.pop(agent.id, None)

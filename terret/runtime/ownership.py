@@ -91,16 +91,18 @@ class WorkerLease:
     def beat_now(self) -> None:
         """Beat at once (a pool member about to claim a session): its beat names the session
         before the claim, so that if it crashes mid-turn the others find the session in its
-        last beat (``orphans``)."""
+        last beat (``orphans``). Raises ``StoreError`` when the beat cannot be written: the
+        claim must not go ahead unnamed."""
         with self._lock:
-            self._beat_locked()
+            if not self._beat_locked():
+                raise StoreError(f"worker {self.worker} could not beat before a claim")
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             with self._lock:
                 self._beat_locked()
 
-    def _beat_locked(self) -> None:
+    def _beat_locked(self) -> bool:
         start = time.monotonic()
         beat = WorkerBeat(worker=self.worker, host=self.host, pid=self.pid,
                           started=self.started, at=time.time(), ttl=self.ttl,
@@ -110,7 +112,7 @@ class WorkerLease:
             self.registry.beat(beat)
         except StoreError as exc:
             log.warning("worker %s could not renew its lease: %s", self.worker, exc)
-            return
+            return False
         if self._last_ok is not None and start - self._last_ok > self.valid_for:
             # The lease lapsed in between (frozen, starved, or cut off from the store): what
             # was owned under it may have been taken over. Let all of it go.
@@ -118,14 +120,17 @@ class WorkerLease:
             log.warning("worker %s: lease lapsed (%.1fs without a beat); letting go of every "
                         "session it owned", self.worker, start - self._last_ok)
         self._last_ok = start
+        return True
 
-    def stop(self) -> None:
-        """Stop beating and leave the registry: the worker is gone at once."""
+    def stop(self, *, leave: bool = True) -> None:
+        """Stop beating and leave the registry: the worker is gone at once. With ``leave``
+        False (a turn did not stop in time and still holds its session) its last beat stays,
+        so the others take the session over once it expires, as after a crash."""
         self._stop.set()
         thread = self._thread
         if thread is not None:
             thread.join(self.interval + 1.0)
-        if self._last_ok is not None:
+        if leave and self._last_ok is not None:
             try:
                 self.registry.leave(self.worker)
             except StoreError as exc:

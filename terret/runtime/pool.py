@@ -47,6 +47,9 @@ the turn — written by a process that held no lease, or whose owner's beat is g
 given one takes the turn; when a live worker owns it, the member leaves it (the owner follows
 its session's stream)."""
 
+RETRY_AFTER = 1.0
+"""Seconds before a message that met an unreadable store is given back to the group."""
+
 Offer = Callable[[UUID, "str | None"], object]
 """Try a session now, as the member chosen for it (the worker that let it go, if any)."""
 
@@ -87,6 +90,9 @@ class GroupFeed:
         try:
             self.handle(message)
         except StoreError as exc:
+            # The group gives it out again at once, and parks it after its retry count: wait
+            # a little first, so a short outage does not use the retries up.
+            self._stopping.wait(RETRY_AFTER)
             message.retry(f"the store could not be read: {exc}")
             return
         except Exception:

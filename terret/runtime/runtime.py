@@ -158,7 +158,9 @@ class Runtime:
                 log.warning("stopping before the views caught up; upkeep resumes at next start")
         self._pool.shutdown(wait=True)
         self.agent_host.release_all("shutdown")
-        self.lease.stop()
+        # A turn that did not stop within the grace keeps its session (not released): the
+        # last beat stays in the registry so that it expires and another worker takes over.
+        self.lease.stop(leave=not any(a.busy for a in self.agent_host.agents))
         self.runner.stop()
         self.view_store.close()
 

@@ -8,6 +8,8 @@ import signal
 import time
 from collections import Counter
 
+import pytest
+
 from tests.ownership.conftest import Pool, wait_until
 
 
@@ -128,3 +130,24 @@ def test_an_idle_session_log_does_not_grow_while_workers_beat(pool: Pool) -> Non
     a.signal(signal.SIGTERM)
     assert a.wait(30) == 0
     assert a.pid not in {b.pid for b in registry.beats()}  # a stopped worker leaves at once
+
+
+def test_a_turn_past_the_grace_keeps_its_session_until_the_lease_expires(pool: Pool) -> None:
+    """SIGTERM with a tool still running past ``--grace``: the worker exits without releasing
+    the session (its turn did not reach a step boundary) and leaves its last beat in place, so
+    another worker takes the turn over as after a crash (on one host at once: its pid is gone)
+    — on SQLite through its views, in a pool through the beat."""
+    a = pool.serve("a", "--grace", "0.2", OWNERSHIP_TOOL_SECONDS="4")
+    b = pool.serve("b", OWNERSHIP_TOOL_SECONDS="0.05")
+    sid = pool.new_session()
+    pool.runtime().inject(sid, "go", wake=True)
+    wait_until(lambda: _starts(pool, "c-1"), "the tool to start", pool.stderr)
+    (first,) = _starts(pool, "c-1")
+    owner, other = (a, b) if first == a.pid else (b, a)
+    if owner is b:
+        pytest.skip("the wake went to the worker with the short tool")
+    owner.signal(signal.SIGTERM)
+    assert owner.wait(30) == 0, pool.stderr()
+    assert "agent/detached" not in pool.names(sid)  # not released: its turn was mid-tool
+    pool.wait_for(sid, "turn/end", timeout=30)
+    assert _owners(pool, sid) == [a.pid, other.pid]

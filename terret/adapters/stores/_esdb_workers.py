@@ -15,7 +15,10 @@ from terret.domain.errors import StoreError
 from terret.domain.workers import WorkerBeat, WorkerRegistry
 
 WORKERS_STREAM = "terret-workers"
-WORKERS_MAX_COUNT = 256
+WORKERS_MAX_COUNT = 1024
+"""Beats kept: a crashed worker's last beat must outlive its TTL while the others beat (five
+per TTL each) and claim (a beat each): 1,024 covers 50 workers claiming 50 sessions a second at
+the default TTL."""
 
 
 class EsdbWorkers(WorkerRegistry):
