@@ -283,6 +283,16 @@ class ProjectionRunner:
                 scope.note(history[-1:])
             scope.watched.add(stream)
 
+    def scope_head(self) -> int:
+        """A scoped runner's head: the position of the last event of the streams it watches
+        (0 when none has any), read from the store."""
+        scope = self._scope
+        if scope is None:
+            return self.store.head_position()
+        last = [r.position for s in scope.streams()
+                for r in self.store.read_stream(s, backwards=True, limit=1)]
+        return max(last, default=0)
+
     def unwatch(self, stream: str) -> None:
         """Stop following ``stream`` (a scoped runner); what its views hold stays, and a later
         ``watch`` applies only what came meanwhile."""

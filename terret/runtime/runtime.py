@@ -148,11 +148,15 @@ class Runtime:
         threads += self.supervisor.waiting_threads()
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        # Turns run on a caller's thread stop at the boundary too (parked ones at once): wait
+        # for them within the grace, so that they are released below.
+        while any(a.busy for a in self.agent_host.agents) and time.monotonic() < deadline:
+            time.sleep(0.01)
         if self._started:
             # Deliver what this process wrote to the upkeep listeners (a turn/end to title or
             # compact), then let the queued upkeep finish: it is short and must not be lost.
             try:
-                self.runner.wait_until(self.store.head_position(),
+                self.runner.wait_until(self._views_head(),
                                        max(0.1, deadline - time.monotonic()))
             except (TimeoutError, errors.TerretError):
                 log.warning("stopping before the views caught up; upkeep resumes at next start")
@@ -183,7 +187,15 @@ class Runtime:
             self.runner.catch_up()
 
     def catch_up_views(self) -> None:
-        self.wait_for(self.store.head_position())
+        self.wait_for(self._views_head())
+
+    def _views_head(self) -> int:
+        """The position the views must reach to hold everything written so far: the log's
+        head, or for a pool member's scoped views the last event of the sessions it serves
+        (its subscription passes other sessions' events only at the server's checkpoints)."""
+        if self.runner.scoped:
+            return self.runner.scope_head()
+        return self.store.head_position()
 
     def define(self, definition: AgentDefinition) -> None:
         self.definitions[definition.name] = definition

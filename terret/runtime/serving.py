@@ -227,7 +227,10 @@ class Supervisor:
     def _should_try(self, sid: UUID, *, now: bool, leaving: str | None,
                     chosen: bool = False) -> bool:
         """Whether this worker should try to claim ``sid`` now: it is free (or this worker's
-        already, between turns), and this worker is the first to try (see the module)."""
+        already, between turns), and this worker is the first to try (see the module). A
+        worker that is stopping claims nothing more: it is releasing what it holds."""
+        if not self.serving or self.services.stopping.is_set():
+            return False
         agent = self.host.agent_for_session(sid)
         if agent is not None and agent.busy:
             return False
