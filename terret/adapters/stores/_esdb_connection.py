@@ -166,6 +166,44 @@ def refusal(exc: BaseException, uri: Secret) -> Refused | None:
 # --- retries --------------------------------------------------------------------------------
 
 
+# A long read (a catch-up subscription, a consumer group's read) that stayed up this long
+# before it failed counts as recovered: its failure starts a fresh retry window (a load
+# balancer cutting idle calls every minute is not a persistent fault). One that fails faster
+# keeps the old window, so a server that accepts and drops every read at once still ends in
+# StoreUnavailable.
+STABLE_SECONDS = 1.0
+
+
+class Reopening:
+    """The retries of a long read that is opened again after each failure: the window (see
+    ``STABLE_SECONDS``), the connection's recovery before the backoff, and a count of the
+    reopenings. The subscription to ``$all`` and a consumer group's read share it."""
+
+    def __init__(self, connection: EsdbConnection, retrier: Retrier) -> None:
+        self._connection = connection
+        self.retrier = retrier
+        self._opened_at: float | None = None
+        self.count = 0
+
+    def opened(self) -> None:
+        self._opened_at = time.monotonic()
+
+    def received(self) -> None:
+        """A message came through: the read works again, the next failure starts afresh."""
+        if self.retrier.attempts:
+            self.retrier.reset()
+
+    def failed(self, found: Failure) -> None:
+        """Back off before the read is opened again; raises ``StoreUnavailable`` when the
+        retrier gives up."""
+        if self._opened_at is not None and time.monotonic() - self._opened_at >= STABLE_SECONDS:
+            self.retrier.reset()
+        self._opened_at = None  # only the read that was up earns the fresh window
+        self._connection.recover(found, self.retrier.attempts + 1)
+        self.retrier.failed(found)
+        self.count += 1
+
+
 class Retrier:
     """Tracks one operation's consecutive failures against the policy's time bound.
     ``sleep`` waits between attempts (a subscription passes its stop event's ``wait`` so that

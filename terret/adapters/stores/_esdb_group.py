@@ -53,6 +53,7 @@ from terret.adapters.stores._esdb_connection import (
     EsdbConnection,
     Failure,
     Refused,
+    Reopening,
     Retrier,
     log,
     refusal,
@@ -63,9 +64,6 @@ from terret.domain.store import StoredRecord
 
 CONSUMER_STRATEGY = "Pinned"
 
-STABLE_SECONDS = 1.0
-"""A read that stayed up this long before it dropped counts as recovered: the next failure
-starts the backoff afresh."""
 
 DELETIONS_REFRESH_SECONDS = 1.0
 """How often, while events arrive, the streams ``delete_stream`` removed are read again."""
@@ -172,13 +170,16 @@ class EsdbConsumerGroup(GroupReader):
         self._stopped = threading.Event()
         self._finished = False
         self._ensured = False
-        self._joined_at: float | None = None
         self._deleted: frozenset[str] = frozenset()
         self._deleted_at = 0.0
         policy = dataclasses.replace(connection.policy, timeout=give_up_after, max_retries=None)
-        self._retrier = Retrier(policy, f"consumer group {name!r}", connection.describe(),
-                                sleep=self._stopped.wait)
-        self.rejoins = 0  # how many times this member joined again after a failure
+        self._reopening = Reopening(connection, Retrier(
+            policy, f"consumer group {name!r}", connection.describe(), sleep=self._stopped.wait))
+
+    @property
+    def rejoins(self) -> int:
+        """How many times this member joined again after a failure."""
+        return self._reopening.count
 
     # --- the group on the server -------------------------------------------------------------
 
@@ -315,15 +316,9 @@ class EsdbConsumerGroup(GroupReader):
         return exc if found is None else found
 
     def _handle(self, found: Failure) -> None:
-        retrier = self._retrier
-        if self._joined_at is not None and time.monotonic() - self._joined_at >= STABLE_SECONDS:
-            retrier.reset()
-        self._joined_at = None  # only the read that was up earns the fresh start
-        self._connection.recover(found, retrier.attempts + 1)
         self._finished = True  # if the retrier gives up, the iteration ends with its error
-        retrier.failed(found)
+        self._reopening.failed(found)
         self._finished = False
-        self.rejoins += 1
 
     def _join(self) -> Any:
         """Create the group if this member has not yet (or it vanished), learn the deleted
@@ -337,7 +332,7 @@ class EsdbConsumerGroup(GroupReader):
         inner = client.read_subscription_to_all(self.name, **self.options.read_options())
         with self._lock:
             self._inner = inner
-        self._joined_at = time.monotonic()
+        self._reopening.opened()
         if self._stopped.is_set():  # stop() ran while the read was being opened
             _stop(inner)
         return inner
@@ -356,8 +351,7 @@ class EsdbConsumerGroup(GroupReader):
             log.error("consumer group %r: parking an unreadable event: %s", self.name, exc)
             self.settle(inner, event, "park")
             return None
-        if self._retrier.attempts:
-            self._retrier.reset()
+        self._reopening.received()
         return EsdbGroupMessage(self, inner, event, record)
 
     # --- deleted streams ---------------------------------------------------------------------

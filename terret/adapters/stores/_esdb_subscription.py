@@ -46,14 +46,8 @@ from terret.adapters.stores._esdb import (
     include_pattern,
     to_stored,
 )
-from terret.adapters.stores._esdb_connection import EsdbConnection, Failure, log
+from terret.adapters.stores._esdb_connection import EsdbConnection, Failure, Reopening, log
 from terret.domain.store import CaughtUp, Checkpoint, Subscription, SubscriptionItem
-
-# A subscription that stayed up this long before failing counts as recovered: its failure
-# starts a fresh retry window (a load balancer cutting idle calls every minute is not a
-# persistent fault). One that fails faster keeps the old window, so a server that accepts and
-# drops every subscription at once still ends in StoreUnavailable.
-STABLE_SECONDS = 1.0
 
 # How often a subscription re-reads the deletions stream while events flow, so that a stream
 # deleted during a long catch-up stops being delivered soon after.
@@ -102,11 +96,15 @@ class EsdbSubscription(Subscription):
         self._head_before = 0  # the store's head read just before the current subscription
         self._deleted: frozenset[str] = frozenset()
         self._deleted_at = 0.0
-        self._retrier = connection.retrier("subscription to $all", sleep=self._stopped.wait)
-        self._opened_at: float | None = None
+        self._reopening = Reopening(connection, connection.retrier(
+            "subscription to $all", sleep=self._stopped.wait))
         self._finished = False
         self._watchdog: threading.Thread | None = None
-        self.resubscriptions = 0  # how many times the subscription was re-established
+
+    @property
+    def resubscriptions(self) -> int:
+        """How many times the subscription was re-established."""
+        return self._reopening.count
 
     # --- the consumer's side ---------------------------------------------------------------
 
@@ -181,22 +179,15 @@ class EsdbSubscription(Subscription):
         self._handle(failure)
 
     def _handle(self, failure: Failure) -> None:
-        retrier = self._retrier
-        if self._opened_at is not None and time.monotonic() - self._opened_at >= STABLE_SECONDS:
-            retrier.reset()
-        self._opened_at = None  # only the subscription that was up earns the fresh window
-        self._connection.recover(failure, retrier.attempts + 1)
         self._finished = True  # if the retrier gives up, the iteration ends with its error
-        retrier.failed(failure)
+        self._reopening.failed(failure)
         self._finished = False
-        self.resubscriptions += 1
 
     def _receive(self, event: RecordedEvent) -> None:
         position = self._advance(event)
         if position is None:
             return
-        if self._retrier.attempts:
-            self._retrier.reset()
+        self._reopening.received()
         self._deliver(event, position)
 
     def _advance(self, event: RecordedEvent) -> int | None:
@@ -277,7 +268,7 @@ class EsdbSubscription(Subscription):
         with self._lock:
             self._inner = inner
             self._last_activity = time.monotonic()
-        self._opened_at = time.monotonic()
+        self._reopening.opened()
         self._start_watchdog()
         if self.stopped:  # stop() ran while the call was being set up and could not cancel it
             _cancel(inner)
