@@ -237,6 +237,10 @@ class AgentBusy(RuntimeFault):
     """Only an idle agent can be disposed (R22)."""
 
 
+class RuntimeStopping(RuntimeFault):
+    """The runtime is stopping: it releases the sessions it owns and takes no more (R29)."""
+
+
 class ProviderError(RuntimeFault):
     """A model provider failed. ``provider`` names it; never carries credentials."""
 

@@ -61,6 +61,8 @@ class AgentHost:
         self._by_session: dict[UUID, Agent] = {}
         self._lock = threading.Lock()  # the registry lock: the two maps, nothing else
         self._spawn_locks: dict[UUID, tuple[threading.RLock, list[int]]] = {}
+        self._releasing = False
+        """Set (under the registry lock) once ``release_all`` began: a spawn then refuses."""
 
     # --- reading the registry -------------------------------------------------------------
 
@@ -92,7 +94,10 @@ class AgentHost:
                     del self._spawn_locks[session_id]
 
     def _check_free(self, agent_id: str, session_id: UUID) -> None:
-        """Under the registry lock: the id and the session are free, the cap not reached."""
+        """Under the registry lock: the id and the session are free, the cap not reached, the
+        host not releasing its sessions."""
+        if self._releasing:
+            raise errors.RuntimeStopping("this worker is stopping: it takes no more sessions")
         if agent_id in self._agents:
             raise errors.AgentExists(f"agent id {agent_id!r} is taken")
         if session_id in self._by_session:
@@ -211,15 +216,24 @@ class AgentHost:
 
     def release_all(self, reason: str) -> None:
         """Release every session this worker still owns (a graceful stop): nothing is written
-        for a session it lost meanwhile."""
-        for agent in self.agents:
-            if agent.busy:
-                continue  # a turn that did not stop in time keeps its lease until it expires
-            try:
-                self.writer.execute(agent.session_id, partial(_release, agent, reason))
-            except errors.TerretError as exc:
-                log.warning("session %s not released (%s); its lease expires instead",
-                            agent.session_id, exc)
+        for a session it lost meanwhile. From here on a spawn refuses (``RuntimeStopping``),
+        and a claim already under way lands before its session is released: a session claimed
+        after the release would be owned by a worker that is gone, and a pool finds such a
+        session only in a beat, which a worker that stops removes."""
+        with self._lock:
+            self._releasing = True
+            agents = list(self._agents.values())
+        for agent in agents:
+            with self._spawning(agent.session_id):  # a spawn holds it through its claim
+                if agent.busy or self._agents.get(agent.id) is not agent:
+                    # Busy: a turn that did not stop in time keeps its lease until it expires.
+                    # Gone: its spawn failed, or it lost the session.
+                    continue
+                try:
+                    self.writer.execute(agent.session_id, partial(_release, agent, reason))
+                except errors.TerretError as exc:
+                    log.warning("session %s not released (%s); its lease expires instead",
+                                agent.session_id, exc)
 
     # --- turns ------------------------------------------------------------------------------
 

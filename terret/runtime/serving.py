@@ -15,8 +15,16 @@ This module decides who *tries*:
   sessions that need a worker (open turns, waking inbox entries): that is how an expired lease
   is noticed (failover) and how a session whose preferred worker did not act is picked up.
 
+A pool member (``serve_start(group=...)``: ``terret serve --group`` on EventStoreDB) does not
+search every session — its views follow only the sessions it serves. Its share of the events
+that ask for a worker comes from the store's consumer group (``terret.runtime.pool``): the
+member given one tries the session at once, with no preference and no grace; the scan looks only
+for the sessions named in the last beats of crashed workers (``WorkerLease.orphans``).
+
 A worker claims (appends ``agent/attached``) before it starts the turn on a thread of its own,
 so the others see the session owned within milliseconds, however long the turn takes to start.
+A worker that stops claims nothing more: ``AgentHost.release_all`` lets a claim under way land
+first and releases it with the others (``RuntimeStopping`` for any later one).
 """
 
 from __future__ import annotations
@@ -251,8 +259,8 @@ class Supervisor:
         """Claim ``sid`` for this worker, now (its turn then runs on a thread of its own)."""
         try:
             self.host.agent_for(sid)
-        except errors.SessionOwned:
-            return False  # another worker was quicker
+        except (errors.SessionOwned, errors.RuntimeStopping):
+            return False  # another worker was quicker, or this one is stopping
         except errors.TerretError as exc:
             # Another app's agent, a closed session, the agent cap: not ours to serve. Said for
             # every event that asks, but once only by the scan.
@@ -318,7 +326,8 @@ class Supervisor:
         def run() -> None:
             try:
                 self.wake(session_id)
-            except (TurnSuspended, errors.SessionOwned, errors.LostOwnership):
+            except (TurnSuspended, errors.SessionOwned, errors.LostOwnership,
+                    errors.RuntimeStopping):
                 pass
             except errors.TerretError as exc:
                 # Another app's agent, a closed session, the agent cap: not ours to serve.

@@ -4,8 +4,7 @@ or lost ownership across processes, queued fan-out, event ids fixed before the f
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import pytest
 
@@ -17,11 +16,10 @@ from terret.domain.store import (
     EventStore,
     ExpectedVersion,
     NewRecord,
-    StoredRecord,
-    Subscription,
 )
 from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import (
+    DelegatingStore,
     Kit,
     approve_all,
     calls,
@@ -162,12 +160,12 @@ def test_r6_fan_out_is_queued_so_every_listener_sees_the_log_in_order(
     assert end < queued
 
 
-class AtLeastOnceTransport(EventStore):
+class AtLeastOnceTransport(DelegatingStore):
     """Delivers every append twice with the same records and expected version, as a client that
     retries after losing the first reply would (R7)."""
 
     def __init__(self, inner: EventStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.appends = 0
 
     def append(self, stream: str, records: Sequence[NewRecord],
@@ -177,32 +175,6 @@ class AtLeastOnceTransport(EventStore):
         assert again == first
         self.appends += 1
         return again
-
-    def read_stream(self, stream: str, **kw: Any) -> list[StoredRecord]:
-        return self.inner.read_stream(stream, **kw)
-
-    def stream_version(self, stream: str) -> int:
-        return self.inner.stream_version(stream)
-
-    def read_all(self, **kw: Any) -> list[StoredRecord]:
-        return self.inner.read_all(**kw)
-
-    def head_position(self) -> int:
-        return self.inner.head_position()
-
-    def open_subscription(self, *, after: int = 0, wire_names: Collection[str] | None = None,
-                          streams: Collection[str] | None = None) -> Subscription:
-        return self.inner.open_subscription(after=after, wire_names=wire_names,
-                                            streams=streams)
-
-    def delete_stream(self, stream: str) -> None:
-        self.inner.delete_stream(stream)
-
-    def write_snapshot(self, stream: str, version: int, state: bytes) -> None:
-        self.inner.write_snapshot(stream, version, state)
-
-    def read_snapshot(self, stream: str) -> tuple[int, bytes] | None:
-        return self.inner.read_snapshot(stream)
 
 
 def test_r7_a_retried_append_never_duplicates_an_event(make_runtime: MakeRuntime, kit: Kit,

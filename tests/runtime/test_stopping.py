@@ -1,0 +1,76 @@
+"""A runtime that stops while a claim is under way (R29): the sessions it owns are released,
+and none is claimed after the release — a session claimed then would be owned by a worker that
+is gone (a pool finds such a session only in a beat, which a worker that stops removes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from terret.domain.errors import RuntimeStopping
+from terret.domain.store import EventStore, StoredRecord, session_stream
+from tests.runtime.conftest import MakeRuntime
+from tests.runtime.kit import DelegatingStore, names, read_log, wait_until
+
+
+class HeldReads(DelegatingStore):
+    """Holds up the first read of ``stream`` once armed, until ``go`` is set."""
+
+    def __init__(self, inner: EventStore) -> None:
+        super().__init__(inner)
+        self.stream: str | None = None
+        self.holding = threading.Event()
+        self.go = threading.Event()
+        self.done = threading.Event()
+
+    def read_stream(self, stream: str, **kw: Any) -> list[StoredRecord]:
+        if stream == self.stream and not self.holding.is_set():
+            self.holding.set()
+            self.go.wait(30)
+            try:
+                return self.inner.read_stream(stream, **kw)
+            finally:
+                self.done.set()
+        return self.inner.read_stream(stream, **kw)
+
+
+def test_a_wake_being_offered_when_close_begins_claims_nothing_after_the_release(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    held = HeldReads(store)
+    server = make_runtime(on_store=held)
+    server.serve_start()
+    operator = make_runtime()
+    sid = operator.create_session()
+    server.catch_up_views()
+    held.stream = session_stream(sid)
+    operator.inject(sid, "wake up", wake=True)
+    # The server is reading the session to decide whether to claim it.
+    assert held.holding.wait(15), "the server never read the woken session"
+    release_all = server.agent_host.release_all
+
+    def release_then_go_on(reason: str) -> None:
+        release_all(reason)  # the sessions it owns (none yet) are released...
+        held.go.set()  # ...and only then does the offer under way go on
+
+    server.agent_host.release_all = release_then_go_on  # type: ignore[method-assign]
+    server.close(grace=1.0)
+    assert held.done.wait(15)
+    time.sleep(0.5)  # time for a late claim to land, if one were made
+    log = names(read_log(store, sid))
+    assert "agent/attached" not in log, log
+    assert "turn/start" not in log
+    # The wake is still waiting in the log: another worker takes it up.
+    replacement = make_runtime()
+    replacement.serve_start()
+    wait_until(lambda: "turn/end" in names(read_log(store, sid)), what="the wake served")
+
+
+def test_a_runtime_that_stopped_takes_no_session(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    sid = rt.create_session()
+    rt.close()
+    with pytest.raises(RuntimeStopping):
+        rt.spawn_agent(sid)
