@@ -283,15 +283,22 @@ class ProjectionRunner:
                 scope.note(history[-1:])
             scope.watched.add(stream)
 
-    def scope_head(self) -> int:
+    def scope_head(self, stream: str | None = None) -> int:
         """A scoped runner's head: the position of the last event of the streams it watches
-        (0 when none has any), read from the store."""
+        (0 when none has any), or of ``stream`` alone (one read), read from the store. An
+        unscoped runner's is the log's head."""
         scope = self._scope
         if scope is None:
             return self.store.head_position()
-        last = [r.position for s in scope.streams()
+        streams = scope.streams() if stream is None else [stream]
+        last = [r.position for s in streams
                 for r in self.store.read_stream(s, backwards=True, limit=1)]
         return max(last, default=0)
+
+    def follows(self, stream: str) -> bool:
+        """Whether the views hold ``stream``'s events: every stream, unless the runner is
+        scoped (then the ones it watches)."""
+        return self._scope is None or stream in self._scope.watched
 
     def unwatch(self, stream: str) -> None:
         """Stop following ``stream`` (a scoped runner); what its views hold stays, and a later

@@ -82,7 +82,8 @@ class TurnServices:
     add_listener: Callable[[Listener, set[str]], ListenerHandle]
     wait_for: Callable[[int], None]
     """Read-your-writes: until the views include this store position."""
-    catch_up_views: Callable[[], None]
+    catch_up_views: Callable[[UUID], None]
+    """Until the views hold everything of this session written so far."""
     budget_guard: BudgetGuard
     pre_step: Sequence[PreStepHook]
     """The runtime's own hooks (a live list: hooks added later apply to the next step)."""
@@ -348,7 +349,7 @@ class Agent:
             raise TurnCancelled("cancel recorded before resume")
         # The owed calls go through the allow-list and the steps through pre-step hooks, which
         # read the views: bring them up to the log a previous process left.
-        self.services.catch_up_views()
+        self.services.catch_up_views(self.session_id)
         if state.step_open and state.step_answered:
             owed = session.owed_calls()
             if owed:  # the last result and the step's end (without usage) in one append
@@ -455,6 +456,10 @@ class Agent:
             self.ownership.check()
             session = self._load()
             self.ownership.fence(session)
+            if session.state.cancel_requested:
+                # Recorded by any process: the log read just now can say so before the cancel
+                # reaches this process's subscription (R13). The call is answered as not run.
+                self.cancel_event.set()
             ctx = CallContext(self.session_id, call.id, call.name, dict(call.args), turn)
             outcome = None
             if call.id in session.state.started:

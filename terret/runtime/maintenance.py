@@ -65,7 +65,8 @@ class UpkeepServices:
     model_spec: Callable[[Session, str], str]
     background: Callable[[Callable[[], object]], None]
     """Queue a task on the upkeep pool (never the projection runner's thread)."""
-    catch_up_views: Callable[[], None]
+    catch_up_views: Callable[[UUID], None]
+    """Until the views hold everything of this session written so far."""
     serves: Callable[[str], bool] = lambda agent: True
     """Whether this process serves sessions of that agent (it defines it): the automatic
     upkeep writes only to those, and leaves the others to the processes that do."""
@@ -141,7 +142,7 @@ class Compactor:
         summarizer = self.summarizer
         if isinstance(summarizer, RoleBound):
             summarizer = summarizer.for_session(session_roles(upkeep, session))
-        upkeep.catch_up_views()  # the views now hold at least everything up to the mark
+        upkeep.catch_up_views(sid)  # the views now hold at least everything up to the mark
         messages = upkeep.views.messages(sid)
         summary = summarizer.summarize(messages)
         if summary is None:

@@ -186,8 +186,24 @@ class Runtime:
         else:
             self.runner.catch_up()
 
-    def catch_up_views(self) -> None:
-        self.wait_for(self._views_head())
+    def catch_up_views(self, session_id: UUID | None = None) -> None:
+        """Wait until the views hold everything written so far — of one session, if given
+        (for a pool member, one read of that session's stream rather than of all it serves)."""
+        if session_id is not None and self.runner.scoped:
+            self.wait_for(self.runner.scope_head(session_stream(session_id)))
+        else:
+            self.wait_for(self._views_head())
+
+    def _views_of(self, session_id: UUID) -> Views:
+        """The views, caught up on ``session_id``; a pool member refuses a session it does not
+        serve (its views hold only those it does: the answer would be empty, not true)."""
+        if not self.runner.follows(session_stream(session_id)):
+            raise errors.RuntimeFault(
+                f"session {session_id} is not served by this pool member, whose views hold "
+                "only the sessions it serves: ask a runtime that is not a pool member (or "
+                "`terret usage` / `terret sessions show`)")
+        self.catch_up_views(session_id)
+        return self.views
 
     def _views_head(self) -> int:
         """The position the views must reach to hold everything written so far: the log's
@@ -383,12 +399,10 @@ class Runtime:
         self.commands.set_model(session_id, role, spec, by=by)
 
     def usage(self, session_id: UUID) -> dict[str, Any]:
-        self.catch_up_views()
-        return self.views.usage(session_id).as_dict()
+        return self._views_of(session_id).usage(session_id).as_dict()
 
     def title(self, session_id: UUID) -> str | None:
-        self.catch_up_views()
-        return self.views.title(session_id)
+        return self._views_of(session_id).title(session_id)
 
     # --- serving -------------------------------------------------------------------------
 

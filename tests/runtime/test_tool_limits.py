@@ -27,6 +27,7 @@ from tests.runtime.kit import (
     other_process,
     read_log,
     turn_in_background,
+    wait_until,
 )
 
 MiB = 1024 * 1024
@@ -283,8 +284,12 @@ def test_without_a_timeout_a_cancel_is_honoured_when_the_handler_returns(
     sid = rt.create_session()
     job = turn_in_background(rt, sid, "go")
     assert entered.wait(10)
-    other_process(opened.uri, "cancel", str(sid))
-    release.set()
+    # The cancel must be honoured from the log, even before it reaches this process's
+    # subscription: hold the runner back until both calls are answered.
+    with rt.runner._pause:
+        other_process(opened.uri, "cancel", str(sid))
+        release.set()
+        wait_until(lambda: len(_results(store, sid)) == 2, what="both calls answered")
     assert job.join(timeout=15).status == "cancelled"
     first, second = _results(store, sid)
     assert (first["is_error"], first["content"]) == (False, "finished")  # it ran: it is kept

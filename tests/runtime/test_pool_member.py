@@ -1,0 +1,34 @@
+"""A pool member's ``Runtime`` (``serve_start(group=...)``): its views follow only the sessions
+it serves, so its per-session queries answer for those and refuse the others with a typed
+error rather than an empty answer. On a store without groups (SQLite) the group is ignored and
+every session is answered."""
+
+from __future__ import annotations
+
+import pytest
+
+from terret import Actor, Usage
+from terret.domain.errors import RuntimeFault
+from tests.runtime.conftest import MakeRuntime, OpenedStore
+from tests.runtime.kit import final, names, read_log, wait_until
+
+
+def test_a_pool_members_queries_answer_for_its_sessions_and_refuse_the_others(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    member = make_runtime([final("served", usage=Usage(10, 2))], start=False)
+    member.serve_start(group="terret-test-pool")
+    operator = make_runtime()
+    served, other = operator.create_session(), operator.create_session()
+    operator.set_title(other, "Not the member's", by=Actor(actor="operator", id="test"))
+    operator.inject(served, "take this one", wake=True)
+    wait_until(lambda: "turn/end" in names(read_log(opened.store, served)),
+               what="the member to serve the woken session")
+    assert member.usage(served)["prompt_tokens"] == 10
+    if opened.kind == "sqlite":  # no groups: every worker's views hold every session
+        assert member.title(other) == "Not the member's"
+        return
+    with pytest.raises(RuntimeFault, match="not served by this pool member"):
+        member.title(other)
+    with pytest.raises(RuntimeFault, match="not served by this pool member"):
+        member.usage(other)
+
