@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sqlite3
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -27,63 +27,29 @@ from terret import Session
 from terret.adapters.stores import MemoryStore, SQLiteStore
 from terret.domain.errors import StoreFull, ViewsCorrupt, ViewsMismatch
 from terret.domain.store import (
-    AppendResult,
     EventStore,
-    ExpectedVersion,
-    NewRecord,
-    StoredRecord,
-    Subscription,
 )
 from terret.projections import ProjectionRunner, Views, ViewStore, default_projections
 from terret.runtime.retention import purge_session
 from tests.projections.conftest import OpenedStore
 from tests.projections.logs import OPERATOR, Writer
 from tests.support.esdb_emulator import EsdbEmulator
+from tests.support.stores import DelegatingStore
 
 WAIT = 15.0
 REBUILT = "rebuilding them from position 0"
 
 
-class SameId(EventStore):
+class SameId(DelegatingStore):
     """Another log presenting the identity of the store it stands in for: what a restored
     copy looks like (same id, another history)."""
 
     def __init__(self, inner: EventStore, like: EventStore | None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.like = like
 
     def store_id(self) -> str | None:
         return self.like.store_id() if self.like is not None else None
-
-    def append(self, stream: str, records: Sequence[NewRecord],
-               expected_version: ExpectedVersion) -> AppendResult:
-        return self.inner.append(stream, records, expected_version)
-
-    def read_stream(self, stream: str, **kw: Any) -> list[StoredRecord]:
-        return self.inner.read_stream(stream, **kw)
-
-    def stream_version(self, stream: str) -> int:
-        return self.inner.stream_version(stream)
-
-    def read_all(self, **kw: Any) -> list[StoredRecord]:
-        return self.inner.read_all(**kw)
-
-    def head_position(self) -> int:
-        return self.inner.head_position()
-
-    def open_subscription(self, *, after: int = 0, wire_names: Collection[str] | None = None,
-                          streams: Collection[str] | None = None) -> Subscription:
-        return self.inner.open_subscription(after=after, wire_names=wire_names,
-                                            streams=streams)
-
-    def delete_stream(self, stream: str) -> None:
-        self.inner.delete_stream(stream)
-
-    def write_snapshot(self, stream: str, version: int, state: bytes) -> None:
-        self.inner.write_snapshot(stream, version, state)
-
-    def read_snapshot(self, stream: str) -> tuple[int, bytes] | None:
-        return self.inner.read_snapshot(stream)
 
     def describe(self) -> str:
         return f"copy of {self.inner.describe()}"

@@ -19,7 +19,6 @@ from terret.domain.store import (
 )
 from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import (
-    DelegatingStore,
     Kit,
     approve_all,
     calls,
@@ -33,6 +32,7 @@ from tests.runtime.kit import (
     wait_parked,
     wait_until,
 )
+from tests.support.stores import DelegatingStore
 
 
 def test_r5_concurrent_writers_in_one_process_never_collide(make_runtime: MakeRuntime,

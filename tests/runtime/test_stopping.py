@@ -13,7 +13,8 @@ import pytest
 from terret.domain.errors import RuntimeStopping
 from terret.domain.store import EventStore, StoredRecord, session_stream
 from tests.runtime.conftest import MakeRuntime
-from tests.runtime.kit import DelegatingStore, names, read_log, wait_until
+from tests.runtime.kit import names, read_log, wait_until
+from tests.support.stores import DelegatingStore
 
 
 class HeldReads(DelegatingStore):
