@@ -18,8 +18,9 @@ This module decides who *tries*:
 A pool member (``serve_start(group=...)``: ``terret serve --group`` on EventStoreDB) does not
 search every session — its views follow only the sessions it serves. Its share of the events
 that ask for a worker comes from the store's consumer group (``terret.runtime.pool``): the
-member given one tries the session at once, with no preference and no grace; the scan looks only
-for the sessions named in the last beats of crashed workers (``WorkerLease.orphans``).
+member given one tries the session at once, with no preference and no grace; the scan goes over
+the sessions its views hold (its own) and those named in the last beats of crashed workers
+(``WorkerLease.orphans``).
 
 A worker claims (appends ``agent/attached``) before it starts the turn on a thread of its own,
 so the others see the session owned within milliseconds, however long the turn takes to start.
