@@ -446,10 +446,14 @@ class Session(Aggregate):
         return upto
 
     def require_compactable(self) -> None:
-        """Refuse (``CompactionDeclined``) while a step owes tool results: the summary would
-        cut a tool call from its result. Checked again when the compaction is recorded."""
+        """R19: refuse (``CompactionDeclined``) while a turn is open. A summary taken then would
+        swallow the open turn's user message (its steps would answer a summary instead of the
+        question), or cut a tool call from its result. Checked again when it is recorded."""
         if self.state.owed:
             raise errors.CompactionDeclined("a step owes tool results; compact between turns")
+        if self.state.turn_open:
+            raise errors.CompactionDeclined(
+                f"turn {self.state.turn} is open; compact between turns")
 
     def title(self, title: str, *, by: Actor | None = None, automatic: bool = False) -> str:
         """R20: one automatic title per session; explicit titles replace it. Capped at 80."""

@@ -265,6 +265,27 @@ def test_compacting_twice_declines(target: Target) -> None:
     assert target.invoke("compact", str(sid), "--app", DEMO_APP).exit_code == 1
 
 
+def test_compact_refuses_a_turn_parked_before_its_first_step(target: Target) -> None:
+    """docs/cli.md: compaction runs between turns only. A turn parked on its budget before its
+    first step owes no tool result, yet a summary then would swallow its user message."""
+    writer = target.writer()
+    sid = target.finished()
+    writer.execute(sid, lambda s: s.set_budget(0.5, by=Actor(actor="operator")))
+    writer.execute(sid, lambda s: s.start_turn(trigger="user", text="the question still open"))
+    writer.execute(sid, lambda s: s.park_on_budget(limit=0.5, spent=0.75, estimate=0.1))
+    before = target.snapshot()
+    refused = target.run("compact", str(sid), "--app", DEMO_APP)  # another process
+    assert refused.returncode == 1, refused.stderr
+    line = one_line_error(refused.stderr)
+    assert line.startswith("Error: CompactionDeclined: turn 2 is open"), line
+    assert target.snapshot() == before
+    assert target.invoke("cancel", str(sid)).exit_code == 0
+    resumed = target.invoke("resume", str(sid), "--app", DEMO_APP)  # closes it cancelled
+    assert resumed.exit_code == 0, resumed.stderr
+    done = target.json("compact", str(sid), "--app", DEMO_APP)  # between turns again
+    assert done["upto_seq"] is not None
+
+
 def test_text_shows_json_args_costs_and_steps(target: Target) -> None:
     parked = target.parked()
     listed = target.invoke("approvals", "list", str(parked)).stdout

@@ -125,28 +125,24 @@ def test_r18_compaction_declines_when_model_visible_history_lands_meanwhile(
     assert texts == ["q", "a", "a question nobody summarized", "b"]
 
 
-def test_r18_a_manual_compaction_racing_a_live_turn_declines(make_runtime: MakeRuntime,
-                                                            store, gates) -> None:
+def test_r19_a_manual_compaction_while_a_turn_is_open_declines_without_a_model_call(
+        make_runtime: MakeRuntime, store, gates) -> None:
     gate = gates()
     provider = ScriptedProvider([final("a"), final("b", gate=gate)])
-    holder: dict[str, object] = {}
-    summarizer = Summarizer(during=lambda: holder["release"]())  # type: ignore[operator]
+    summarizer = Summarizer()
     rt = make_runtime(provider, summarizer=summarizer)
     sid = rt.create_session()
     rt.run_turn(sid, "q1")
     job = turn_in_background(rt, sid, "q2")
     wait_until(lambda: len(provider.requests) == 2, what="the live turn's model request")
-
-    def release() -> None:  # the live turn answers while the summarizer runs
-        gate.set()
-        wait_until(lambda: len(only(read_log(store, sid), "assistant/message")) == 2,
-                   what="the live turn's reply")
-
-    holder["release"] = release
-    with pytest.raises(CompactionDeclined):
+    with pytest.raises(CompactionDeclined, match="turn 2 is open"):
         rt.compact(sid)
+    assert summarizer.rendered == []  # refused before the summarizer was asked
+    gate.set()
     assert job.join().status == "completed"
     assert not only(read_log(store, sid), "session/compacted")
+    rt.catch_up_views()
+    assert [m.text for m in rt.views.messages(sid)] == ["q1", "a", "q2", "b"]
 
 
 def test_r19_the_budget_triggers_compaction_on_turn_end(make_runtime: MakeRuntime,
