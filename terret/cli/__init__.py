@@ -22,7 +22,8 @@ import click
 
 from terret import __version__
 from terret.cli._context import DEFAULT_STORE, CliContext, WarningLines
-from terret.domain.errors import InvalidPayload, InvalidStoreURI, TerretError
+from terret.cli._params import FloatRange
+from terret.domain.errors import SHOWN_MAX, InvalidPayload, InvalidStoreURI, TerretError
 
 if TYPE_CHECKING:
     from terret.cli._app import App, default_app, load_app
@@ -176,7 +177,7 @@ class TerretGroup(click.Group):
             exc.show()
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
-            typed = exc.format_message()
+            typed = cut_quotes(exc.format_message())
             if not TYPED.match(typed):
                 typed = f"{type(exc).__name__}: {typed}"
             if isinstance(exc, click.UsageError):
@@ -191,6 +192,19 @@ class TerretGroup(click.Group):
             _json_error(argv, typed, 1)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+QUOTED = re.compile(rf"""(?<!\w)(['"])([^'"\n]{{{SHOWN_MAX + 1},}})\1(?!\w)""")
+
+
+def cut_quotes(message: str) -> str:
+    """Every quoted value in an error message cut as ``shown`` cuts it — also those quoted by
+    a library underneath (a module name, a URI, a spec inside the resolver's refusal)."""
+    def cut(found: re.Match[str]) -> str:
+        quote, text = found.group(1), found.group(2)
+        return f"{quote}{text[:SHOWN_MAX - 2]}… ({len(text)} characters)"
+
+    return QUOTED.sub(cut, message)
 
 
 def _json_error(argv: list[str], typed: str, code: int) -> None:
@@ -220,7 +234,7 @@ def _one_line(ctx: click.Context, exc: Exception) -> str:
 @click.option("--views", "views_path", envvar="TERRET_VIEWS", default=None, metavar="PATH",
               help="SQLite file for the projections' views (default: beside the store).")
 @click.option("--store-timeout", "store_timeout", envvar="TERRET_STORE_TIMEOUT",
-              type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+              type=FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="How long an unreachable EventStoreDB is retried before the command fails "
                    "(default 10, at least 0.1; env TERRET_STORE_TIMEOUT).")
 @click.option("--json", "json_output", is_flag=True, help="Machine-readable JSON output.")

@@ -121,11 +121,11 @@ def check_resolves(resolver: ModelResolver, spec: str, *, param_hint: str = "'SP
         return
     message, known = problem
     if known and not served_here:
-        note(f"warning: {spec!r} cannot be used from here ({message}); recorded: the "
+        note(f"warning: {shown(spec)} cannot be used from here ({message}); recorded: the "
              "process serving the session needs it configured")
         return
     hint = "" if served_here else " (check the provider's name, or record it anyway with --force)"
-    raise click.BadParameter(f"the app cannot resolve {spec!r}: {message}{hint}",
+    raise click.BadParameter(f"the app cannot resolve {shown(spec)}: {message}{hint}",
                              param_hint=param_hint)
 
 
@@ -159,14 +159,14 @@ def load_app(spec: str | None) -> App:
         module = importlib.import_module(module_name)
         factory: Callable[[], App] = getattr(module, attr or "app")
     except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"cannot load app {spec!r}: {exc}") from None
+        raise ConfigurationError(f"cannot load app {shown(spec)}: {exc}") from None
     if not callable(factory):
-        raise ConfigurationError(f"cannot load app {spec!r}: {attr or 'app'} is not callable")
+        raise ConfigurationError(f"cannot load app {shown(spec)}: {attr or 'app'} is not callable")
     try:
         app = factory()
     except Exception as exc:
         raise ConfigurationError(
-            f"cannot load app {spec!r}: {type(exc).__name__}: {exc}") from None
+            f"cannot load app {shown(spec)}: {type(exc).__name__}: {exc}") from None
     if not isinstance(app, App):
         raise ConfigurationError(f"{spec} did not return a terret.cli.App")
     return app

@@ -25,6 +25,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from terret.domain.errors import SessionNotFound, StoreUnavailable
+from terret.domain.errors import shown as cut
 
 if TYPE_CHECKING:
     from terret.domain.events import Actor
@@ -73,17 +74,17 @@ class SessionIdType(click.ParamType):
         except ValueError:
             pass
         if len(text.replace("-", "")) < PREFIX_MIN or not _HEXISH.match(text):
-            self.fail(f"{value!r} is not a session id (a UUID, or a unique prefix of one: "
+            self.fail(f"{cut(value)} is not a session id (a UUID, or a unique prefix of one: "
                       f"{PREFIX_MIN} or more hex digits)", param, ctx)
         obj = ctx.find_object(CliContext) if ctx is not None else None
         if obj is None:
-            self.fail(f"{value!r} is not a session id (expected a UUID)", param, ctx)
+            self.fail(f"{cut(value)} is not a session id (expected a UUID)", param, ctx)
         found = obj.sessions_with_prefix(text, limit=6)
         if not found:
             raise SessionNotFound(f"no session id starts with {text} in {obj.masked_uri}")
         if len(found) > 1:
             shown = ", ".join(str(s) for s in found[:5]) + (", …" if len(found) > 5 else "")
-            self.fail(f"{value!r} is ambiguous: it starts {len(found)} session ids ({shown}); "
+            self.fail(f"{cut(value)} is ambiguous: it starts {len(found)} session ids ({shown}); "
                       "give more of it", param, ctx)
         return found[0]
 
@@ -119,7 +120,7 @@ class ModelSpecType(click.ParamType):
         try:
             return validate_model_spec(str(value))
         except ValueError as exc:
-            self.fail(f"{value!r}: {exc}", param, ctx)
+            self.fail(f"{cut(value)}: {exc}", param, ctx)
 
 
 MODEL_SPEC = ModelSpecType()
@@ -517,7 +518,7 @@ def parse_when(text: str, now: float | None = None) -> float:
     try:
         return datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
-        raise ValueError(f"{text!r} is neither a date (2026-12-01, 2026-12-01T09:30) nor a "
+        raise ValueError(f"{cut(text)} is neither a date (2026-12-01, 2026-12-01T09:30) nor a "
                          "duration (30s, 15m, 2h, 3d, 1w)") from None
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import click
 from click.types import StringParamType
 
-from terret.domain.errors import shown
+from terret.domain.errors import SHOWN_MAX, shown
 
 
 def text_problem(text: str) -> str | None:
@@ -89,6 +89,32 @@ class SecondsType(click.ParamType):
         if not math.isfinite(seconds) or seconds <= 0:
             self.fail(f"{shown(value)} is not a finite number of seconds above 0", param, ctx)
         return seconds
+
+
+class CutQuotes(click.ParamType):
+    """Mixed into click's own types, whose refusals quote the value whole (``repr``): the quote
+    is cut as Terret's own messages cut it (``shown``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as exc:
+            if not isinstance(value, str) or len(repr(value)) <= SHOWN_MAX:
+                raise
+            self.fail(exc.message.replace(repr(value), shown(value)), param, ctx)
+
+
+class IntRange(CutQuotes, click.IntRange):
+    pass
+
+
+class FloatRange(CutQuotes, click.FloatRange):
+    pass
+
+
+class Choice(CutQuotes, click.Choice):  # type: ignore[type-arg]
+    pass
 
 
 TEXT = TextType()

@@ -14,6 +14,7 @@ import click
 
 from terret.cli._context import SESSION, CliContext, operator
 from terret.cli._params import TEXT
+from terret.domain.errors import shown
 
 if TYPE_CHECKING:
     from terret.domain.session import Session
@@ -26,7 +27,7 @@ def call_by_prefix(call_id: str, waiting: list[str]) -> str:
         return call_id
     matches = sorted(c for c in waiting if c.startswith(call_id))
     if len(matches) > 1:
-        raise click.BadParameter(f"{call_id!r} is ambiguous: it starts the waiting calls "
+        raise click.BadParameter(f"{shown(call_id)} is ambiguous: it starts the waiting calls "
                                  f"{', '.join(matches)}; give more of it",
                                  param_hint="'CALL_ID'")
     return matches[0] if matches else call_id

@@ -21,7 +21,8 @@ from terret.cli._context import (
     operator,
     table,
 )
-from terret.cli._params import PATTERN, TEXT
+from terret.cli._params import PATTERN, TEXT, Choice
+from terret.domain.errors import shown
 
 if TYPE_CHECKING:
     from terret.cli._app import App
@@ -203,7 +204,7 @@ def policy_reset(obj: CliContext, session_id: UUID, app_spec: str | None) -> Non
         if definition is None and (agent != "default" or app.agents):
             raise ConfigurationError(
                 f"session {session_id} recorded no floor and the app defines no agent "
-                f"{agent!r}: name the app that serves it (--app)")
+                f"{shown(agent)}: name the app that serves it (--app)")
         floor = list(definition.allow) if definition is not None else []
         source = "app"
     commands.set_policy(session_id, floor, by=operator())
@@ -279,7 +280,7 @@ def title(obj: CliContext, session_id: UUID, new_title: str | None) -> None:
 
 @click.command("usage")
 @click.argument("session_id", type=SESSION, required=False)
-@click.option("--by", "by", type=click.Choice(["model", "turn"]), default=None,
+@click.option("--by", "by", type=Choice(["model", "turn"]), default=None,
               help="Break the figures down by model or by turn.")
 @click.pass_obj
 def usage(obj: CliContext, session_id: UUID | None, by: str | None) -> None:

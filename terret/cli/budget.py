@@ -13,6 +13,7 @@ import click
 from terret.cli._context import SESSION, CliContext, as_json, money, operator, table
 from terret.cli._params import TEXT, NegativeNumbers
 from terret.cli._verdicts import in_doubt as in_doubt_verdicts
+from terret.domain.errors import shown
 
 
 class LimitType(click.ParamType):
@@ -30,9 +31,9 @@ class LimitType(click.ParamType):
         try:
             limit = float(text)
         except ValueError:
-            self.fail(f"{value!r} is not an amount (say 5.00)", param, ctx)
+            self.fail(f"{shown(value)} is not an amount (say 5.00)", param, ctx)
         if not math.isfinite(limit) or limit < 0:
-            self.fail(f"{value!r}: a budget is a finite amount of 0 or more", param, ctx)
+            self.fail(f"{shown(value)}: a budget is a finite amount of 0 or more", param, ctx)
         return limit
 
 

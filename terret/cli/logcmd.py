@@ -14,7 +14,8 @@ from uuid import UUID
 import click
 
 from terret.cli._context import SESSION, CliContext
-from terret.cli._params import TEXT
+from terret.cli._params import TEXT, IntRange
+from terret.domain.errors import shown
 from terret.domain.store import StoredRecord, session_stream
 
 if TYPE_CHECKING:  # the payload classes are loaded when a command reads events
@@ -175,11 +176,11 @@ def _as_dict(record: StoredRecord, event: RecordedEvent) -> dict[str, Any]:
 
 @click.command("log")
 @click.argument("session_id", type=SESSION)
-@click.option("--from", "from_seq", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--from", "from_seq", type=IntRange(min=1), default=1, show_default=True,
               help="First seq to show.")
 @click.option("--type", "types", type=TEXT, multiple=True, metavar="WIRE_NAME",
               help="Only events of this type (repeatable), e.g. --type tool/result.")
-@click.option("--tail", "tail", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("--tail", "tail", type=IntRange(min=1), default=None, metavar="N",
               help="Only the last N events (of those --type keeps).")
 @click.option("--timestamps", "-t", "stamps", is_flag=True,
               help="Show when each event was recorded (local time).")
@@ -279,7 +280,7 @@ def _check_types(store: Any, stream: str, wanted: set[str]) -> None:
         close = difflib.get_close_matches(name, sorted(known), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise click.BadParameter(
-            f"no event type {name!r}{hint}; `terret events` lists the known ones",
+            f"no event type {shown(name)}{hint}; `terret events` lists the known ones",
             param_hint="'--type'")
 
 

@@ -22,7 +22,7 @@ from terret.cli._context import (
     table,
     when,
 )
-from terret.cli._params import AGENT_NAME, TEXT
+from terret.cli._params import AGENT_NAME, TEXT, Choice, IntRange
 
 if TYPE_CHECKING:  # the projections are loaded when a command reads the views
     from terret.projections.approvals import PendingApproval
@@ -42,7 +42,7 @@ def sessions() -> None:
 
 
 @sessions.command("list")
-@click.option("--status", type=click.Choice(STATUSES), help="Only sessions in this state.")
+@click.option("--status", type=Choice(STATUSES), help="Only sessions in this state.")
 @click.option("--agent", type=AGENT_NAME, default=None, help="Only sessions of this agent.")
 @click.option("--title", "title_part", type=TEXT, default=None, metavar="TEXT",
               help="Only sessions whose title holds TEXT (any case).")
@@ -50,8 +50,8 @@ def sessions() -> None:
               help="Only sessions active since WHEN: a date (2026-12-01, 2026-12-01T09:30) "
                    "or a duration back from now (30m, 2h, 3d, 1w).")
 @click.option("--until", type=WHEN, default=None, help="Only sessions last active by WHEN.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N sessions.")
-@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--limit", type=IntRange(min=1), default=None, help="At most N sessions.")
+@click.option("--offset", type=IntRange(min=0), default=0, show_default=True,
               help="Leave out the first N (paging, with --limit).")
 @click.pass_obj
 def list_sessions(obj: CliContext, status: str | None, agent: str | None,
@@ -326,7 +326,7 @@ def close(obj: CliContext, session_id: UUID, reason: str | None) -> None:
 @sessions.command("purge")
 @click.argument("session_id", type=SESSION)
 @click.option("--reason", type=TEXT, default=None, help="Recorded with the deletion.")
-@click.option("--max-age", type=click.IntRange(min=1), default=None, metavar="SECONDS",
+@click.option("--max-age", type=IntRange(min=1), default=None, metavar="SECONDS",
               help="Expire the stream after SECONDS instead of deleting it now (EventStoreDB "
                    "$maxAge).")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")

@@ -129,6 +129,27 @@ def test_a_huge_call_id_is_not_echoed_whole(target: Target) -> None:
     assert len(line) < 300
 
 
+def test_every_long_value_is_cut_in_its_error(target: Target) -> None:
+    """docs/cli.md: a value quoted in an error message is cut to about 60 characters, with its
+    length — click's own refusals, the domain's, and those a library quotes underneath."""
+    sid = str(target.finished())
+    long = "x" * 5000
+    for args, code in [
+        (["sessions", "show", long], 2), (["log", sid, "--type", long], 2),
+        (["log", sid, "--tail", long], 2), (["model", "set", sid, "main", long], 2),
+        (["model", "set", sid, "main", "demo:" + long], 2), (["budget", "set", sid, long], 2),
+        (["sessions", "list", "--since", long], 2), (["sessions", "list", "--status", long], 2),
+        (["sessions", "list", "--limit", long], 2), (["usage", sid, "--by", long], 2),
+        (["--store-timeout", long, "sessions", "list"], 2),
+        (["--store", "esdb://" + long, "sessions", "list"], 2),
+        (["projections", "rebuild", long], 1), (["resume", sid, "--app", long], 2),
+        (["approve", sid, long], 1),
+    ]:
+        line = assert_usage_error(target, args, "characters)", code=code)
+        assert len(line) < 400 and "x" * 100 not in line, line
+        assert "x" * 40 in line, line  # cut, not dropped: the operator sees which value
+
+
 def test_doctor_on_an_unusable_store_uri_is_a_usage_error(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:

@@ -22,7 +22,7 @@ from esdbclient.connection_spec import ConnectionSpec
 from terret.adapters.secret import Secret
 from terret.adapters.stores._esdb_connection import EsdbConnection, log, refusal
 from terret.adapters.stores._uri import check_esdb_uri, mask_credentials, secret_uri
-from terret.domain.errors import CorruptRecord, InvalidStoreURI
+from terret.domain.errors import CorruptRecord, InvalidStoreURI, shown
 from terret.domain.store import StoredRecord
 
 SCHEMES = ("esdb", "esdb+discover")
@@ -44,10 +44,10 @@ def prepare_uri(uri: str) -> Secret:
     try:
         parts = urlsplit(uri)
     except ValueError as exc:
-        raise InvalidStoreURI(f"invalid EventStoreDB URI {masked!r}: {exc}") from None
+        raise InvalidStoreURI(f"invalid EventStoreDB URI {shown(masked)}: {exc}") from None
     if parts.scheme not in SCHEMES:
         raise InvalidStoreURI(
-            f"invalid EventStoreDB URI {masked!r}: the scheme must be esdb:// or esdb+discover://"
+            f"invalid EventStoreDB URI {shown(masked)}: the scheme must be esdb:// or esdb+discover://"
         )
     check_esdb_uri(uri)  # credentials esdbclient cannot parse, a port that is no port
     uri = _with_defaults(uri, parts)
@@ -74,12 +74,13 @@ def _check_with_esdbclient(uri: str, secret: Secret) -> None:
     try:
         spec = ConnectionSpec(uri)
     except ValueError as exc:
-        message = secret.scrub(str(exc))
+        # It quotes the URI once more: once, cut, is enough.
+        message = secret.scrub(str(exc)).replace(f": {secret.masked}", "")
     else:
         _check_files(spec, secret)
         return
     # Outside the handler: the error does not carry esdbclient's unscrubbed one as its context.
-    raise InvalidStoreURI(f"invalid EventStoreDB URI {secret.masked!r}: {message}")
+    raise InvalidStoreURI(f"invalid EventStoreDB URI {shown(secret.masked)}: {message}")
 
 
 def _check_files(spec: ConnectionSpec, secret: Secret) -> None:
@@ -92,7 +93,7 @@ def _check_files(spec: ConnectionSpec, secret: Secret) -> None:
                     pass
             except OSError as exc:
                 raise InvalidStoreURI(
-                    f"invalid EventStoreDB URI {secret.masked!r}: {name} {path!r}: "
+                    f"invalid EventStoreDB URI {shown(secret.masked)}: {name} {path!r}: "
                     f"{exc.strerror}"
                 ) from None
 

@@ -11,7 +11,7 @@ from typing import Literal
 from urllib.parse import unquote
 
 from terret.adapters.secret import Secret
-from terret.domain.errors import InvalidStoreURI
+from terret.domain.errors import InvalidStoreURI, shown
 
 StoreKind = Literal["sqlite", "memory", "eventstoredb"]
 
@@ -175,7 +175,7 @@ def check_esdb_uri(uri: str) -> None:
         # "#") and takes the hosts from after the *first* "@"; it passes the password on
         # without percent-decoding, so such credentials cannot work in any spelling.
         raise InvalidStoreURI(
-            f"invalid EventStoreDB URI {masked!r}: the user name or password contains "
+            f"invalid EventStoreDB URI {shown(masked)}: the user name or password contains "
             f"{' '.join(repr(c) for c in bad)}, which esdbclient cannot parse; "
             "choose credentials without '@', '/', '?' or '#'"
         )
@@ -189,7 +189,7 @@ def check_esdb_uri(uri: str) -> None:
         if port is not None and not _valid_port(port):
             hidden = "" if bounds else " (not shown: it may be a password, '@host' forgotten)"
             raise InvalidStoreURI(
-                f"invalid EventStoreDB URI {masked!r}: the port of host {host!r} is not a "
+                f"invalid EventStoreDB URI {shown(masked)}: the port of host {host!r} is not a "
                 f"number from 1 to 65535{hidden}; write host:port, e.g. localhost:2113"
             )
 
