@@ -26,6 +26,7 @@ from click.shell_completion import CompletionItem
 
 from terret.domain.errors import SessionNotFound, StoreUnavailable
 from terret.domain.errors import shown as cut
+from terret.domain.money import cost_figure
 
 if TYPE_CHECKING:
     from terret.domain.events import Actor
@@ -494,6 +495,14 @@ def money(cost: float | None) -> str:
     """A cost, always the same way: dollars with six decimals (LLM calls cost fractions of a
     cent)."""
     return f"{CURRENCY}{(cost or 0.0):.6f}"
+
+
+def parked_json(wait: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A turn parked on its budget, for ``--json``: its figures rounded as ``usage`` rounds."""
+    if wait is None:
+        return None
+    return {"turn": wait["turn"], "limit": wait["limit"], "spent": cost_figure(wait["spent"]),
+            "estimate": cost_figure(wait["estimate"])}
 
 
 def plural(count: int, word: str) -> str:

@@ -10,10 +10,11 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import SESSION, CliContext, as_json, money, operator, table
+from terret.cli._context import SESSION, CliContext, as_json, money, operator, parked_json, table
 from terret.cli._params import TEXT, NegativeNumbers
 from terret.cli._verdicts import in_doubt as in_doubt_verdicts
 from terret.domain.errors import shown
+from terret.domain.money import cost_figure
 
 
 class LimitType(click.ParamType):
@@ -45,11 +46,6 @@ def budget() -> None:
     """The spend budget of sessions: what a session may cost in its lifetime."""
 
 
-def _parked(wait: dict[str, Any] | None) -> dict[str, Any] | None:
-    if wait is None:
-        return None
-    return {"turn": wait["turn"], "limit": wait["limit"], "spent": wait["spent"],
-            "estimate": wait["estimate"]}
 
 
 @budget.command("show")
@@ -61,8 +57,8 @@ def show(obj: CliContext, session_id: UUID) -> None:
     state = obj.commands().writer.load(session_id).state  # the store's latest (R30)
     own = state.budget if state.budget_set else None
     wait = state.budget_wait
-    data = {"session": str(session_id), "budget": own, "spent": state.total_cost,
-            "estimate": state.dearest_call, "parked": wait.to_dict() if wait else None}
+    data = {"session": str(session_id), "budget": own, "spent": cost_figure(state.total_cost),
+            "estimate": state.dearest_call, "parked": parked_json(wait.to_dict() if wait else None)}
     lines = [
         "budget    " + (f"{money(own)} (its own)" if own is not None else
                         "none of its own: the serving deployment's default applies "
@@ -108,7 +104,7 @@ def clear(obj: CliContext, session_id: UUID, reason: str | None) -> None:
 def list_parked(obj: CliContext) -> None:
     """Sessions whose open turn is parked on its budget."""
     found = obj.views(reads=("status",)).parked_on_budget()
-    data = [{"session": s.session.removeprefix("session-"), **(_parked(s.budget_wait) or {})}
+    data = [{"session": s.session.removeprefix("session-"), **(parked_json(s.budget_wait) or {})}
             for s in found]
     rows = [[d["session"], str(d["turn"]), money(d["spent"]), money(d["limit"]),
              money(d["estimate"])] for d in data]

@@ -18,11 +18,13 @@ from terret.cli._context import (
     money,
     note,
     operator,
+    parked_json,
     plural,
     table,
     when,
 )
 from terret.cli._params import AGENT_NAME, TEXT, Choice, IntRange
+from terret.domain.money import cost_figure
 
 if TYPE_CHECKING:  # the projections are loaded when a command reads the views
     from terret.projections.approvals import PendingApproval
@@ -173,8 +175,8 @@ def _show_data(s: _Shown, roles: dict[str, str],
         "usage_by_model": {k: v.as_dict() for k, v in usage_by_model.items()},
         "in_doubt_calls": [{"call_id": c["id"], "tool": c["name"], "args": c["args"]}
                            for c in status.in_doubt],
-        "budget": {"limit": status.budget, "spent": status.cost,
-                   "parked": status.budget_wait},
+        "budget": {"limit": status.budget, "spent": cost_figure(status.cost),
+                   "parked": parked_json(status.budget_wait)},
     }
 
 

@@ -13,6 +13,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from terret.domain.money import cost_figure
 from terret.projections._typed import handler
 from terret.projections.base import TypedProjection
 
@@ -32,7 +33,7 @@ class UsageTotals:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
-            "cost": round(self.cost, 10),
+            "cost": cost_figure(self.cost),
             "steps": self.steps,
         }
 
@@ -173,7 +174,7 @@ class UsageProjection(TypedProjection):
 def _totals(row: tuple[Any, ...] | None) -> UsageTotals:
     if row is None or row[3] is None:
         return UsageTotals()
-    return UsageTotals(int(row[0]), int(row[1]), float(row[2]), int(row[3]))
+    return UsageTotals(int(row[0]), int(row[1]), cost_figure(float(row[2])), int(row[3]))
 
 
 def session_usage(db: sqlite3.Connection, stream: str) -> UsageTotals:

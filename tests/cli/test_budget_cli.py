@@ -25,9 +25,9 @@ from terret import (
     call,
     tool,
 )
-from terret.domain.events import ToolCallData, UsageData
+from terret.domain.events import Actor, ToolCallData, UsageData
 from tests.cli.conftest import DEPLOY_ARGS, Target, one_line_error
-from tests.cli.waits import in_doubt, parked_on_budget
+from tests.cli.waits import MODEL, in_doubt, parked_on_budget
 
 
 def test_budget_show_set_clear_and_list(target: Target) -> None:
@@ -53,6 +53,34 @@ def test_budget_show_set_clear_and_list(target: Target) -> None:
     assert target.json("budget", "show", str(sid))["budget"] is None
     assert "the serving deployment's default applies" in target.invoke(
         "budget", "show", str(sid)).stdout
+
+
+def test_every_command_gives_one_figure_for_a_sum_of_costs(target: Target) -> None:
+    """0.1 + 0.2 is 0.30000000000000004 in floats: every --json figure of the same spend is
+    the same number (rounded as `usage` rounds), and the text the same amount."""
+    writer = target.writer()
+    sid = target.new_session()
+    writer.execute(sid, lambda s: s.set_budget(0.3, by=Actor(actor="operator")))
+    writer.execute(sid, lambda s: s.start_turn(trigger="user", text="spend"))
+    for n, cost in ((1, 0.1), (2, 0.2)):
+        writer.execute(sid, lambda s: s.start_step(MODEL))
+        writer.execute(sid, lambda s, n=n, cost=cost: s.record_assistant(
+            "", [ToolCallData(id=f"c{n}", name="service_status", args={})], model=MODEL,
+            usage=UsageData(prompt_tokens=10, completion_tokens=1, cost=cost)))
+        writer.execute(sid, lambda s, n=n: (s.record_tool_result(f"c{n}", "service_status",
+                                                                 "ok"), s.end_step()))
+    writer.execute(sid, lambda s: s.park_on_budget(limit=0.3, spent=0.1 + 0.2, estimate=0.2))
+    shown = target.json("budget", "show", str(sid))
+    (listed,) = target.json("budget", "list")
+    session = target.json("sessions", "show", str(sid))
+    figures = [shown["spent"], shown["parked"]["spent"], listed["spent"],
+               session["budget"]["spent"], session["budget"]["parked"]["spent"],
+               target.json("usage", str(sid))[str(sid)]["cost"],
+               session["usage_by_model"][MODEL]["cost"]]
+    assert figures == [0.3] * len(figures), figures
+    for command in (["budget", "show"], ["sessions", "show"], ["usage"]):
+        text = target.invoke(*command, str(sid)).stdout
+        assert "$0.300000" in text and "0.3000000000" not in text, text
 
 
 @pytest.mark.parametrize("bad", [["--", "-1"], ["abc"], ["inf"], ["nan"], [""], ["$-2"]])
