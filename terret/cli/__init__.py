@@ -238,11 +238,16 @@ def _one_line(ctx: click.Context, exc: Exception) -> str:
               help="How long an unreachable EventStoreDB is retried before the command fails "
                    "(default 10, at least 0.1; env TERRET_STORE_TIMEOUT).")
 @click.option("--json", "json_output", is_flag=True, help="Machine-readable JSON output.")
+@click.option("--extensions", "extensions", envvar="TERRET_EXTENSIONS", default=None,
+              metavar="MODULES",
+              help="Comma-separated modules to import first: your extension events register "
+                   "there (env TERRET_EXTENSIONS).")
 @click.option("-v", "--verbose", is_flag=True, help="Log lifecycle transitions to stderr.")
 @click.version_option(__version__, package_name="terret")  # no metadata lookup
 @click.pass_context
 def cli(ctx: click.Context, store_uri: str, views_path: str | None,
-        store_timeout: float | None, json_output: bool, verbose: bool) -> None:
+        store_timeout: float | None, json_output: bool, extensions: str | None,
+        verbose: bool) -> None:
     """Terret: long-lived LLM agent sessions on an event store.
 
     Every step, tool call, approval, compaction, title and cost figure is an event in a
@@ -250,6 +255,10 @@ def cli(ctx: click.Context, store_uri: str, views_path: str | None,
     by another process. Start with `terret demo`.
     """
     log = _logging(verbose)
+    if extensions:
+        from terret.cli._extensions import import_extensions
+
+        import_extensions(extensions)
     if os.environ.get("NO_COLOR"):  # https://no-color.org: off even on a terminal
         ctx.color = False
     ctx.obj = CliContext(store_uri, views_path, json_output, store_timeout=store_timeout,

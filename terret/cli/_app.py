@@ -3,14 +3,13 @@ runtime settings. ``--app module:function`` names a function returning an :class
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import click
 
+from terret.cli._extensions import import_from_cwd
 from terret.domain.errors import ConfigurationError, TerretError, shown
 from terret.runtime.agent import AgentDefinition
 from terret.runtime.maintenance import Titler
@@ -150,13 +149,8 @@ def load_app(spec: str | None) -> App:
             raise ConfigurationError(
                 f"cannot build the default app from the environment: {exc}") from None
     module_name, _, attr = spec.partition(":")
-    # The `terret` entry point's sys.path[0] is its bin directory, not the working directory:
-    # put the latter first, so an app module next to where the command runs is found.
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name)
+        module = import_from_cwd(module_name)
         factory: Callable[[], App] = getattr(module, attr or "app")
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(f"cannot load app {shown(spec)}: {exc}") from None

@@ -74,7 +74,9 @@ class SessionIdType(click.ParamType):
             return UUID(text)
         except ValueError:
             pass
-        if len(text.replace("-", "")) < PREFIX_MIN or not _HEXISH.match(text):
+        digits = len(text.replace("-", ""))
+        # Longer than a UUID's 32 digits, it is no prefix of one (and too long a LIKE pattern).
+        if not PREFIX_MIN <= digits <= 32 or not _HEXISH.match(text):
             self.fail(f"{cut(value)} is not a session id (a UUID, or a unique prefix of one: "
                       f"{PREFIX_MIN} or more hex digits)", param, ctx)
         obj = ctx.find_object(CliContext) if ctx is not None else None

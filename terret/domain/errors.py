@@ -261,6 +261,17 @@ class ModelCancelled(RuntimeFault):
     """An in-flight model request was abandoned because its turn was cancelled."""
 
 
+class TurnSuspended(TerretError):
+    """The process is stopping (``Runtime.close()``, SIGTERM for ``terret serve``): the turn
+    stopped at a step boundary, or left its parked approval, without writing anything, and
+    stays open and resumable. A ``run_turn``/``resume_turn`` caller waiting on it gets this."""
+
+
+class TurnCancelled(TerretError):
+    """Raised inside a turn when its cancellation was recorded; the loop closes it cancelled
+    (it does not reach ``run_turn``'s caller, who gets the ``cancelled`` result)."""
+
+
 class ConfigurationError(TerretError):
     """Terret's configuration is missing something a command needs (e.g. an unconfigured role)."""
 

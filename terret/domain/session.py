@@ -207,7 +207,10 @@ class Session(Aggregate):
                 raise errors.InvalidPayload(wire_name, name, problem)
 
     def queue(self, text: str, *, wake: bool = False, inbox_id: str | None = None) -> str:
+        """Blank text is refused (``InvalidPayload``): a step would take nothing from it."""
         payload = InboxQueued(inbox_id=inbox_id or uuid4().hex, text=text, wake=wake)
+        if not payload.text.strip():
+            raise errors.InvalidPayload(InboxQueued.wire_name, "text", "the text is blank")
         self._require_open()
         self._record(payload)
         return payload.inbox_id
@@ -457,6 +460,9 @@ class Session(Aggregate):
 
     def title(self, title: str, *, by: Actor | None = None, automatic: bool = False) -> str:
         """R20: one automatic title per session; explicit titles replace it. Capped at 80."""
+        if not isinstance(title, str):
+            raise errors.InvalidPayload(SessionTitled.wire_name, "title",
+                                        f"a title is text, not {type(title).__name__}")
         self._storable(SessionTitled.wire_name, title=title)
         self._require_open()
         if automatic and self.state.titled:
@@ -466,7 +472,12 @@ class Session(Aggregate):
         return title
 
     def update_policy(self, patterns: Sequence[str], *, by: Actor | None = None) -> None:
-        """Malformed patterns (see ``validate_pattern``) are refused with ``InvalidPayload``."""
+        """Malformed patterns (see ``validate_pattern``) are refused with ``InvalidPayload``, and
+        so is one string in place of a list (it would be taken as one pattern per character)."""
+        if isinstance(patterns, str | bytes):
+            raise errors.InvalidPayload(PolicyUpdated.wire_name, "patterns",
+                                        f"a list of patterns, not one string "
+                                        f"({errors.shown(patterns)})")
         payload = PolicyUpdated(patterns=list(patterns), by=by)
         self._require_open()
         self._record(payload)

@@ -33,7 +33,7 @@ from uuid import UUID, uuid4
 
 from eventsourcing import persistence as es
 
-from terret.domain.errors import WrongExpectedVersion
+from terret.domain.errors import SessionNotFound, WrongExpectedVersion, shown
 from terret.domain.workers import MemoryWorkers, WorkerRegistry
 
 MAX_RECORD_BYTES = 1024 * 1024
@@ -45,6 +45,20 @@ RETENTION_STREAM = "terret-retention"
 
 def session_stream(session_id: UUID) -> str:
     return f"{SESSION_PREFIX}{session_id}"
+
+
+def as_session_id(session: object) -> UUID:
+    """A session id given as a ``UUID``, its string form or its stream name
+    (``session-<uuid>``); anything else is refused with ``SessionNotFound``."""
+    if isinstance(session, UUID):
+        return session
+    if isinstance(session, str):
+        try:
+            return UUID(session.strip().removeprefix(SESSION_PREFIX))
+        except ValueError:
+            pass
+    raise SessionNotFound(f"{shown(session)} is not a session id (a UUID, its string form or "
+                          f"{SESSION_PREFIX}<uuid>)")
 
 
 def session_id_of(stream: str) -> UUID | None:

@@ -130,7 +130,7 @@ class SessionCommands:
     def set_policy(self, session_id: UUID, patterns: Sequence[str], *, by: Actor) -> None:
         """Replace the allow-list (R23): the very next tool call uses it, in any process. No
         patterns is deny-all."""
-        self._run(session_id, lambda s: s.update_policy(list(patterns), by=by))
+        self._run(session_id, lambda s: s.update_policy(patterns, by=by))
 
     def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor,
                   check: Callable[[str], None] | None = None) -> None:

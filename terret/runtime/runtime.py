@@ -26,6 +26,7 @@ from terret.domain.store import EventStore, session_stream
 from terret.projections.base import ViewStore
 from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views, default_projections
+from terret.runtime._sessions import takes_session
 from terret.runtime.agent import Agent, AgentDefinition, TurnResult, TurnServices
 from terret.runtime.approvals import WAKING, ApprovalSignals
 from terret.runtime.commands import SessionCommands
@@ -247,6 +248,7 @@ class Runtime:
             raise errors.ConfigurationError(f"model role {role!r} is not configured")
         return spec
 
+    @takes_session
     def close_session(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
         """Record ``session/closed``; this process's agent for it, if idle, lets it go at once
         (``agent/detached``, reason ``session closed``) — a started runtime's owner does the
@@ -262,6 +264,7 @@ class Runtime:
             self.background(partial(self.agent_host.let_go, sid, "session closed",
                                     wait=self.config.wait_timeout))
 
+    @takes_session
     def purge(self, session_id: UUID, *, by: Actor, reason: str | None = None,
               max_age: int | None = None) -> None:
         """Retention (R27): delete a closed session's stream; the deletion is recorded."""
@@ -269,6 +272,7 @@ class Runtime:
 
     # --- the agent registry (R22) --------------------------------------------------------
 
+    @takes_session
     def spawn_agent(self, session_id: UUID, *, agent_id: str | None = None,
                     take_idle: bool = True, _for_new_turn: bool = False) -> Agent:
         """Create this process's agent for the session and take ownership of it (R22, R28):
@@ -280,6 +284,7 @@ class Runtime:
     def dispose_agent(self, agent_id: str, *, reason: str | None = None) -> None:
         self.agent_host.dispose(agent_id, reason=reason)
 
+    @takes_session
     def agent_for_session(self, session_id: UUID) -> Agent | None:
         return self.agent_host.agent_for_session(session_id)
 
@@ -287,6 +292,7 @@ class Runtime:
     def agents(self) -> list[Agent]:
         return self.agent_host.agents
 
+    @takes_session
     def agent_for(self, session_id: UUID, *, take_idle: bool = False,
                   for_new_turn: bool = False) -> Agent:
         """This process's agent for the session, spawned (and owning it) if there is none."""
@@ -300,21 +306,41 @@ class Runtime:
 
     # --- turns ---------------------------------------------------------------------------
 
+    @takes_session
     def run_turn(self, session_id: UUID, text: str | None) -> TurnResult:
         """Start a turn here; an idle session another worker owns moves to this one (the
         caller chose this process), a running one is refused with ``SessionOwned``."""
-        agent = self.agent_for(session_id, take_idle=True, for_new_turn=True)
+        try:
+            agent = self.agent_for(session_id, take_idle=True, for_new_turn=True)
+        except errors.TurnOpenInLog:
+            self._refuse_if_run_elsewhere(session_id)
+            raise  # nobody is running it: a process died in it (R4)
         return self.drive(agent, lambda: agent.run_turn(text))
 
+    def _refuse_if_run_elsewhere(self, session_id: UUID) -> None:
+        """``SessionOwned`` when the open turn is another live worker's: it is not one a
+        process died in, and resuming it here would be refused too."""
+        state = self.writer.load(session_id).state
+        owner = state.owner
+        if (owner is not None and owner.worker != self.lease.worker
+                and self.lease.alive(owner.worker)):
+            raise errors.SessionOwned(
+                f"session {session_id} is running turn {state.turn} in worker {owner.worker} "
+                f"(agent {owner.agent_id}, pid {owner.pid} on {owner.host}), whose lease is "
+                "live") from None
+
+    @takes_session
     def resume_turn(self, session_id: UUID) -> TurnResult:
         """Resume the open turn here (``SessionOwned`` while a live worker owns it)."""
         agent = self.agent_for(session_id)
         return self.drive(agent, agent.resume_turn)
 
+    @takes_session
     def resumable(self, session_id: UUID) -> bool:
         """R14: the log holds a ``turn/start`` with no ``turn/end`` after it."""
         return self.writer.load(session_id).turn_open
 
+    @takes_session
     def cancel(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
         """R13: record the cancel first; the turn's owner then denies standing approvals and
         closes the turn ``cancelled`` at its next boundary (a parked turn at once)."""
@@ -326,14 +352,17 @@ class Runtime:
 
     # --- approvals -----------------------------------------------------------------------
 
+    @takes_session
     def pending(self, session_id: UUID) -> list[str]:
         """R10: the open turn's call ids still awaiting a verdict."""
         return list(self.writer.load(session_id).pending_approvals())
 
+    @takes_session
     def approve(self, session_id: UUID, call_id: str, *, by: Actor,
                 reason: str | None = None) -> None:
         self._resolve(session_id, call_id, "approved", by, reason)
 
+    @takes_session
     def deny(self, session_id: UUID, call_id: str, *, by: Actor, reason: str) -> None:
         self._resolve(session_id, call_id, "denied", by, reason)
 
@@ -343,15 +372,18 @@ class Runtime:
 
     # --- calls in doubt (R15) -------------------------------------------------------------
 
+    @takes_session
     def in_doubt(self, session_id: UUID) -> list[str]:
         """The open turn's calls in doubt: started, no result, waiting for a verdict."""
         return list(self.writer.load(session_id).in_doubt())
 
+    @takes_session
     def rerun(self, session_id: UUID, call_id: str, *, by: Actor,
               reason: str | None = None) -> None:
         """Let a call in doubt run again (it may have taken effect the first time)."""
         self._resolve_doubt(session_id, call_id, "rerun", by, reason)
 
+    @takes_session
     def skip(self, session_id: UUID, call_id: str, *, by: Actor, reason: str) -> None:
         """Do not run a call in doubt again: the model gets an error result saying so."""
         self._resolve_doubt(session_id, call_id, "skipped", by, reason)
@@ -363,6 +395,7 @@ class Runtime:
 
     # --- spend budget (R21) --------------------------------------------------------------
 
+    @takes_session
     def set_budget(self, session_id: UUID, limit: float | None, *, by: Actor,
                    reason: str | None = None) -> None:
         """Give the session a budget of its own (None: back to ``spend_cap``); a turn parked on
@@ -370,6 +403,7 @@ class Runtime:
         self.commands.set_budget(session_id, limit, by=by, reason=reason)
         self.signals.signal(session_id)
 
+    @takes_session
     def budget(self, session_id: UUID) -> BudgetCheck | None:
         """The session's budget in force, what it spent and the estimate of its next model
         call (None: no budget, of its own or a default)."""
@@ -377,30 +411,38 @@ class Runtime:
 
     # --- inbox and wake (R24) ------------------------------------------------------------
 
+    @takes_session
     def inject(self, session_id: UUID, text: str, *, wake: bool = False) -> str:
         return self.commands.inject(session_id, text, wake=wake)
 
+    @takes_session
     def wake(self, session_id: UUID) -> TurnResult | None:
         """Resume the session's open turn, or start one with its pending inbox, here."""
         return self.supervisor.wake(session_id)
 
     # --- compaction, titles, policy, models ----------------------------------------------
 
+    @takes_session
     def compact(self, session_id: UUID) -> int | None:
         return self.compactor.compact(session_id)
 
+    @takes_session
     def set_title(self, session_id: UUID, title: str, *, by: Actor) -> str:
         return self.commands.set_title(session_id, title, by=by)
 
+    @takes_session
     def set_policy(self, session_id: UUID, patterns: Sequence[str], *, by: Actor) -> None:
         self.commands.set_policy(session_id, patterns, by=by)
 
+    @takes_session
     def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor) -> None:
         self.commands.set_model(session_id, role, spec, by=by)
 
+    @takes_session
     def usage(self, session_id: UUID) -> dict[str, Any]:
         return self._views_of(session_id).usage(session_id).as_dict()
 
+    @takes_session
     def title(self, session_id: UUID) -> str | None:
         return self._views_of(session_id).title(session_id)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from terret import Actor, AgentDefinition
-from terret.domain.errors import InvalidPayload, TerretError
+from terret.domain.errors import InvalidPayload, SessionNotFound, TerretError
 from tests.runtime.conftest import MakeRuntime
 from tests.runtime.kit import read_log
 
@@ -71,3 +71,57 @@ def test_an_agent_definition_with_a_malformed_floor_cannot_start_a_session(
         rt.create_session(agent="ops")
     assert info.value.field.startswith("policy_floor")
     assert store.head_position() == head
+
+
+# --- what an outside probe of the API found -------------------------------------------------
+
+
+def test_a_session_is_taken_as_a_uuid_its_string_or_its_stream_name(
+        make_runtime: MakeRuntime, store) -> None:
+    rt = make_runtime()
+    sid = rt.create_session()
+    for given in (str(sid), f"session-{sid}", str(sid).upper()):
+        rt.set_title(given, f"titled via {given[:8]}", by=OPERATOR)
+        rt.inject(given, "note")
+        assert rt.pending(given) == [] and rt.resumable(given) is False
+    assert rt.run_turn(str(sid), "hello").status == "completed"
+    assert rt.run_turn(f"session-{sid}", "again").status == "completed"
+    before = read_log(store, sid)
+    for bad in ("not-a-session", 123, None, f"session-{sid}x"):
+        with pytest.raises(SessionNotFound, match="is not a session id"):
+            rt.run_turn(bad, "x")  # type: ignore[arg-type]
+        with pytest.raises(SessionNotFound):
+            rt.set_policy(bad, ["x"], by=OPERATOR)  # type: ignore[arg-type]
+    assert read_log(store, sid) == before
+
+
+def test_one_string_for_a_policy_a_title_that_is_no_text_and_blank_inbox_text_are_refused(
+        make_runtime: MakeRuntime, store) -> None:
+    rt = make_runtime()
+    sid = rt.create_session()
+    before = read_log(store, sid)
+    with pytest.raises(InvalidPayload, match="a list of patterns, not one string") as info:
+        rt.set_policy(sid, "deploy", by=OPERATOR)
+    assert (info.value.wire_name, info.value.field) == ("policy/updated", "patterns")
+    for title in (None, 123):
+        with pytest.raises(InvalidPayload) as info:
+            rt.set_title(sid, title, by=OPERATOR)  # type: ignore[arg-type]
+        assert info.value.field == "title"
+    for blank in ("", "  \n"):
+        with pytest.raises(InvalidPayload) as info:
+            rt.inject(sid, blank)
+        assert (info.value.wire_name, info.value.field) == ("inbox/queued", "text")
+    assert read_log(store, sid) == before
+    rt.set_policy(sid, ["deploy"], by=OPERATOR)
+    (updated,) = [e for e in read_log(store, sid) if e.name == "policy/updated"]
+    assert updated.data["patterns"] == ["deploy"]
+
+
+def test_the_typed_errors_import_as_terret_errors() -> None:
+    import terret
+    from terret.errors import SessionNotFound as Imported
+    from terret.errors import TurnSuspended
+
+    assert Imported is SessionNotFound is terret.errors.SessionNotFound
+    assert issubclass(TurnSuspended, TerretError)
+    assert terret.errors.TurnSuspended is TurnSuspended

@@ -17,6 +17,7 @@ from terret import (
 from terret.domain.errors import (
     MaxStepsExceeded,
     ProviderError,
+    SessionOwned,
     TurnAlreadyRunning,
     TurnOpenInLog,
 )
@@ -278,6 +279,29 @@ def test_r4_run_turn_on_an_open_turn_in_the_log_raises_and_appends_nothing(
     assert read_log(store, sid) == before
     assert fresh.resumable(sid)
     assert agent_of(fresh, sid).status == "idle"
+
+
+def test_run_turn_on_a_turn_another_live_worker_runs_is_session_owned(
+        make_runtime: MakeRuntime, store, gates) -> None:
+    """docs/runtime.md (one session, one executor): mid-turn, owned by another live worker,
+    ``run_turn`` is ``SessionOwned`` — not ``TurnOpenInLog``, which says a process died in it
+    and points at a resume that would be refused too."""
+    gate = gates()
+    provider = ScriptedProvider([final(gate=gate)])
+    worker = make_runtime(provider)
+    sid = worker.create_session()
+    job = turn_in_background(worker, sid, "first")
+    wait_until(lambda: provider.requests, what="the model request")
+    other = make_runtime([final()])  # another worker, with a lease of its own
+    before = read_log(store, sid)
+    with pytest.raises(SessionOwned, match=f"in worker {worker.lease.worker}"):
+        other.run_turn(sid, "second")
+    with pytest.raises(SessionOwned):
+        other.resume_turn(sid)
+    assert read_log(store, sid) == before
+    gate.set()
+    assert job.join().status == "completed"
+    assert other.run_turn(sid, "now").status == "completed"  # idle: moved to the caller
 
 
 def test_r4_run_turn_on_an_agent_mid_turn_raises_turn_already_running(

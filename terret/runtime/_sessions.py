@@ -1,0 +1,26 @@
+"""The Runtime's methods take a session as its id in any of the forms the views take."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, TypeVar
+from uuid import UUID
+
+from terret.domain.store import as_session_id
+
+P = ParamSpec("P")
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def takes_session(method: Callable[Concatenate[R, UUID, P], T]
+                  ) -> Callable[Concatenate[R, UUID | str, P], T]:
+    """``method``'s session argument as a ``UUID``, given a ``UUID``, its string form or the
+    stream name ``session-<uuid>`` (``SessionNotFound`` for anything else, before any read)."""
+    @functools.wraps(method)
+    def with_session_id(self: R, session_id: UUID | str, *args: P.args,
+                        **kwargs: P.kwargs) -> T:
+        return method(self, as_session_id(session_id), *args, **kwargs)
+
+    return with_session_id
