@@ -440,10 +440,12 @@ class Runtime:
 
     @takes_session
     def usage(self, session_id: UUID) -> dict[str, Any]:
+        self.writer.load(session_id)  # SessionNotFound for a session no log holds
         return self._views_of(session_id).usage(session_id).as_dict()
 
     @takes_session
     def title(self, session_id: UUID) -> str | None:
+        self.writer.load(session_id)  # SessionNotFound for a session no log holds
         return self._views_of(session_id).title(session_id)
 
     # --- serving -------------------------------------------------------------------------

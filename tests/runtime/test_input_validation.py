@@ -125,3 +125,13 @@ def test_the_typed_errors_import_as_terret_errors() -> None:
     assert Imported is SessionNotFound is terret.errors.SessionNotFound
     assert issubclass(TurnSuspended, TerretError)
     assert terret.errors.TurnSuspended is TurnSuspended
+
+
+def test_usage_and_title_of_an_unknown_session_are_session_not_found(
+        make_runtime: MakeRuntime) -> None:
+    from uuid import uuid4
+
+    rt = make_runtime()
+    for read in (rt.usage, rt.title, rt.pending, rt.budget):
+        with pytest.raises(SessionNotFound):
+            read(uuid4())
