@@ -148,6 +148,30 @@ def turn_in_background(rt: Runtime, session_id: UUID, text: str | None) -> Backg
     return Background(lambda: rt.run_turn(session_id, text))
 
 
+@dataclass
+class HeldTurn:
+    """A turn running in the background, held at its one model request until ``gate`` is set
+    (``ScriptedProvider`` replying ``final()``)."""
+
+    rt: Runtime
+    sid: UUID
+    gate: threading.Event
+    job: Background
+
+
+def held_turn(make_runtime: Callable[..., Runtime], gates: Callable[[], threading.Event],
+              text: str = "go") -> HeldTurn:
+    from terret import ScriptedProvider
+
+    gate = gates()
+    provider = ScriptedProvider([final(gate=gate)])
+    rt = make_runtime(provider)
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, text)
+    wait_until(lambda: provider.requests, what="the model request")
+    return HeldTurn(rt, sid, gate, job)
+
+
 def agent_of(rt: Runtime, session_id: UUID) -> Agent:
     agent = rt.agent_for_session(session_id)
     assert agent is not None, f"no agent for {session_id}"

@@ -38,6 +38,7 @@ from tests.runtime.kit import (
     calls,
     drain_upkeep,
     final,
+    held_turn,
     names,
     only,
     other_process,
@@ -307,12 +308,8 @@ def test_r26_every_terminal_path_leaves_the_agent_idle_and_disposable(
 
 def test_r26_lost_ownership_releases_the_agent_too(make_runtime: MakeRuntime, store,
                                                   gates) -> None:
-    gate = gates()
-    provider = ScriptedProvider([final(gate=gate)])
-    rt = make_runtime(provider)
-    sid = rt.create_session()
-    job = turn_in_background(rt, sid, "go")
-    wait_until(lambda: provider.requests, what="the model request")
+    held = held_turn(make_runtime, gates)
+    rt, sid, gate, job = held.rt, held.sid, held.gate, held.job
     LogBuilder(store, sid).do(lambda s: s.record_assistant("someone else"))
     gate.set()
     agent = agent_of(rt, sid)

@@ -29,6 +29,7 @@ from tests.runtime.kit import (
     agent_of,
     calls,
     final,
+    held_turn,
     names,
     only,
     read_log,
@@ -168,12 +169,8 @@ def test_r3_a_turn_closes_completed(make_runtime: MakeRuntime, store) -> None:
 
 
 def test_r3_a_turn_closes_cancelled(make_runtime: MakeRuntime, store, gates) -> None:
-    gate = gates()
-    provider = ScriptedProvider([final(gate=gate)])
-    rt = make_runtime(provider)
-    sid = rt.create_session()
-    job = turn_in_background(rt, sid, "hello")
-    wait_until(lambda: provider.requests, what="the model request")
+    held = held_turn(make_runtime, gates, "hello")
+    rt, sid, job = held.rt, held.sid, held.job
     rt.cancel(sid, by=Actor(actor="user", id="u1"), reason="changed my mind")
     result = job.join()
     assert result.status == "cancelled"
@@ -286,12 +283,8 @@ def test_run_turn_on_a_turn_another_live_worker_runs_is_session_owned(
     """docs/runtime.md (one session, one executor): mid-turn, owned by another live worker,
     ``run_turn`` is ``SessionOwned`` — not ``TurnOpenInLog``, which says a process died in it
     and points at a resume that would be refused too."""
-    gate = gates()
-    provider = ScriptedProvider([final(gate=gate)])
-    worker = make_runtime(provider)
-    sid = worker.create_session()
-    job = turn_in_background(worker, sid, "first")
-    wait_until(lambda: provider.requests, what="the model request")
+    held = held_turn(make_runtime, gates, "first")
+    worker, sid, gate, job = held.rt, held.sid, held.gate, held.job
     other = make_runtime([final()])  # another worker, with a lease of its own
     before = read_log(store, sid)
     with pytest.raises(SessionOwned, match=f"in worker {worker.lease.worker}"):
