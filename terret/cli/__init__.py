@@ -22,7 +22,7 @@ import click
 
 from terret import __version__
 from terret.cli._context import DEFAULT_STORE, CliContext, WarningLines
-from terret.cli._params import FloatRange
+from terret.cli._params import MAX_SECONDS, FloatRange
 from terret.domain.errors import SHOWN_MAX, InvalidPayload, InvalidStoreURI, TerretError
 
 if TYPE_CHECKING:
@@ -226,15 +226,23 @@ def _one_line(ctx: click.Context, exc: Exception) -> str:
     return message.replace(uri, mask_credentials(uri))
 
 
+def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An empty ``--store``/``--views`` is a usage error, not the default in disguise."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("an empty value; leave the option out for the default")
+    return value
+
+
 @click.group(cls=TerretGroup)
 @click.option("--store", "store_uri", envvar="TERRET_STORE", default=DEFAULT_STORE,
-              show_default=True, metavar="URI",
+              show_default=True, metavar="URI", callback=_not_empty,
               help="Event store: a SQLite file path, sqlite:///path, memory:, or "
                    "esdb://host:port?… / esdb+discover://… (env TERRET_STORE).")
 @click.option("--views", "views_path", envvar="TERRET_VIEWS", default=None, metavar="PATH",
+              callback=_not_empty,
               help="SQLite file for the projections' views (default: beside the store).")
 @click.option("--store-timeout", "store_timeout", envvar="TERRET_STORE_TIMEOUT",
-              type=FloatRange(min=0.1), default=None, metavar="SECONDS",
+              type=FloatRange(min=0.1, max=MAX_SECONDS), default=None, metavar="SECONDS",
               help="How long an unreachable EventStoreDB is retried before the command fails "
                    "(default 10, at least 0.1; env TERRET_STORE_TIMEOUT).")
 @click.option("--json", "json_output", is_flag=True, help="Machine-readable JSON output.")

@@ -152,7 +152,8 @@ def load_app(spec: str | None) -> App:
     try:
         module = import_from_cwd(module_name)
         factory: Callable[[], App] = getattr(module, attr or "app")
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:
+        # ValueError: an empty module name; TypeError: a relative one ('..:x')
         raise ConfigurationError(f"cannot load app {shown(spec)}: {exc}") from None
     if not callable(factory):
         raise ConfigurationError(f"cannot load app {shown(spec)}: {attr or 'app'} is not callable")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from typing import Any
 
 import click
@@ -75,8 +76,17 @@ class PatternType(click.ParamType):
                       param, ctx)
 
 
+MAX_SECONDS = threading.TIMEOUT_MAX
+"""The longest wait the platform can time (about 292 years here): a longer one overflows."""
+
+MAX_INT = 2**63 - 2
+"""The largest count or position an option takes: SQLite's integers and Python's sequence
+indexes hold it (and one more, for the look-ahead of a page)."""
+
+
 class SecondsType(click.ParamType):
-    """A duration in seconds: a finite number above 0 (``nan`` and ``inf`` are not)."""
+    """A duration in seconds: a finite number above 0 (``nan`` and ``inf`` are not), at most
+    :data:`MAX_SECONDS`."""
 
     name = "SECONDS"
 
@@ -88,6 +98,9 @@ class SecondsType(click.ParamType):
             self.fail(f"{shown(value)} is not a number of seconds", param, ctx)
         if not math.isfinite(seconds) or seconds <= 0:
             self.fail(f"{shown(value)} is not a finite number of seconds above 0", param, ctx)
+        if seconds > MAX_SECONDS:
+            self.fail(f"{shown(value)} is more seconds than can be waited "
+                      f"(at most {MAX_SECONDS:.0f})", param, ctx)
         return seconds
 
 
@@ -106,11 +119,22 @@ class CutQuotes(click.ParamType):
 
 
 class IntRange(CutQuotes, click.IntRange):
-    pass
+    """click's, bounded by :data:`MAX_INT` unless a lower ``max`` is given."""
+
+    def __init__(self, min: int | None = None, max: int | None = MAX_INT, **kw: Any) -> None:
+        super().__init__(min=min, max=max, **kw)
 
 
 class FloatRange(CutQuotes, click.FloatRange):
-    pass
+    """click's, refusing what is not a finite number (click's lets ``nan`` through: it
+    compares false with every bound)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{shown(value)} is not a finite number", param, ctx)
+        return number
 
 
 class Choice(CutQuotes, click.Choice):  # type: ignore[type-arg]

@@ -5,6 +5,7 @@ in ``terret serve`` goes on when the event reaches its subscription (the store i
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 from uuid import UUID
 
@@ -28,14 +29,18 @@ class LimitType(click.ParamType):
             return value
         text = str(value).strip()
         sign = text[0] if text.startswith(("-", "+")) else ""
-        text = sign + text[len(sign):].removeprefix("$")  # $5, -$5
-        try:
-            limit = float(text)
-        except ValueError:
-            self.fail(f"{shown(value)} is not an amount (say 5.00)", param, ctx)
+        digits = text[len(sign):].removeprefix("$")  # $5, -$5
+        if not _AMOUNT.match(digits):  # no exponent, no '_', no nan: money as people write it
+            self.fail(f"{shown(value)} is not an amount (say 5.00; at most {_MAX_DIGITS} digits "
+                      "before the point)", param, ctx)
+        limit = float(sign + digits)
         if not math.isfinite(limit) or limit < 0:
             self.fail(f"{shown(value)}: a budget is a finite amount of 0 or more", param, ctx)
         return limit
+
+
+_MAX_DIGITS = 12
+_AMOUNT = re.compile(rf"(?:\d{{1,{_MAX_DIGITS}}}(?:\.\d*)?|\.\d+)\Z")
 
 
 LIMIT = LimitType()

@@ -43,7 +43,7 @@ HELP = """commands (never sent to the model):
   /usage             tokens and cost so far, per model
   /approve [CALL]    approve a pending call (the only one, without CALL)
   /deny CALL REASON  deny a pending call; the model sees REASON
-  /quit              leave (Ctrl-D too); the session stays in the store
+  /quit, /exit       leave (Ctrl-D too); the session stays in the store
   //text             send a line that starts with '/'"""
 
 

@@ -14,11 +14,12 @@ from uuid import UUID
 
 import click
 
-from terret.adapters.stores.sqlite import SQLiteStore
+from terret.adapters.stores.sqlite import SQLiteStore, refuse_foreign_file
 from terret.cli._context import default_views_path
 from terret.cli._params import SECONDS
-from terret.domain.errors import TerretError
+from terret.domain.errors import TerretError, shown
 from terret.domain.store import StoredRecord, session_stream
+from terret.projections.base import refuse_foreign_views
 
 
 class DemoFailed(TerretError):
@@ -134,7 +135,8 @@ def _is(wire_name: str, **fields: object) -> Callable[[StoredRecord], bool]:
 @click.command("demo")
 @click.option("--path", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("terret-demo.db"), show_default=True,
-              help="Store file to create (replaced if it exists).")
+              callback=lambda ctx, param, value: _demo_path(value),
+              help="Store file to create (replaced if it exists and is a Terret store).")
 @click.option("--timeout", type=SECONDS, default=30.0, show_default=True,
               help="Seconds to wait for each stage.")
 def demo(path: Path, timeout: float) -> None:
@@ -165,7 +167,18 @@ def demo(path: Path, timeout: float) -> None:
 # waits until the log (and the serving process's output) shows it happened.
 
 
+def _demo_path(path: Path) -> Path:
+    if not path.name or path.name in (".", ".."):
+        raise click.BadParameter(f"{shown(str(path))} is not a file name",
+                                 param_hint="'--path'")
+    return path
+
+
 def _remove_store_files(path: Path) -> None:
+    """Only a Terret store (and its views) is replaced: another application's database, or a
+    file that is not SQLite, is refused and left untouched, as ``--store`` refuses it."""
+    refuse_foreign_file(str(path.resolve()))
+    refuse_foreign_views(str(Path(default_views_path(str(path))).resolve()))
     for suffix in ("", "-wal", "-shm"):
         for file in (str(path) + suffix, default_views_path(str(path)) + suffix):
             if os.path.exists(file):

@@ -314,6 +314,12 @@ class ViewsCorrupt(TerretError):
     rebuilt."""
 
 
+class NotAViewsFile(TerretError):
+    """The file given for the views holds something else — a Terret store, or another
+    application's database. Terret refuses it and leaves it untouched (a views file may be
+    dropped whole and rebuilt: nothing but views may live in it)."""
+
+
 class ViewsMismatch(TerretError):
     """The views file no longer holds what this process built from its log: another process
     rebuilt it from another store (or from a restored copy). This process stops reading it."""

@@ -22,6 +22,9 @@ _PROVIDER = r"[a-z][a-z0-9_-]*"
 #: a trailing newline through.
 PROVIDER_NAME = re.compile(rf"^{_PROVIDER}\Z")
 _SPEC = re.compile(rf"^{_PROVIDER}:\S+\Z")
+_ROLE = r"[a-z][a-z0-9_-]*"
+#: A model role, as ``model/set`` and ``session/started``'s ``roles`` name it.
+ROLE_NAME = re.compile(rf"^{_ROLE}\Z")
 _NAME_CHARS = r"A-Za-z0-9_.:/\-"
 #: What a tool name an allow-list pattern can match is made of: letters, digits and
 #: ``_ . : / -`` (the OpenAI-style ``[A-Za-z0-9_-]``, and namespaced names like ``fs.read``).
@@ -69,6 +72,14 @@ def validate_model_spec(spec: str) -> str:
     return spec
 
 
+def validate_role(role: str) -> str:
+    """A model role (``main``, ``compactor``, ``titler``, ...): :data:`ROLE_NAME`."""
+    if not ROLE_NAME.match(role):
+        raise ValueError(f"invalid role {shown(role)}: a role is lower-case letters, digits, _ "
+                         "and -, starting with a letter (e.g. 'main')")
+    return role
+
+
 def validate_pattern(pattern: str) -> str:
     """An allow-list pattern is a glob over tool names (``fs.*``, ``deploy``, ``*``): tool-name
     characters (:data:`TOOL_NAME`), the wildcards ``*`` and ``?``, and sets of tool-name
@@ -113,7 +124,8 @@ class SessionStarted(EventPayload):
     @classmethod
     def _roles(cls, roles: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         if creating(info):
-            for spec in roles.values():
+            for role, spec in roles.items():
+                validate_role(role)
                 validate_model_spec(spec)
         return roles
 
@@ -373,7 +385,7 @@ class PolicyUpdated(EventPayload):
 class ModelSet(EventPayload):
     wire_name = "model/set"
     commutative = True
-    role: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
+    role: str = Field(pattern=rf"^{_ROLE}$")
     spec: str
     by: Actor | None = None
 

@@ -226,17 +226,25 @@ class Session(Aggregate):
     def start_turn(self, *, trigger: str = "user", text: str | None = None,
                    inbox_id: str | None = None) -> int:
         """R4: refused while the log holds an open turn. The input is logged with the start."""
-        self._storable(TurnStarted.wire_name, trigger=trigger)
-        self._storable(UserMessage.wire_name, text=text, inbox_id=inbox_id)
+        self.check_turn_input(trigger=trigger, text=text, inbox_id=inbox_id)
         self.require_no_open_turn()
         turn = self.state.turn + 1
         # Both payloads are validated before either is recorded: a refusal leaves nothing.
-        started = TurnStarted(turn=turn, trigger=trigger)
-        message = UserMessage(text=text, inbox_id=inbox_id) if text is not None else None
+        started, message = _turn_start(turn, trigger, text, inbox_id)
         self._record(started)
         if message is not None:
             self._record(message)
         return turn
+
+    @classmethod
+    def check_turn_input(cls, *, trigger: str = "user", text: str | None = None,
+                         inbox_id: str | None = None) -> None:
+        """The checks ``start_turn`` makes of its input whatever the session's state
+        (``InvalidPayload``): a caller about to claim a session for a turn makes them first, so
+        that input refused writes nothing, not even the claim."""
+        cls._storable(TurnStarted.wire_name, trigger=trigger)
+        cls._storable(UserMessage.wire_name, text=text, inbox_id=inbox_id)
+        _turn_start(1, trigger, text, inbox_id)
 
     def take_inbox(self) -> list[str]:
         """Move every pending inbox entry into the log as ``context/injected`` (R24)."""
@@ -533,3 +541,9 @@ class Session(Aggregate):
 
     def _apply(self, payload: EventPayload | OpaquePayload, seq: int) -> None:
         evolve(self.state, payload, seq)
+
+
+def _turn_start(turn: int, trigger: str, text: str | None, inbox_id: str | None
+                ) -> tuple[TurnStarted, UserMessage | None]:
+    message = UserMessage(text=text, inbox_id=inbox_id) if text is not None else None
+    return TurnStarted(turn=turn, trigger=trigger), message

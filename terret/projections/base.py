@@ -35,7 +35,8 @@ from uuid import UUID, uuid4
 
 from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
 
-from terret.domain.errors import ProjectionNotHalted, StoreFull, ViewsCorrupt
+from terret._sqlite_files import listed, open_read_only, table_names
+from terret.domain.errors import NotAViewsFile, ProjectionNotHalted, StoreFull, ViewsCorrupt
 from terret.domain.store import SESSION_PREFIX, StoredRecord
 from terret.projections._typed import Dispatch, Handler, marked
 
@@ -88,6 +89,29 @@ def views_error(exc: sqlite3.Error, path: str) -> Exception | None:
         return ViewsCorrupt(f"the views file {path} is damaged or not a views file ({text}): "
                             "delete it; the views are rebuilt from the log")
     return None
+
+
+def refuse_foreign_views(path: str) -> None:
+    """Raise ``NotAViewsFile`` unless the file at ``path`` is missing, empty (no tables) or a
+    views file (it has the ``tracking`` table and no event log). The file is read through a
+    read-only connection, so a refused file is left exactly as it was: views files are dropped
+    whole when they belong to another log, which another application's tables must never be."""
+    db = open_read_only(path)
+    if db is None:
+        return  # missing or empty: created on open (opening tells what else is wrong)
+    try:
+        names = table_names(db)
+    except sqlite3.Error:
+        return  # not SQLite, damaged, locked: opening the views gives the typed error
+    finally:
+        db.close()
+    store = names & {"events", "terret_meta"}
+    if not names or ("tracking" in names and not store):
+        return
+    what = "a Terret store" if store else "another SQLite database"
+    hint = ": pass it as --store, and give the views a file of their own" if store else ""
+    raise NotAViewsFile(f"{path} is not a views file: it is {what} (tables {listed(names)}){hint}; "
+                        "it was left untouched")
 
 
 class LiveWireNames(AbstractSet[str]):
@@ -250,6 +274,8 @@ class ViewStore(TrackingRecorder):
 
     def __init__(self, path: str = ":memory:", *, synchronous: str = "NORMAL") -> None:
         self.path = path if path == ":memory:" else str(Path(path).resolve())
+        if self.path != ":memory:":
+            refuse_foreign_views(self.path)  # before anything writes to it
         # One connection, serialised by a lock: the runner's batches and the readers'
         # queries interleave at transaction granularity, which also works for ":memory:".
         self.db = sqlite3.connect(

@@ -56,6 +56,13 @@ class AgentDefinition:
     """The step cap of this agent's turns; None takes ``RuntimeConfig.max_steps``."""
     pre_step: Sequence[PreStepHook] = field(default_factory=tuple)
 
+    def __post_init__(self) -> None:
+        # One string is a sequence too: it would become one pattern per character.
+        if isinstance(self.allow, str | bytes):
+            raise errors.ConfigurationError(
+                f"agent {errors.shown(self.name)}: allow is a list of patterns, not one string "
+                f"({errors.shown(self.allow)}); write allow=[{self.allow!r}]")
+
 
 @dataclass(frozen=True)
 class TurnResult:
@@ -174,6 +181,11 @@ class Agent:
     # --- turns ---------------------------------------------------------------------------
 
     def _claim(self) -> None:
+        if self.services.stopping.is_set():
+            # After close() began, a turn started or resumed here could not run: it would
+            # only write its start and stop (TurnSuspended) or wait on views no longer fed.
+            raise errors.RuntimeStopping(
+                f"this runtime is closing: it runs no more turns (session {self.session_id})")
         if not self._lock.acquire(blocking=False):
             raise errors.TurnAlreadyRunning(
                 f"agent {self.id} is already mid-turn on session {self.session_id}"

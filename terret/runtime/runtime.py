@@ -310,6 +310,7 @@ class Runtime:
     def run_turn(self, session_id: UUID, text: str | None) -> TurnResult:
         """Start a turn here; an idle session another worker owns moves to this one (the
         caller chose this process), a running one is refused with ``SessionOwned``."""
+        Session.check_turn_input(text=text)  # refused input claims nothing
         try:
             agent = self.agent_for(session_id, take_idle=True, for_new_turn=True)
         except errors.TurnOpenInLog:

@@ -4,7 +4,9 @@ Seq assignment and the durable write are one critical section per session in thi
 Across processes, the store's expected-version check detects interleaving: on a conflict the
 writer re-reads; if only commutative events landed (an approval, an inbox entry, a policy or
 model change, a title, a cancel request) it folds them in and retries the command; otherwise a
-turn's owner has lost the session and stops without writing. Event ids are fixed before the
+turn's owner has lost the session and stops without writing. The same holds for what a read
+folded in (every read catches up, R30): the owner checks what landed since its own last append
+before it appends again. Event ids are fixed before the
 first attempt inside the store call, so a retry after an unknown outcome never duplicates.
 """
 
@@ -34,6 +36,10 @@ class SessionWriter:
         self._locks_lock = threading.Lock()
         self._cache: OrderedDict[UUID, Session] = OrderedDict()
         self._cache_size = cache_size
+        self._appended: OrderedDict[UUID, int] = OrderedDict()
+        """Each session's version after this writer's last append to it. What a read
+        (``load``) folded in past it was written elsewhere: a turn's owner checks it before
+        its next append, as it checks what a conflict shows it (R5)."""
 
     def lock(self, session_id: UUID) -> threading.RLock:
         with self._locks_lock:
@@ -79,6 +85,12 @@ class SessionWriter:
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
 
+    def _note_append(self, session_id: UUID, version: int) -> None:
+        self._appended[session_id] = version
+        self._appended.move_to_end(session_id)
+        while len(self._appended) > self._cache_size:
+            self._appended.popitem(last=False)
+
     def forget(self, session_id: UUID) -> None:
         with self.lock(session_id):
             self._cache.pop(session_id, None)
@@ -88,16 +100,11 @@ class SessionWriter:
             result = self.repository.save(session)
             assert result is not None
             self._remember(session)
+            self._note_append(session.id, session.version)
             return result
 
-    def execute(
-        self,
-        session_id: UUID,
-        command: Callable[[Session], T],
-        *,
-        owner: bool = False,
-        correlation_id: str | None = None,
-    ) -> tuple[T, AppendResult | None]:
+    def execute(self, session_id: UUID, command: Callable[[Session], T], *, owner: bool = False,
+                correlation_id: str | None = None) -> tuple[T, AppendResult | None]:
         """Run ``command`` on the session and append what it recorded.
 
         ``owner=True`` marks the writer that runs the session's turn: it starts from this
@@ -108,7 +115,7 @@ class SessionWriter:
         the fresh state, which re-validates it.
         """
         with self.lock(session_id):
-            session = self._own_copy(session_id) if owner else self.load(session_id)
+            session = self._owners_copy(session_id) if owner else self.load(session_id)
             for _attempt in range(MAX_ATTEMPTS):
                 base = session.version
                 try:
@@ -128,8 +135,18 @@ class SessionWriter:
                     self._cache.pop(session_id, None)
                     raise
                 self._remember(session)
+                self._note_append(session_id, session.version)
                 return value, result
         raise LostOwnership(f"session {session_id}: gave up after {MAX_ATTEMPTS} conflicts")
+
+    def _owners_copy(self, session_id: UUID) -> Session:
+        """The owner's copy, once what a read folded in since its last append is known to be
+        commutative (``LostOwnership`` otherwise)."""
+        session = self._own_copy(session_id)
+        appended = self._appended.get(session_id)
+        if appended is not None and session.version > appended:
+            self._check_commutative(session_id, appended)
+        return session
 
     def _check_commutative(self, session_id: UUID, base: int) -> None:
         landed = self.repository.store.read_stream(session_stream(session_id), from_seq=base + 1)

@@ -6,13 +6,34 @@ import json
 from pathlib import Path
 from uuid import UUID
 
+from terret.adapters.stores.sqlite import SQLiteStore
 from terret.domain.events import ToolResult, TurnEnded
+from terret.runtime.commands import SessionCommands
 from tests.cli.conftest import DEMO_APP, MISSING, Target, invoke_cli, one_line_error
+
+
+def test_demo_leaves_a_file_that_is_not_a_terret_store_untouched(tmp_path: Path) -> None:
+    import sqlite3
+
+    text, other = tmp_path / "notes.db", tmp_path / "app.db"
+    text.write_text("not a database")
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE users (name TEXT)")
+    for path in (text, other):
+        before = path.read_bytes()
+        result = invoke_cli("demo", "--path", str(path), "--timeout", "30")
+        assert result.exit_code == 1
+        assert "Error: NotATerretStore:" in result.output and "left untouched" in result.output
+        assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db", "notes.db"]
+    assert invoke_cli("demo", "--path", "", "--timeout", "30").exit_code == 2
 
 
 def test_demo(tmp_path: Path) -> None:
     path = tmp_path / "demo.db"
-    path.write_text("an older file is replaced")
+    older = SQLiteStore(path)  # an older Terret store is replaced
+    SessionCommands.on(older).create(agent="demo", roles={"main": "demo:ops-model-1"})
+    older.close()
     result = invoke_cli("demo", "--path", str(path), "--timeout", "30")
     assert result.exit_code == 0, result.output
     out = result.stdout

@@ -182,3 +182,50 @@ def test_demo_refuses_a_bad_timeout_before_touching_anything(tmp_path: Path,
 def test_good_text_on_a_missing_session_is_still_a_domain_error(target: Target) -> None:
     """Well-formed text on a missing session is still a domain error (exit 1)."""
     assert_usage_error(target, ["inject", MISSING, "caf\u00e9"], "SessionNotFound", code=1)
+
+
+def test_numbers_out_of_range_are_usage_errors_not_tracebacks(target: Target) -> None:
+    """What an outside probe found: nan and inf let through, and numbers too large for SQLite
+    or for Python's indexes raising from deep inside a command."""
+    sid = str(target.finished())
+    huge = "99999999999999999999999"
+    for args, needle in [
+        (["sessions", "list", "--limit", huge], "--limit"),
+        (["sessions", "list", "--offset", huge], "--offset"),
+        (["log", sid, "--tail", huge], "--tail"), (["log", sid, "--from", str(2**63)], "--from"),
+        (["--store-timeout", "nan", "sessions", "list"], "not a finite number"),
+        (["--store-timeout", "inf", "sessions", "list"], "--store-timeout"),
+        (["serve", "--grace", "nan"], "not a finite number"),
+        (["serve", "--grace", "1e23"], "--grace"),
+        (["budget", "set", sid, "1e308"], "not an amount"),
+        (["budget", "set", sid, "1_000"], "not an amount"),
+        (["--store", "", "sessions", "list"], "an empty value"),
+        (["--views", "", "sessions", "list"], "an empty value"),
+    ]:
+        assert_usage_error(target, args, needle)
+    for app in ("", ":app", "..:x"):
+        assert_usage_error(target, ["serve", "--app", app], "cannot load app")
+
+
+def test_a_views_file_that_holds_anything_else_is_refused_and_left_untouched(
+        target: Target, tmp_path: Path) -> None:
+    import sqlite3
+
+    from terret.adapters.stores.sqlite import SQLiteStore
+    from terret.runtime.commands import SessionCommands
+
+    other_store = tmp_path / "other-store.db"
+    opened = SQLiteStore(other_store)
+    SessionCommands.on(opened).create(agent="demo")
+    opened.close()
+    app_db = tmp_path / "app.db"
+    with sqlite3.connect(app_db) as db:
+        db.execute("CREATE TABLE users (name TEXT)")
+    for path, needle in ((other_store, "it is a Terret store"),
+                         (app_db, "another SQLite database (tables users)")):
+        before = path.read_bytes()
+        line = assert_usage_error(target, ["--views", str(path), "sessions", "list"],
+                                  "NotAViewsFile", needle, "left untouched", code=1)
+        assert str(path) in line
+        assert path.read_bytes() == before
+    assert target.invoke("sessions", "list").exit_code == 0  # its own views still work

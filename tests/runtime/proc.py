@@ -21,6 +21,8 @@ Actions:
   budget SID LIMIT               Runtime.set_budget by an operator (LIMIT ``none``: the default)
   rerun SID CALL_ID              Runtime.rerun by an operator (a call in doubt runs again)
   skip SID CALL_ID REASON        Runtime.skip by an operator (a call in doubt is not run again)
+  flag SID TEXT                  an extension event, ``Flagged`` (not commutative), appended
+                                 with ``store.append`` as extending.md shows
 
 The scripted replies of ``die-in-tool``, ``park`` and ``die-in-payment`` report usage
 (``REPORTED``: 111 + 13 tokens, cost 0.01).
@@ -40,6 +42,7 @@ from terret import (
     Actor,
     AgentDefinition,
     CallContext,
+    EventPayload,
     Reply,
     Runtime,
     ScriptedProvider,
@@ -47,13 +50,25 @@ from terret import (
     StaticResolver,
     Usage,
     call,
+    event_type,
     tool,
 )
 from terret.adapters.stores import open_store
+from terret.domain import encode
 from terret.domain.errors import WrongExpectedVersion
+from terret.domain.store import session_stream
 
 OPERATOR = Actor(actor="operator", id="proc")
 REPORTED = Usage(prompt_tokens=111, completion_tokens=13, cost=0.01)
+
+
+@event_type
+class Flagged(EventPayload):
+    """An application's event that a running turn must not carry on past."""
+
+    wire_name = "tests.proc/flagged"
+    commutative = False
+    text: str
 
 
 def main(argv: list[str]) -> dict[str, object]:
@@ -63,6 +78,11 @@ def main(argv: list[str]) -> dict[str, object]:
     try:
         if action in ("resolve-raw", "assistant"):
             return _raw(store, action, sid, rest)
+        if action == "flag":
+            stream = session_stream(sid)
+            result = store.append(stream, [encode(Flagged(text=rest[0]))],
+                                  store.stream_version(stream))
+            return {"ok": True, "version": result.version}
         if action in ("turn", "die-in-tool", "park", "die-in-payment"):
             return _turn(store, action, sid, rest)
         rt = Runtime(store, resolver=StaticResolver())

@@ -105,6 +105,28 @@ def test_r5_a_non_commutative_append_from_another_process_stops_the_turn_without
     assert rt.agent_for_session(sid) is None  # the agent that lost the session is dropped
 
 
+def test_r5_a_non_commutative_event_a_read_folded_in_still_stops_the_turn(
+        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit) -> None:
+    """Every read catches up (R30), the owner's own included: an application's event that is
+    not commutative, appended elsewhere while the turn's tool runs and folded in by a read in
+    the owner's process, stops the turn at its next append as a conflict would."""
+    import tests.runtime.proc  # noqa: F401 - registers the event here too
+
+    rt = make_runtime([calls(("slow", {})), final("mine")])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    assert kit.entered.wait(30), "the tool never ran"
+    other_process(opened.uri, "flag", str(sid), "hands off")
+    assert rt.pending(sid) == []  # a read here: the session is caught up with the flag
+    before = read_log(opened.store, sid)
+    assert before[-1].name == "tests.proc/flagged"
+    kit.release.set()
+    with pytest.raises(LostOwnership, match="tests.proc/flagged"):
+        job.join()
+    assert read_log(opened.store, sid) == before  # no tool result, no turn/end
+    assert rt.resumable(sid)
+
+
 @pytest.mark.parametrize("act", ["cancel", "approve"])
 def test_r5_a_writer_that_does_not_own_the_turn_acts_on_the_log_not_its_own_stale_copy(
         make_runtime: MakeRuntime, kit: Kit, store, act: str) -> None:

@@ -135,3 +135,38 @@ def test_usage_and_title_of_an_unknown_session_are_session_not_found(
     for read in (rt.usage, rt.title, rt.pending, rt.budget):
         with pytest.raises(SessionNotFound):
             read(uuid4())
+
+
+def test_a_refused_first_turn_claims_nothing(make_runtime: MakeRuntime, store) -> None:
+    """No agent yet: the refused input is checked before the session is claimed, so not even
+    ``agent/attached`` is written (and none has to be undone at close)."""
+    rt = make_runtime()
+    sid = rt.create_session()
+    before = read_log(store, sid)
+    with pytest.raises(InvalidPayload):
+        rt.run_turn(sid, BAD)
+    assert read_log(store, sid) == before
+    assert rt.agent_for_session(sid) is None
+    rt.close()
+    assert read_log(store, sid) == before
+
+
+@pytest.mark.parametrize("role", ["Main!", "", " main", "main\n", "ma in"])
+def test_a_session_cannot_start_with_a_role_model_set_would_refuse(
+        make_runtime: MakeRuntime, store, role: str) -> None:
+    rt = make_runtime()
+    head = store.head_position()
+    with pytest.raises(InvalidPayload, match="invalid role") as info:
+        rt.create_session(roles={role: "scripted:x"})
+    assert (info.value.wire_name, info.value.field) == ("session/started", "roles")
+    assert store.head_position() == head
+    sid = rt.create_session(roles={"main": "scripted:x", "titler_2": "scripted:y"})
+    rt.set_model(sid, "titler_2", "scripted:z", by=OPERATOR)
+
+
+def test_an_agent_definition_refuses_one_string_for_its_floor() -> None:
+    from terret.domain.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="not one string"):
+        AgentDefinition(name="ops", allow="deploy")  # type: ignore[arg-type]
+    assert AgentDefinition(name="ops", allow=["deploy"]).allow == ["deploy"]

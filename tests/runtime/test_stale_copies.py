@@ -142,3 +142,25 @@ def test_r13_a_cancel_from_another_process_closes_the_in_flight_model_stream(
     (end,) = only(read_log(opened.store, sid), "turn/end")
     assert (end.data["status"], end.data["by"]["actor"]) == ("cancelled", "operator")
     assert not gate.is_set()
+
+
+def test_the_views_hold_what_another_process_wrote_once_caught_up(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """docs/runtime.md, *Reading the views*: an unstarted runtime's views move only when caught
+    up; ``catch_up_views(session)`` brings them to everything written so far, another
+    process's turn and this process's own writes alike."""
+    from terret import Actor
+
+    reader = make_runtime(start=False)
+    sid = reader.create_session()
+    reader.catch_up_views(sid)
+    assert reader.views.status(sid).last_turn_status is None
+    assert other_process(opened.uri, "turn", str(sid), "two")["status"] == "completed"
+    reader.catch_up_views(sid)
+    status = reader.views.status(sid)
+    assert (status.status, status.turn, status.last_turn_status) == ("idle", 1, "completed")
+    assert [m.role for m in reader.views.messages(sid)] == ["user", "assistant"]
+    started = make_runtime()
+    started.set_policy(sid, ["deploy"], by=Actor(actor="operator"))
+    started.catch_up_views(sid)
+    assert started.views.policy(sid) == ["deploy"]

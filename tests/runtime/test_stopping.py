@@ -75,3 +75,24 @@ def test_a_runtime_that_stopped_takes_no_session(make_runtime: MakeRuntime) -> N
     rt.close()
     with pytest.raises(RuntimeStopping):
         rt.spawn_agent(sid)
+
+
+def test_a_closed_runtime_starts_no_turn_and_writes_nothing(make_runtime: MakeRuntime,
+                                                              store: EventStore) -> None:
+    """Its agent for the session is still registered after ``close()`` (released): a turn
+    asked of it is refused at once, with nothing written and nothing left to resume."""
+    rt = make_runtime()
+    sid = rt.create_session()
+    assert rt.run_turn(sid, "one").status == "completed"
+    rt.close()
+    before = names(read_log(store, sid))
+    for attempt in (lambda: rt.run_turn(sid, "two"), lambda: rt.resume_turn(sid),
+                    lambda: rt.wake(sid)):
+        began = time.monotonic()
+        with pytest.raises(RuntimeStopping):
+            attempt()
+        assert time.monotonic() - began < 5  # refused, not left to wait on stopped views
+    assert names(read_log(store, sid)) == before
+    other = make_runtime()
+    assert not other.resumable(sid)  # no half-started turn for another worker to pick up
+    assert other.run_turn(sid, "two").status == "completed"

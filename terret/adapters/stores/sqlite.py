@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 from uuid import UUID, SafeUUID, uuid4
 
+from terret._sqlite_files import listed, open_read_only, table_names
 from terret.adapters.stores._rules import AlreadyWritten, Decision, check_size, decide
 from terret.adapters.stores._subscription import PositionalStore
 from terret.adapters.stores.workers import SQLiteWorkers
@@ -176,19 +177,11 @@ def refuse_foreign_file(path: str, busy_timeout: float = 30.0) -> None:
     """Raise ``NotATerretStore`` unless the file at ``path`` is missing, empty (no tables) or
     a Terret store. The file is read through a read-only connection, so a refused file is left
     exactly as it was (no table added, no journal mode changed, no ``-wal`` created)."""
+    conn = open_read_only(path, busy_timeout)
+    if conn is None:
+        return  # missing or empty: the store creates it (opening it tells what else is wrong)
     try:
-        if os.path.getsize(path) == 0:
-            return
-    except OSError:
-        return  # missing: the store creates it (or fails to open it, with a typed error)
-    try:
-        conn = sqlite3.connect(f"{Path(path).as_uri()}?mode=ro", uri=True, timeout=busy_timeout)
-    except sqlite3.Error:
-        return  # opening the store will tell what is wrong
-    try:
-        names = {name for (name,) in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")
-            if not name.startswith("sqlite_")}
+        names = table_names(conn)
         if not names or "terret_meta" in names:
             return
         if "events" in names:
@@ -205,7 +198,7 @@ def refuse_foreign_file(path: str, busy_timeout: float = 30.0) -> None:
         return  # read-only access failed (no -shm yet, a lock): opening the store will tell
     finally:
         conn.close()
-    shown = ", ".join(sorted(names)[:4]) + (", …" if len(names) > 4 else "")
+    shown = listed(names)
     hint = " (it looks like a views file: pass it as --views)" if "tracking" in names else ""
     raise NotATerretStore(f"{path} is not a Terret store: it is another SQLite database "
                           f"(tables {shown}){hint}; it was left untouched")
