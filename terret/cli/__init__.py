@@ -22,7 +22,7 @@ import click
 
 from terret import __version__
 from terret.cli._context import DEFAULT_STORE, CliContext, WarningLines
-from terret.cli._params import MAX_SECONDS, FloatRange
+from terret.cli._params import JSON_LINES, MAX_SECONDS, FloatRange
 from terret.domain.errors import SHOWN_MAX, InvalidPayload, InvalidStoreURI, TerretError
 
 if TYPE_CHECKING:
@@ -159,8 +159,9 @@ class TerretGroup(click.Group):
         except InvalidPayload as exc:  # outside a command (CommandContext): still usage
             raise click.UsageError(f"{type(exc).__name__}: {_one_line(ctx, exc)}") from None
         except TerretError as exc:
-            raise click.ClickException(
-                f"{type(exc).__name__}: {_one_line(ctx, exc)}") from None
+            failure = click.ClickException(f"{type(exc).__name__}: {_one_line(ctx, exc)}")
+            failure.json_lines = bool(ctx.meta.get(JSON_LINES))  # type: ignore[attr-defined]
+            raise failure from None
         except KeyError as exc:
             raise click.ClickException(
                 f"KeyError: {exc.args[0] if exc.args else exc}") from None
@@ -184,7 +185,7 @@ class TerretGroup(click.Group):
                 click.UsageError(typed, ctx=exc.ctx).show()  # click's usage hint, then the line
             else:
                 click.ClickException(typed).show()
-            _json_error(argv, typed, exc.exit_code)
+            _json_error(argv, typed, exc.exit_code, one_line=getattr(exc, "json_lines", False))
             sys.exit(exc.exit_code)
         except click.Abort:
             typed = "Aborted: not confirmed, or interrupted"
@@ -207,12 +208,13 @@ def cut_quotes(message: str) -> str:
     return QUOTED.sub(cut, message)
 
 
-def _json_error(argv: list[str], typed: str, code: int) -> None:
-    """With ``--json``, the error as a JSON document on stdout too (scripts read one place)."""
+def _json_error(argv: list[str], typed: str, code: int, *, one_line: bool = False) -> None:
+    """With ``--json``, the error as a JSON document on stdout too (scripts read one place);
+    on one line after JSON Lines."""
     if _wants_json(argv):
         kind, _, message = typed.partition(": ")
         click.echo(json.dumps({"error": {"exit_code": code, "message": message, "type": kind}},
-                              indent=2, sort_keys=True))
+                              indent=None if one_line else 2, sort_keys=True))
 
 
 def _one_line(ctx: click.Context, exc: Exception) -> str:

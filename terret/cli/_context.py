@@ -82,7 +82,7 @@ class SessionIdType(click.ParamType):
         obj = ctx.find_object(CliContext) if ctx is not None else None
         if obj is None:
             self.fail(f"{cut(value)} is not a session id (expected a UUID)", param, ctx)
-        found = obj.sessions_with_prefix(text, limit=6)
+        found = obj.sessions_with_prefix(_dashed(text), limit=6)
         if not found:
             raise SessionNotFound(f"no session id starts with {text} in {obj.masked_uri}")
         if len(found) > 1:
@@ -547,3 +547,11 @@ class WhenType(click.ParamType):
 
 
 WHEN = WhenType()
+
+
+def _dashed(prefix: str) -> str:
+    """A prefix's hex digits with the dashes of a UUID's form (8-4-4-4-12) where they fall: a
+    prefix counts digits, so ``584fabc0d4f2`` finds what ``584fabc0-d4f2`` finds."""
+    digits = prefix.replace("-", "")
+    groups = [digits[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32))]
+    return "-".join(g for g in groups if g)

@@ -14,7 +14,7 @@ from uuid import UUID
 import click
 
 from terret.cli._context import SESSION, CliContext
-from terret.cli._params import TEXT, IntRange
+from terret.cli._params import JSON_LINES, TEXT, IntRange
 from terret.domain.errors import shown
 from terret.domain.store import StoredRecord, session_stream
 
@@ -198,6 +198,8 @@ def log(obj: CliContext, session_id: UUID, from_seq: int, types: tuple[str, ...]
     if wanted is not None:
         _check_types(store, stream, wanted)
     show = _printer(obj, full=full, stamps=stamps)
+    # JSON Lines: an error after some lines is one more line, not an indented document.
+    click.get_current_context().meta[JSON_LINES] = True
     head = store.head_position()  # before reading, so --follow cannot miss what lands meanwhile
     last = _show_log(store, stream, from_seq, wanted, tail, show)
     if follow:

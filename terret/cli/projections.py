@@ -54,8 +54,16 @@ def rebuild(obj: CliContext, name: str | None) -> None:
     label = f"rebuilding {name}" if name else f"rebuilding {len(names)} projections"
     with _progress_bar(obj, label) as progress:
         head = runner.rebuild_all(names, progress=progress)  # one pass over the log for all
-    done = dict.fromkeys(names, head)
-    obj.emit({"rebuilt": done}, "\n".join(f"{k}: rebuilt up to {v}" for k, v in done.items()))
+    states = {s.name: s for s in runner.states()}
+    done = {n: states[n].position if states[n].fault else head for n in names}
+    halted = {n: {"position": f[0], "error": f[1]}
+              for n in names if (f := states[n].fault) is not None}
+    obj.emit({"rebuilt": done, "halted": halted}, "\n".join(
+        f"{k}: rebuilt up to {v}" + (f", HALTED at {halted[k]['position']}: "
+                                     f"{halted[k]['error']}" if k in halted else "")
+        for k, v in done.items()))
+    if halted:  # the view is not the log's: as doctor says, a problem
+        raise SystemExit(1)
 
 
 @projections.command("verify")
@@ -69,6 +77,10 @@ def verify(obj: CliContext, name: str | None) -> None:
     label = f"verifying {name}" if name else f"verifying {len(names)} projections"
     with _progress_bar(obj, label) as progress:
         report = runner.verify_all(names, progress=progress)  # one pass over the log for all
+    for state in runner.states():  # a halted view equals a rebuild that halts: still not ok
+        if state.name in report and state.fault is not None:
+            report[state.name] = [f"halted at {state.fault[0]}: {state.fault[1]}",
+                                  *report[state.name]]
     lines = []
     for projection, diffs in report.items():
         lines.append(f"{projection}: {'ok' if not diffs else f'{len(diffs)} difference(s)'}")

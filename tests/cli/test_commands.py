@@ -329,7 +329,7 @@ def test_projections_status_rebuild_verify(target: Target) -> None:
     assert f"rebuilding {len(names)} projections" in rebuilt.stderr
     assert f"usage: rebuilt up to {head}" in rebuilt.stdout
     one = target.json("projections", "rebuild", "title")
-    assert one == {"rebuilt": {"title": head}}
+    assert one == {"rebuilt": {"title": head}, "halted": {}}
 
     verified = target.json("projections", "verify")
     assert set(verified) == set(names) and all(v == [] for v in verified.values())

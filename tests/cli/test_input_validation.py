@@ -229,3 +229,50 @@ def test_a_views_file_that_holds_anything_else_is_refused_and_left_untouched(
         assert str(path) in line
         assert path.read_bytes() == before
     assert target.invoke("sessions", "list").exit_code == 0  # its own views still work
+
+
+def test_log_ended_by_a_record_it_cannot_decode_stays_json_lines(target: Target) -> None:
+    """docs/cli.md: ``log`` streams, so the events before a record it cannot decode are
+    printed; with ``--json`` the ``CorruptRecord`` error is one more JSON line."""
+    import json
+    from uuid import uuid4
+
+    from terret.domain.store import NewRecord, session_stream
+
+    sid = target.finished()
+    stream = session_stream(sid)
+    store = target.store()
+    store.append(stream, [NewRecord(uuid4(), "turn/start", b'{"turn": "abc"}')],
+                 store.stream_version(stream))
+    done = target.run("--json", "log", str(sid))  # a real process, as a script would run it
+    assert done.returncode == 1, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["type"] for e in lines[:-1]][:2] == ["session/started", "turn/start"]
+    assert lines[-1]["error"]["type"] == "CorruptRecord"
+    assert "CorruptRecord" in one_line_error(done.stderr)
+
+
+def test_rebuild_and_verify_say_a_projection_halted(target: Target) -> None:
+    """docs/cli.md: a rebuild that halts reports where each projection stopped and exits 1,
+    and verify does not call a halted projection ok — as doctor does not."""
+    import json
+    from uuid import uuid4
+
+    from terret.domain.store import NewRecord, session_stream
+
+    sid = target.finished()
+    stream = session_stream(sid)
+    store = target.store()
+    store.append(stream, [NewRecord(uuid4(), "turn/start", b'{"turn": "abc"}')],
+                 store.stream_version(stream))
+    bad = store.head_position()
+    rebuilt = target.run("--json", "projections", "rebuild", "sessions")
+    assert rebuilt.returncode == 1, rebuilt.stderr
+    report = json.loads(rebuilt.stdout)
+    assert list(report["rebuilt"]) == ["sessions"] and report["rebuilt"]["sessions"] < bad
+    assert report["halted"]["sessions"]["position"] == bad
+    text = target.invoke("projections", "rebuild", "sessions")
+    assert text.exit_code == 1 and f"HALTED at {bad}" in text.stdout
+    verified = target.invoke("projections", "verify", "sessions")
+    assert verified.exit_code == 1 and f"halted at {bad}" in verified.stdout
+    assert target.invoke("doctor").exit_code == 1

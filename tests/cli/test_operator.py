@@ -37,6 +37,9 @@ def test_session_ids_by_unique_prefix(target: Target) -> None:
     _with_id(target, f"abcd1111-0000-4000-8000-{tail}")
     assert target.json("sessions", "show", "abcd0")["id"] == str(one)
     assert target.json("sessions", "show", "ABCD00")["id"] == str(one)  # any case
+    # Digits count, dashes do not: past the first group, with or without its dash.
+    assert target.json("sessions", "show", "abcd000000004")["id"] == str(one)
+    assert target.json("sessions", "show", "abcd0000-0000-4")["id"] == str(one)
 
     before = target.snapshot()
     ambiguous = target.invoke("sessions", "show", "abcd")
