@@ -6,6 +6,7 @@ Every command that changes a session goes through the command service
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -254,9 +255,12 @@ def compact(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
     """Compact the session's history now (between turns)."""
     obj.require_session(session_id)
     runtime = runtime_for(obj, app_spec)
-    upto = runtime.compact(session_id)
+    with warnings.catch_warnings(record=True) as warned:  # a summarizer says why it declined
+        warnings.simplefilter("always")
+        upto = runtime.compact(session_id)
     if upto is None:
-        note("the summarizer declined; nothing was compacted")
+        why = [str(w.message) for w in warned if w.category.__name__ == "SummarizerDeclined"]
+        note(f"the summarizer declined{f' ({why[-1]})' if why else ''}; nothing was compacted")
     obj.emit({"session": str(session_id), "upto_seq": upto},
              f"compacted up to seq {upto}" if upto else "not compacted")
 

@@ -403,3 +403,19 @@ def test_model_set_records_a_known_provider_it_cannot_build_here_with_a_warning(
     assert refused.exit_code == 2
     assert "Invalid value for 'SPEC'" in one_line_error(refused.stderr)
     assert target.snapshot() == before
+
+
+def test_compact_says_why_the_summarizer_declined(target: Target,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """TERRET_SUMMARIZER=morph without MORPH_API_KEY: nothing is compacted, and the note names
+    the missing key rather than a bare "declined"."""
+    sid = str(target.finished())
+    monkeypatch.setenv("TERRET_SUMMARIZER", "morph")
+    monkeypatch.delenv("MORPH_API_KEY", raising=False)
+    before = target.snapshot()
+    done = target.invoke("compact", sid)
+    assert done.exit_code == 0, done.stderr
+    assert ("the summarizer declined (Morph compaction declined: no API key (set "
+            "MORPH_API_KEY)); nothing was compacted") in done.stderr
+    assert "not compacted" in done.stdout
+    assert target.snapshot() == before
