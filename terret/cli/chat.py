@@ -135,7 +135,10 @@ class Input:
             line = input(text)  # readline edits it (a styled prompt would confuse its cursor)
         else:
             click.echo(click.style(text, bold=True), nl=False)
-            line = input()
+            # Piped input: the questions read the same buffer, so a line meant for an
+            # approval is not swallowed ahead of it by the prompt's reader.
+            line = self._next_line(self.fd) if self._polled() else input()
+            click.echo(line)  # what a terminal would have echoed: the transcript reads right
         screen.at_line_start = True
         screen.agent_prefix = True
         return line
@@ -143,34 +146,45 @@ class Input:
     def ask(self, screen: Screen, text: str, withdraw: Callable[[], str | None]) -> str:
         """A question that ``withdraw`` can take back (it returns why, or None)."""
         screen.write(text)
-        fd = self.fd
-        if fd is None or not self._pollable(fd):
+        if not self._polled():
             answer = input()
             screen.at_line_start = True
             return answer
-        while True:
-            if b"\n" in self._buffer:
-                line, _, self._buffer = self._buffer.partition(b"\n")
-                screen.at_line_start = True
-                return line.decode(errors="replace").rstrip("\r")
+        answer = self._next_line(self.fd, withdraw)
+        if not self.tty:
+            click.echo(answer)  # echoed, as the prompt's lines are
+        screen.at_line_start = True
+        return answer
+
+    def _polled(self) -> bool:
+        """Whether lines are read from the file descriptor itself (polled, so that a question
+        can be withdrawn), rather than through ``input()``."""
+        if self.fd is None:
+            return False
+        try:
+            select.select([self.fd], [], [], 0)
+        except (OSError, ValueError, TypeError):
+            return False
+        return True
+
+    def _next_line(self, fd: int | None, withdraw: Callable[[], str | None] | None = None
+                   ) -> str:
+        """The next line read from ``fd`` (EOFError at its end); while none has come,
+        ``withdraw`` is asked whether the question still stands (``Withdrawn`` if not)."""
+        assert fd is not None
+        while b"\n" not in self._buffer:
             ready, _, _ = select.select([fd], [], [], 0.1)
             if ready:
                 chunk = os.read(fd, 4096)
                 if not chunk:
-                    raise EOFError
+                    if not self._buffer:
+                        raise EOFError
+                    self._buffer += b"\n"  # a last line without its newline
                 self._buffer += chunk
-                continue
-            why = withdraw()
-            if why is not None:
+            elif withdraw is not None and (why := withdraw()) is not None:
                 raise Withdrawn(why)
-
-    @staticmethod
-    def _pollable(fd: int) -> bool:
-        try:
-            select.select([fd], [], [], 0)
-        except (OSError, ValueError, TypeError):
-            return False
-        return True
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="surrogateescape").rstrip("\r")
 
 
 class Chat:

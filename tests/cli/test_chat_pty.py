@@ -176,3 +176,26 @@ def test_chat_in_a_terminal(target: Target, chat_env: dict[str, str], tmp_path: 
         assert "\x1b[2m" not in again.seen and "\x1b[1m" not in again.seen
     finally:
         again.kill()
+
+
+@pytest.mark.parametrize("answer, verdict", [("y", "approved"), ("n\nnot today", "denied")])
+def test_chat_with_piped_input_reads_each_answer_where_it_is_asked(
+        target: Target, answer: str, verdict: str) -> None:
+    """All the lines arrive at once through a pipe: the approval's answer is read by its
+    question (not swallowed by the prompt's reader and sent to the model), and the lines after
+    it — ``/exit`` — are still read."""
+    done = subprocess.run(
+        [sys.executable, "-m", "terret", *target.args("chat", "--app", DEMO_APP)],
+        input=f"deploy checkout\n{answer}\n/exit\n", capture_output=True, text=True,
+        timeout=60, cwd=target.cwd, env=subprocess_env())
+    assert done.returncode == 0, done.stderr
+    assert "bye — resume with" in done.stdout
+    assert f"? [y/N] {answer.splitlines()[0]}\n" in done.stdout  # echoed where it was read
+    sid = UUID(done.stdout.split("terret chat ")[-1].split()[0])
+    events = target.events(sid)
+    resolved = [e.payload for e in events if isinstance(e.payload, ApprovalResolved)]
+    assert [r.verdict for r in resolved] == [verdict]
+    if verdict == "denied":
+        assert resolved[0].reason == "not today"
+    said = [e.payload.text for e in events if isinstance(e.payload, UserMessage)]
+    assert said == ["deploy checkout"]  # the answer never reached the model
