@@ -30,6 +30,8 @@ class LimitType(click.ParamType):
         text = str(value).strip()
         sign = text[0] if text.startswith(("-", "+")) else ""
         digits = text[len(sign):].removeprefix("$")  # $5, -$5
+        if sign == "-" and digits.strip("0.") != "":  # -1, -$5, -inf: negative, whatever else
+            self.fail(f"{shown(value)}: a budget is a finite amount of 0 or more", param, ctx)
         if not _AMOUNT.match(digits):  # no exponent, no '_', no nan: money as people write it
             self.fail(f"{shown(value)} is not an amount (say 5.00; at most {_MAX_DIGITS} digits "
                       "before the point)", param, ctx)

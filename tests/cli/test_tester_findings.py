@@ -349,9 +349,9 @@ def test_global_help_and_the_page_agree(tmp_path: Path) -> None:
     store_row = _doc_row("--store")
     for form in ("sqlite:///", "memory:", "esdb://", "esdb+discover://"):
         assert form in store_row and form in text, form  # every form the page lists
-    shown = re.search(r"\[x>=([\d.]+)\]", text)
+    shown = re.search(r"\[([\d.]+)<=x<=([\d.]+)\]", text)
     assert shown is not None  # click shows --store-timeout's range
-    assert f"`[x>={shown.group(1)}]`" in _doc_row("--store-timeout")
+    assert f"`[{shown.group(1)}<=x<={shown.group(2)}]`" in _doc_row("--store-timeout")
     assert f"at least {shown.group(1)}" in text
     missing = invoke_cli("--store", str(tmp_path / "none.db"), "sessions", "list")
     kind = one_line_error(missing.stderr).removeprefix("Error: ").partition(": ")[0]
