@@ -135,7 +135,7 @@ def show(obj: CliContext, session_id: UUID) -> None:
     status = views.status(session_id)
     state = views.state(session_id)
     if summary is None or status is None or state is None:
-        raise SessionNotFound(f"no session {session_id}")
+        raise SessionNotFound(f"no session {session_id} in {obj.masked_uri}")
     shown = _Shown(summary, status, state, views.pending(session_id), views.policy(session_id),
                    Liveness(obj.store()).owner(_owner_of(summary)))
     data = _show_data(shown, views.roles(session_id), views.usage_by_model(session_id))
