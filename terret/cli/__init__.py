@@ -159,9 +159,8 @@ class TerretGroup(click.Group):
         except InvalidPayload as exc:  # outside a command (CommandContext): still usage
             raise click.UsageError(f"{type(exc).__name__}: {_one_line(ctx, exc)}") from None
         except TerretError as exc:
-            failure = click.ClickException(f"{type(exc).__name__}: {_one_line(ctx, exc)}")
-            failure.json_lines = bool(ctx.meta.get(JSON_LINES))  # type: ignore[attr-defined]
-            raise failure from None
+            raise DomainFailure(f"{type(exc).__name__}: {_one_line(ctx, exc)}",
+                                json_lines=bool(ctx.meta.get(JSON_LINES))) from None
         except KeyError as exc:
             raise click.ClickException(
                 f"KeyError: {exc.args[0] if exc.args else exc}") from None
@@ -185,7 +184,8 @@ class TerretGroup(click.Group):
                 click.UsageError(typed, ctx=exc.ctx).show()  # click's usage hint, then the line
             else:
                 click.ClickException(typed).show()
-            _json_error(argv, typed, exc.exit_code, one_line=getattr(exc, "json_lines", False))
+            _json_error(argv, typed, exc.exit_code,
+                        one_line=isinstance(exc, DomainFailure) and exc.json_lines)
             sys.exit(exc.exit_code)
         except click.Abort:
             typed = "Aborted: not confirmed, or interrupted"
@@ -206,6 +206,15 @@ def cut_quotes(message: str) -> str:
         return f"{quote}{text[:SHOWN_MAX - 2]}… ({len(text)} characters)"
 
     return QUOTED.sub(cut, message)
+
+
+class DomainFailure(click.ClickException):
+    """A Terret error ending a command (exit 1); ``json_lines`` when the command's ``--json``
+    output was JSON Lines, so that its error document is one more line."""
+
+    def __init__(self, message: str, *, json_lines: bool = False) -> None:
+        super().__init__(message)
+        self.json_lines = json_lines
 
 
 def _json_error(argv: list[str], typed: str, code: int, *, one_line: bool = False) -> None:

@@ -4,7 +4,6 @@ in ``terret serve`` goes on when the event reaches its subscription (the store i
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 from uuid import UUID
@@ -35,10 +34,7 @@ class LimitType(click.ParamType):
         if not _AMOUNT.match(digits):  # no exponent, no '_', no nan: money as people write it
             self.fail(f"{shown(value)} is not an amount (say 5.00; at most {_MAX_DIGITS} digits "
                       "before the point)", param, ctx)
-        limit = float(sign + digits)
-        if not math.isfinite(limit) or limit < 0:
-            self.fail(f"{shown(value)}: a budget is a finite amount of 0 or more", param, ctx)
-        return limit
+        return float(digits)  # a sign left here is '+', or '-' on a zero
 
 
 _MAX_DIGITS = 12

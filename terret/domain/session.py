@@ -226,7 +226,8 @@ class Session(Aggregate):
     def start_turn(self, *, trigger: str = "user", text: str | None = None,
                    inbox_id: str | None = None) -> int:
         """R4: refused while the log holds an open turn. The input is logged with the start."""
-        self.check_turn_input(trigger=trigger, text=text, inbox_id=inbox_id)
+        self._storable(TurnStarted.wire_name, trigger=trigger)
+        self._storable(UserMessage.wire_name, text=text, inbox_id=inbox_id)
         self.require_no_open_turn()
         turn = self.state.turn + 1
         # Both payloads are validated before either is recorded: a refusal leaves nothing.

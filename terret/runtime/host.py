@@ -151,7 +151,8 @@ class AgentHost:
         # Under the session's spawn lock: two racing callers must share one agent, not collide
         # on a spawn (the loser would see AgentExists instead of TurnAlreadyRunning).
         with self._spawning(session_id):
-            if self._releasing:  # its agent, if any, was released: it owns nothing now
+            # Released agents stay registered: after the release none serves (wake included).
+            if self._releasing:
                 raise errors.RuntimeStopping("this worker is stopping: it takes no more sessions")
             return self.agent_for_session(session_id) or self.spawn(
                 session_id, take_idle=take_idle, for_new_turn=for_new_turn)

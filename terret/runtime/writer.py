@@ -25,6 +25,7 @@ from terret.domain.session import Session
 from terret.domain.store import AppendResult, session_stream
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 MAX_ATTEMPTS = 20
 
@@ -80,16 +81,10 @@ class SessionWriter:
         return session
 
     def _remember(self, session: Session) -> None:
-        self._cache[session.id] = session
-        self._cache.move_to_end(session.id)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        _put(self._cache, session.id, session, self._cache_size)
 
     def _note_append(self, session_id: UUID, version: int) -> None:
-        self._appended[session_id] = version
-        self._appended.move_to_end(session_id)
-        while len(self._appended) > self._cache_size:
-            self._appended.popitem(last=False)
+        _put(self._appended, session_id, version, self._cache_size)
 
     def forget(self, session_id: UUID) -> None:
         with self.lock(session_id):
@@ -161,3 +156,11 @@ class SessionWriter:
 def _commutes(wire_name: str) -> bool:
     cls = catalogue.payload_class(wire_name)
     return bool(cls is not None and cls.commutative)
+
+
+def _put(cache: OrderedDict[UUID, V], key: UUID, value: V, size: int) -> None:
+    """Keep ``value`` as the most recent entry, dropping the least recent past ``size``."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > size:
+        cache.popitem(last=False)

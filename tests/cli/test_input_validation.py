@@ -266,10 +266,12 @@ def test_rebuild_and_verify_say_a_projection_halted(target: Target) -> None:
     store.append(stream, [NewRecord(uuid4(), "turn/start", b'{"turn": "abc"}')],
                  store.stream_version(stream))
     bad = store.head_position()
+    *_, before_bad = [r.position for r in store.read_all(after=target.since, limit=10_000)
+                      if r.position < bad]  # the sessions view takes every event
     rebuilt = target.run("--json", "projections", "rebuild", "sessions")
     assert rebuilt.returncode == 1, rebuilt.stderr
     report = json.loads(rebuilt.stdout)
-    assert list(report["rebuilt"]) == ["sessions"] and report["rebuilt"]["sessions"] < bad
+    assert report["rebuilt"] == {"sessions": before_bad}
     assert report["halted"]["sessions"]["position"] == bad
     text = target.invoke("projections", "rebuild", "sessions")
     assert text.exit_code == 1 and f"HALTED at {bad}" in text.stdout
