@@ -231,13 +231,38 @@ class EventCatalogue:
                 raise InvalidPayload(
                     wire_name, "<version>", f"no upcaster from version {version}"
                 )
-            data = step(dict(data))
+            data = _upcast(step, wire_name, version, data)
             version += 1
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
             loc, msg = _first_error(exc)
             raise InvalidPayload(wire_name, loc, msg) from None
+        except Exception as exc:  # noqa: BLE001 - a validator's bug on stored data: unreadable
+            raise InvalidPayload(wire_name, "<validator>", _failure(exc)) from exc
+
+
+def _upcast(step: Upcaster, wire_name: str, version: int,
+            data: dict[str, Any]) -> dict[str, Any]:
+    """One upcaster step. An upcaster is application code run on whatever a store holds: one
+    that raises (a field an old record lacks) or returns something other than an object makes
+    that record unreadable (``InvalidPayload``, a ``CorruptRecord`` naming its position), not
+    an unnamed error that stops every reader of the log."""
+    try:
+        upcast = step(dict(data))
+    except Exception as exc:  # noqa: BLE001 - reported, with the record's position, by decode
+        raise InvalidPayload(wire_name, "<upcaster>",
+                             f"the upcaster from version {version} failed: {_failure(exc)}"
+                             ) from exc
+    if not isinstance(upcast, dict):
+        raise InvalidPayload(wire_name, "<upcaster>",
+                             f"the upcaster from version {version} returned "
+                             f"{type(upcast).__name__}, not a dict")
+    return upcast
+
+
+def _failure(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 catalogue = EventCatalogue()

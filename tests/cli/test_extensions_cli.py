@@ -83,3 +83,78 @@ def test_an_extension_module_that_cannot_be_imported_is_a_usage_error(target: Ta
     assert line.startswith("Error: BadParameter: Invalid value for '--extensions': cannot "
                            "import 'acme_bookmarks_missing': ModuleNotFoundError"), line
     assert target.snapshot() == before
+
+
+UPCASTING = '''
+import terret
+
+
+@terret.event_type
+class NoteAdded(terret.EventPayload):
+    wire_name = "acme.note/added"
+    version = 2
+    commutative = True
+    text: str
+    body: str
+
+
+@terret.upcaster("acme.note/added", 1)
+def _v1(data):
+    data["body"] = data.pop("body_v1")  # a KeyError on a v1 record written without it
+    return data
+'''
+
+OLD_WRITER = '''
+import sys
+from uuid import UUID, uuid4
+from terret import open_store
+from terret.domain import NewRecord, session_stream
+
+store = open_store(sys.argv[1])
+stream = session_stream(UUID(sys.argv[2]))
+head = store.stream_version(stream)
+record = NewRecord(uuid4(), "acme.note/added", b'{"text": "hi"}', b'{"schema_version": 1}')
+print(store.append(stream, [record], head).position)
+store.close()
+'''
+
+
+def test_an_upcaster_that_raises_halts_what_reads_that_record_at_its_position(
+        target: Target) -> None:
+    """An upcaster is application code run on whatever the log holds. One that raises on an
+    old record makes that record unreadable (a CorruptRecord naming its position): the
+    projections that read it halt there and an operator can skip it; the others, and every
+    other session, carry on. It used to be an unnamed KeyError from every command."""
+    (target.cwd / "acme_notes.py").write_text(UPCASTING)
+    (target.cwd / "write_old_note.py").write_text(OLD_WRITER)
+    sid = target.new_session()
+    done = subprocess.run([sys.executable, "write_old_note.py", target.uri, str(sid)],
+                          cwd=target.cwd, env=subprocess_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    position = int(done.stdout)
+    other = target.finished()
+
+    listed = target.run("--extensions", "acme_notes", "--json", "sessions", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert f"sessions halted at position {position}" in listed.stderr, listed.stderr
+    # Another session takes commands, and the views that do not read the record show them.
+    titled = target.run("--extensions", "acme_notes", "title", str(other), "Still served")
+    assert titled.returncode == 0, titled.stderr
+    assert target.json("title", str(other))["title"] == "Still served"
+    status = json.loads(target.run("--extensions", "acme_notes", "--json", "projections",
+                                   "status").stdout)
+    halted = {p["name"]: p["halted"] for p in status if p["halted"]}
+    assert set(halted) == {"sessions"}, status  # the only one that reads every wire name
+    assert halted["sessions"]["position"] == position
+    assert "the upcaster from version 1 failed: KeyError" in halted["sessions"]["error"]
+
+    shown = target.run("--extensions", "acme_notes", "log", str(sid))
+    assert shown.returncode == 1
+    assert one_line_error(shown.stderr).startswith(
+        f"Error: CorruptRecord: record at position {position} cannot be decoded"), shown.stderr
+
+    skipped = target.run("--extensions", "acme_notes", "projections", "skip", "sessions")
+    assert skipped.returncode == 0, skipped.stderr
+    doctor = target.run("--extensions", "acme_notes", "--json", "doctor")
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
