@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from terret.domain.catalogue import catalogue
     from terret.domain.events import Actor
     from terret.domain.messages import Message, ToolCall, Usage
+    from terret.projections.registry import register_projection
     from terret.runtime import (
         AgentDefinition,
         CallContext,
@@ -59,6 +60,7 @@ _LAZY: dict[str, str] = {
     "catalogue": "terret.domain.catalogue:catalogue",
     "event_type": "terret.domain:event_type",
     "upcaster": "terret.domain:upcaster",
+    "register_projection": "terret.projections.registry:register_projection",
     "errors": "terret.domain.errors",
     "Actor": "terret.domain.events:Actor",
     "Message": "terret.domain.messages:Message",
@@ -109,6 +111,7 @@ __all__ = [
     "catalogue",
     "errors",
     "event_type",
+    "register_projection",
     "upcaster",
 ]
 

@@ -281,11 +281,11 @@ class CliContext:
 
     def runner(self) -> ProjectionRunner:
         if self._runner is None:
+            from terret.projections.registry import serving_projections
             from terret.projections.runner import ProjectionRunner
-            from terret.projections.views import default_projections
 
             self._runner = ProjectionRunner(self.store(), self.view_store(),
-                                            default_projections())
+                                            serving_projections())
         return self._runner
 
     def views(self, *, reads: Iterable[str] | None = None) -> Views:
@@ -332,7 +332,7 @@ class CliContext:
         if self._runner is not None:
             return False
         from terret.projections._logcheck import LogCheck
-        from terret.projections.views import default_projections
+        from terret.projections.registry import serving_projections
 
         store, views = self.store(), self.view_store()
         if LogCheck(store, views).check():
@@ -346,7 +346,7 @@ class CliContext:
             return False
         head = store.head_position()  # after the views (another process may move both)
         return all(tracked.get(p.name) == head and versions.get(p.name) == p.version
-                   for p in default_projections())
+                   for p in serving_projections())
 
     def _staleness(self, reads: Iterable[str] | None) -> Staleness | None:
         runner = self.runner()

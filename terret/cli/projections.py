@@ -26,14 +26,23 @@ def projections() -> None:
 @projections.command("status")
 @click.pass_obj
 def status(obj: CliContext) -> None:
-    """Position and lag of each projection (lag is counted in log positions)."""
-    states = obj.runner().states()
-    data = [{"name": s.name, "position": s.position, "lag": s.lag,
+    """Position and lag of each projection (lag is counted in log positions).
+
+    Custom projections are listed once their module is imported (--extensions); one the views
+    file tracks that this process does not load is listed as not loaded."""
+    runner = obj.runner()
+    states = [(s, True) for s in runner.states()] + [(s, False) for s in runner.unloaded()]
+    data = [{"name": s.name, "position": s.position, "lag": s.lag, "loaded": loaded,
              "halted": {"position": s.fault[0], "error": s.fault[1]} if s.fault else None}
-            for s in states]
+            for s, loaded in states]
     rows = [[s.name, str(s.position), str(s.lag),
-             f"HALTED at {s.fault[0]}: {s.fault[1]}" if s.fault else "ok"] for s in states]
+             (f"HALTED at {s.fault[0]}: {s.fault[1]}" if s.fault else "ok") if loaded else
+             (f"HALTED at {s.fault[0]}: {s.fault[1]} " if s.fault else "") + _NOT_LOADED]
+            for s, loaded in states]
     obj.emit(data, table(rows, ["PROJECTION", "POSITION", "LAG", "STATE"]))
+
+
+_NOT_LOADED = "(not loaded here: --extensions its module)"
 
 
 def _names(obj: CliContext, name: str | None) -> list[str]:
@@ -136,6 +145,7 @@ def doctor(obj: CliContext) -> None:
     except TerretError as exc:
         problems.append(f"catching up the views failed: {exc}")
     halted = _check_states(runner, problems)
+    _check_unloaded(runner, checks, problems)
     if _events(runner) <= 200_000:
         _check_rebuild(runner, halted, checks, problems)
     else:
@@ -180,6 +190,20 @@ def _check_states(runner: ProjectionRunner, problems: list[str]) -> set[str]:
     return halted
 
 
+def _check_unloaded(runner: ProjectionRunner, checks: list[str], problems: list[str]) -> None:
+    """Projections the views file tracks that this process does not load (a custom one whose
+    module it has not imported): not checked here, and a problem if it is halted."""
+    for state in runner.unloaded():
+        how = (f"give --extensions the module that registers it to check it, or to run "
+               f"`terret projections skip {state.name}`")
+        if state.fault:
+            problems.append(f"projection {state.name} halted at {state.fault[0]}: "
+                            f"{state.fault[1]} — it is not loaded in this process: {how}")
+        else:
+            checks.append(f"projection {state.name} (position {state.position}) not checked:"
+                          f" it is not loaded in this process; {how}")
+
+
 def _check_rebuild(runner: ProjectionRunner, halted: set[str], checks: list[str],
                    problems: list[str]) -> None:
     """Every projection against a rebuild from the log, in one pass over it."""
@@ -191,7 +215,9 @@ def _check_rebuild(runner: ProjectionRunner, halted: set[str], checks: list[str]
         elif name not in halted:  # a halted one equals a rebuild that halts alike
             equal.append(name)
     if len(equal) == len(runner.projections):
-        checks.append("every projection equals a rebuild from the log")
+        checks.append("every projection equals a rebuild from the log" if not
+                      runner.unloaded() else
+                      "every projection loaded here equals a rebuild from the log")
     elif equal:  # never claim more than was found: the others are problems above
         checks.append(f"projections {', '.join(equal)} equal a rebuild from the log")
 

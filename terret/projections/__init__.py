@@ -12,6 +12,11 @@ if TYPE_CHECKING:
     from terret.projections._typed import handler
     from terret.projections.approvals import PendingApproval, RecordedVerdict
     from terret.projections.base import Projection, TypedProjection, ViewStore
+    from terret.projections.registry import (
+        register_projection,
+        registered_projections,
+        unregister_projection,
+    )
     from terret.projections.runner import ListenerHandle, ProjectionRunner, ProjectionState
     from terret.projections.sessions import SessionSummary
     from terret.projections.status import SessionStatus
@@ -33,6 +38,9 @@ _LAZY: dict[str, str] = {
     "UsageTotals": "terret.projections.usage:UsageTotals",
     "Views": "terret.projections.views:Views",
     "default_projections": "terret.projections.views:default_projections",
+    "register_projection": "terret.projections.registry:register_projection",
+    "registered_projections": "terret.projections.registry:registered_projections",
+    "unregister_projection": "terret.projections.registry:unregister_projection",
 }
 """Each public name and where it lives: ``module:attribute``, or a submodule."""
 
@@ -51,6 +59,9 @@ __all__ = [
     "Views",
     "default_projections",
     "handler",
+    "register_projection",
+    "registered_projections",
+    "unregister_projection",
 ]
 
 

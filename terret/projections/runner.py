@@ -380,7 +380,9 @@ class ProjectionRunner:
             if p.name == name:
                 return p
         raise KeyError(f"no projection named {name!r}; known: "
-                       f"{', '.join(p.name for p in self.projections)}")
+                       f"{', '.join(p.name for p in self.projections)} (a custom projection "
+                       "is known once the module that registers it is imported: the CLI's "
+                       "--extensions)")
 
     def _whole_log(self) -> None:
         """Rebuild, verify and skip replay the whole log: not for a scoped runner's views,
@@ -401,6 +403,20 @@ class ProjectionRunner:
             out.append(ProjectionState(p.name, position, max(0, head - position),
                                        self.views.fault(p.name)))
         return out
+
+    def unloaded(self) -> list[ProjectionState]:
+        """Projections the views file keeps a position or a fault for that this runner does not
+        maintain: a custom projection whose module this process has not imported (or one no
+        longer used). Nothing here checks, rebuilds or skips them."""
+        known = {p.name for p in self.projections}
+        with self.views.reading() as db:
+            tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())
+            faults = {row[0]: (row[1], row[2]) for row in db.execute(
+                "SELECT projection, position, error FROM projection_faults")}
+        head = self.store.head_position()
+        return [ProjectionState(name, tracked.get(name, 0),
+                                max(0, head - tracked.get(name, 0)), faults.get(name))
+                for name in sorted((tracked.keys() | faults.keys()) - known)]
 
     def check_halted(self) -> None:
         for p in self.projections:

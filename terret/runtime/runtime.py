@@ -24,8 +24,9 @@ from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
 from terret.domain.store import EventStore, session_stream
 from terret.projections.base import ViewStore
+from terret.projections.registry import serving_projections
 from terret.projections.runner import ProjectionRunner
-from terret.projections.views import Views, default_projections
+from terret.projections.views import Views
 from terret.runtime._sessions import takes_session
 from terret.runtime.agent import Agent, AgentDefinition, TurnResult, TurnServices
 from terret.runtime.approvals import WAKING, ApprovalSignals
@@ -65,7 +66,7 @@ class Runtime:
         self.resolver = resolver
         self.view_store = views if isinstance(views, ViewStore) else ViewStore(views)
         self.views = Views(self.view_store)
-        self.runner = ProjectionRunner(store, self.view_store, default_projections())
+        self.runner = ProjectionRunner(store, self.view_store, serving_projections())
         self.repository = SessionRepository(store)
         self.writer = SessionWriter(self.repository)
         self.commands = SessionCommands(self.writer)

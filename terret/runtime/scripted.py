@@ -47,7 +47,9 @@ class ScriptedProvider:
         chunk: int = 8,
     ) -> None:
         self.name = name
-        self._replies: deque[Reply] = deque(replies)
+        self._replies: deque[Reply] = deque(_replies(replies))
+        if default is not None and not callable(default):
+            _replies([default])
         self._default = default
         self._lock = threading.Lock()
         self._counter = 0
@@ -55,8 +57,9 @@ class ScriptedProvider:
         self.requests: list[ModelRequest] = []
 
     def script(self, *replies: Reply) -> None:
+        checked = _replies(replies)
         with self._lock:
-            self._replies.extend(replies)
+            self._replies.extend(checked)
 
     @property
     def remaining(self) -> int:
@@ -107,3 +110,14 @@ class ScriptedProvider:
             if cancel is not None and cancel.is_set():
                 raise ModelCancelled(f"{self.name}: request cancelled")
             on_text(text[i : i + self._chunk])
+
+
+def _replies(replies: Iterable[object]) -> list[Reply]:
+    """The replies of a script, each a :class:`Reply`: a ``TypeError`` when the script is
+    written, not an ``AttributeError`` deep in the turn that reaches it."""
+    checked = list(replies)
+    for reply in checked:
+        if not isinstance(reply, Reply):
+            raise TypeError(f"a scripted reply is a terret.Reply (e.g. Reply(text=...)), "
+                            f"not {type(reply).__name__}: {reply!r:.80}")
+    return checked  # type: ignore[return-value]

@@ -6,6 +6,7 @@ as opaque ones. The events are written by another process, on both stores."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from uuid import UUID
@@ -158,3 +159,103 @@ def test_an_upcaster_that_raises_halts_what_reads_that_record_at_its_position(
     assert skipped.returncode == 0, skipped.stderr
     doctor = target.run("--extensions", "acme_notes", "--json", "doctor")
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+
+
+MARKS = '''
+import terret
+from terret.projections import Projection
+
+
+@terret.event_type
+class Marked(terret.EventPayload):
+    wire_name = "acme.mark/added"
+    commutative = True
+    url: str
+
+
+@terret.register_projection
+class MarksProjection(Projection):
+    name = "acme.marks"
+    handles = frozenset({"acme.mark/added"})
+    tables = ("acme_marks",)
+    schema = "CREATE TABLE IF NOT EXISTS acme_marks (session TEXT, seq INTEGER, url TEXT)"
+
+    def process(self, db, event):
+        if "bad" in event.payload.url:
+            raise ValueError("a bad mark")
+        db.execute("INSERT INTO acme_marks VALUES (?, ?, ?)",
+                   (event.stream, event.seq, event.payload.url))
+'''
+
+MARK_WRITER = '''
+import sys
+from uuid import UUID
+from terret import open_store
+from terret.domain import encode, session_stream
+from acme_marks import Marked
+
+store = open_store(sys.argv[1])
+stream = session_stream(UUID(sys.argv[2]))
+written = store.append(stream, [encode(Marked(url=u)) for u in sys.argv[3:]],
+                       store.stream_version(stream))
+print(written.position)
+store.close()
+'''
+
+
+def _marked(target: Target, sid: UUID, *urls: str) -> int:
+    done = subprocess.run([sys.executable, "write_mark.py", target.uri, str(sid), *urls],
+                          cwd=target.cwd, env=subprocess_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+def test_a_registered_projection_is_maintained_checked_and_skipped_by_the_cli(
+        target: Target) -> None:
+    """A custom projection registered by its module (``@terret.register_projection``) is one
+    of the CLI's once ``--extensions`` imports it: status, rebuild, verify, skip and doctor
+    include it. A process that does not load it still reports it when the views file tracks
+    it, and a halted one is a problem for doctor there too."""
+    (target.cwd / "acme_marks.py").write_text(MARKS)
+    (target.cwd / "write_mark.py").write_text(MARK_WRITER)
+    sid = target.new_session()
+    _marked(target, sid, "https://example.org/a")
+    ext = ("--extensions", "acme_marks")
+
+    assert target.run(*ext, "sessions", "list").returncode == 0  # catches the views up
+    status = json.loads(target.run(*ext, "--json", "projections", "status").stdout)
+    (marks,) = [p for p in status if p["name"] == "acme.marks"]
+    assert marks["loaded"] is True and marks["lag"] == 0 and marks["halted"] is None
+    assert target.run(*ext, "projections", "rebuild", "acme.marks").returncode == 0
+    assert target.run(*ext, "projections", "verify", "acme.marks").returncode == 0
+
+    bad = _marked(target, sid, "https://example.org/bad")
+    _marked(target, sid, "https://example.org/c")
+    doctor = target.run(*ext, "--json", "doctor")
+    assert doctor.returncode == 1, doctor.stdout
+    (problem,) = json.loads(doctor.stdout)["problems"]
+    assert problem.startswith(f"projection acme.marks halted at {bad}: ValueError: a bad mark")
+
+    # A process that does not import the module: the halt is still a problem, named.
+    plain = target.run("--json", "doctor")
+    assert plain.returncode == 1, plain.stdout
+    (problem,) = json.loads(plain.stdout)["problems"]
+    assert problem.startswith(f"projection acme.marks halted at {bad}") and \
+        "not loaded in this process" in problem and "--extensions" in problem
+    listed = json.loads(target.run("--json", "projections", "status").stdout)
+    (marks,) = [p for p in listed if p["name"] == "acme.marks"]
+    assert marks["loaded"] is False and marks["halted"]["position"] == bad
+    refused = target.run("projections", "skip", "acme.marks")
+    assert refused.returncode == 1 and "--extensions" in refused.stderr, refused.stderr
+
+    skipped = target.run(*ext, "projections", "skip", "acme.marks")
+    assert skipped.returncode == 0, skipped.stderr
+    assert target.run(*ext, "doctor").returncode == 0
+    quiet = target.run("--json", "doctor")
+    assert quiet.returncode == 0, quiet.stdout
+    assert any("acme.marks" in c and "not checked" in c
+               for c in json.loads(quiet.stdout)["checks"])
+    with sqlite3.connect(target.views) as db:
+        rows = db.execute("SELECT url FROM acme_marks ORDER BY seq").fetchall()
+    assert rows == [("https://example.org/a",), ("https://example.org/c",)]

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -68,6 +71,28 @@ class TestEventStoreDBStore(StoreContract):
         client = EventStoreDBClient(self.uri)
         yield client
         client.close()
+
+    def test_a_program_that_never_closes_its_store_exits(self, tmp_path: Any) -> None:
+        """The README's examples never close the store: at exit the adapter closes what is
+        left open (its subscriptions and gRPC channel) while the program's threads still run.
+        Left to the garbage collector, the channel's close could wait for ever on a lock a
+        frozen daemon thread held."""
+        script = tmp_path / "left_open.py"
+        script.write_text(
+            "import sys, terret\n"
+            "from terret.adapters.stores import eventstoredb\n"
+            "store = terret.open_store(sys.argv[1])\n"
+            "sub = store.open_subscription()\n"
+            "assert store in eventstoredb._OPEN\n"
+            "eventstoredb._close_open_stores()\n"
+            "assert store not in eventstoredb._OPEN and store.connection._closed\n"
+            "again = terret.open_store(sys.argv[1])\n"
+            "again.open_subscription(); again.head_position()\n"
+            "print('left open')\n")
+        done = subprocess.run([sys.executable, str(script), self.uri], capture_output=True,
+                              text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "left open\n"
 
     def test_opened_from_an_esdb_uri(self) -> None:
         store = open_store(self.uri)

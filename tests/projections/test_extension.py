@@ -8,6 +8,8 @@ import json
 import queue
 import re
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,3 +166,65 @@ def test_the_custom_projection_example_in_the_docs_runs() -> None:
             if cls.__module__ == "docs_example":
                 terret.catalogue.unregister(cls.wire_name)
     assert namespace["checked"] is True
+
+
+NOTE_WRITER = """
+import sys
+from uuid import UUID
+from terret import open_store
+from terret.domain import NewRecord, session_stream
+from uuid import uuid4
+
+store = open_store(sys.argv[1])
+stream = session_stream(UUID(sys.argv[2]))
+record = NewRecord(uuid4(), "acme.note/added", b'{"text": "from another process"}',
+                   b'{"schema_version": 2}')
+print(store.append(stream, [record], store.stream_version(stream)).position)
+store.close()
+"""
+
+
+def test_a_registered_projection_is_maintained_by_the_runtime(
+    note_type: type[terret.EventPayload], opened_store: Any, tmp_path: Path
+) -> None:
+    """``@terret.register_projection``: a Runtime (and so ``terret serve``) maintains the
+    projection beside Terret's, here fed by a turn of its own and by another process's
+    append; bad registrations are configuration errors."""
+    if opened_store.uri is None:
+        pytest.skip("another process needs a store it can open")
+    terret.register_projection(NotesProjection)
+    try:
+        rt = terret.Runtime(opened_store.store, views=str(tmp_path / "views.db"),
+                            resolver=terret.StaticResolver(
+                                {"scripted": terret.ScriptedProvider([terret.Reply(text="hi")])}))
+        assert "acme.notes" in [p.name for p in rt.runner.projections]
+        session = rt.create_session()
+        rt.run_turn(session, "hello")
+        script = tmp_path / "note_writer.py"
+        script.write_text(NOTE_WRITER)
+        done = subprocess.run([sys.executable, str(script), opened_store.uri, str(session)],
+                              capture_output=True, text=True, timeout=60,
+                              cwd=Path(__file__).resolve().parents[2])
+        assert done.returncode == 0, done.stderr
+        rt.catch_up_views(session)
+        assert read_notes(rt.view_store, session) == [(1, "from another process", [])]
+        rt.close()
+    finally:
+        terret.projections.unregister_projection("acme.notes")
+
+    class Unnamed(NotesProjection):
+        name = ""
+
+    class NeedsArgs(NotesProjection):
+        name = "acme.needs"
+
+        def __init__(self, x: int) -> None:
+            self.x = x
+
+    class Sessions(NotesProjection):
+        name = "sessions"
+
+    for bad, says in ((Unnamed, "has no name"), (NeedsArgs, "no arguments"),
+                      (Sessions, "built-in"), (object, "Projection subclass")):
+        with pytest.raises(terret.errors.ConfigurationError, match=says):
+            terret.register_projection(bad)  # type: ignore[arg-type]

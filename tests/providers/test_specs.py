@@ -211,3 +211,12 @@ def test_registered_providers_resolve_by_name() -> None:
     assert provider is scripted and model == "any-model"
     with pytest.raises(ConfigurationError):
         registry.register("openai-compatible", scripted)
+
+
+def test_a_scripted_reply_that_is_not_a_reply_is_refused_when_scripted() -> None:
+    for build in (lambda: ScriptedProvider(["hi"]),  # type: ignore[list-item]
+                  lambda: ScriptedProvider(default="hi"),  # type: ignore[arg-type]
+                  lambda: ScriptedProvider().script("hi")):  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="a scripted reply is a terret.Reply"):
+            build()
+    assert ScriptedProvider([ScriptedReply(text="ok")]).remaining == 1

@@ -34,6 +34,7 @@ logs or errors.
 
 from __future__ import annotations
 
+import atexit
 import json
 import sys
 import time
@@ -143,6 +144,7 @@ class EventStoreDBStore(EventStore):
         self._groups: weakref.WeakSet[EsdbConsumerGroup] = weakref.WeakSet()
         self._store_id: str | None = None
         self._workers: WorkerRegistry | None = None
+        _OPEN.add(self)
 
     @property
     def retry(self) -> RetryPolicy:
@@ -508,11 +510,29 @@ class EventStoreDBStore(EventStore):
         return group
 
     def close(self) -> None:
+        _OPEN.discard(self)
         for group in list(self._groups):
             group.stop()
         for sub in list(self._subscriptions):
             sub.stop()
         self.connection.close()
+
+
+_OPEN: weakref.WeakSet[EventStoreDBStore] = weakref.WeakSet()
+"""The stores not closed yet."""
+
+
+@atexit.register
+def _close_open_stores() -> None:
+    """Close what the program left open, while its threads still run. Left to the garbage
+    collector at interpreter exit, the gRPC channel of a store never closed is closed after the
+    daemon threads were frozen — one of them (a subscription's, gRPC's) may hold the channel's
+    lock, and the exit then hangs for ever."""
+    for store in list(_OPEN):
+        try:
+            store.close()
+        except Exception:  # noqa: BLE001, S110 - the program is ending: nothing to report to
+            pass
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -1,0 +1,71 @@
+"""Custom projections registered in the process, as extension events are in the catalogue:
+the module that defines one registers it (``@terret.register_projection``), and every process
+that imports the module — a ``Runtime``, ``terret serve --app``, a CLI command given
+``--extensions`` — maintains, checks, rebuilds and skips it beside Terret's own."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from terret.domain.errors import ConfigurationError, shown
+from terret.projections.base import Projection
+
+P = TypeVar("P", bound=type[Projection])
+
+_registered: dict[str, type[Projection]] = {}
+
+
+def register_projection(cls: P) -> P:
+    """Class decorator: maintain the projection ``cls`` in every runner of this process that
+    serves the views (the runtime's, the CLI's) beside Terret's built-in ones.
+
+    ``ConfigurationError`` when ``cls`` is not a ``Projection`` subclass that can be built
+    with no arguments (``verify`` builds a fresh one), has no ``name``, or takes a name already
+    taken by a built-in projection or another class. Registering the same class again does
+    nothing (a module imported twice)."""
+    if not isinstance(cls, type) or not issubclass(cls, Projection):
+        raise ConfigurationError(f"register_projection takes a Projection subclass, not "
+                                 f"{shown(cls)}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigurationError(f"projection {cls.__qualname__} has no name (a class "
+                                 "attribute, unique among the runner's projections)")
+    if name in _builtin_names():
+        raise ConfigurationError(f"projection name {name!r} is a built-in projection's")
+    taken = _registered.get(name)
+    if taken is not None and taken is not cls:
+        raise ConfigurationError(f"projection name {name!r} is taken by "
+                                 f"{taken.__module__}.{taken.__qualname__}")
+    try:
+        cls()
+    except Exception as exc:
+        raise ConfigurationError(f"projection {name!r} cannot be built with no arguments "
+                                 f"(verify builds a fresh copy): {type(exc).__name__}: {exc}"
+                                 ) from exc
+    _registered[name] = cls
+    return cls
+
+
+def unregister_projection(name: str) -> None:
+    """Forget a registered projection (tests; a plugin unloaded). Its view stays in the views
+    file until rebuilt; unknown names are ignored."""
+    _registered.pop(name, None)
+
+
+def registered_projections() -> list[Projection]:
+    """A fresh instance of each registered projection, in the order they were registered."""
+    return [cls() for cls in _registered.values()]
+
+
+def serving_projections() -> list[Projection]:
+    """What a runner serving the views maintains: Terret's projections, then the registered
+    ones."""
+    from terret.projections.views import default_projections
+
+    return [*default_projections(), *registered_projections()]
+
+
+def _builtin_names() -> set[str]:
+    from terret.projections.views import default_projections
+
+    return {p.name for p in default_projections()}
