@@ -19,7 +19,9 @@ from typing import Any
 
 import httpx
 
+from terret.adapters.providers.config import check_env_name
 from terret.adapters.providers.secret import Secret
+from terret.domain.errors import ConfigurationError
 from terret.domain.messages import Message
 from terret.runtime.summarizer import (
     SUMMARY_INSTRUCTION,
@@ -57,7 +59,8 @@ class MorphSummarizer:
 
     Declines to ``None``, with a :class:`SummarizerDeclined` warning and a log record, on every
     failure: no key, a connection error or timeout, an HTTP error, a torn or unexpected reply.
-    It never raises.
+    It never raises (its constructor does: an ``api_key_env`` that is not a variable's name
+    is a :class:`ConfigurationError`).
     """
 
     def __init__(
@@ -77,7 +80,10 @@ class MorphSummarizer:
         client: httpx.Client | None = None,
     ) -> None:
         self._key = Secret(api_key) if api_key else None
-        self.api_key_env = api_key_env
+        try:
+            self.api_key_env = check_env_name(api_key_env)
+        except ValueError as exc:
+            raise ConfigurationError(f"MorphSummarizer api_key_env {exc}") from None
         base = base_url.rstrip("/")
         self.url = (base[:-3] if base.endswith("/v1") else base) + "/v1/compact"
         self.compression_ratio = compression_ratio

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from uuid import UUID, uuid4
 
 import pytest
@@ -252,6 +253,32 @@ def test_model_set_is_checked_against_the_app(target: Target,
     assert "warning:" in keyless.stderr and "OPENROUTER_API_KEY" in keyless.stderr
     specs = [e.payload.spec for e in target.events(sid) if isinstance(e.payload, ModelSet)]
     assert specs == ["demo:y", "nosuchprovider:x", "openrouter:openai/gpt-4o"]
+
+
+PASTED_KEY = "sk-or-v1-PASTED0123456789abcdef0123456789"
+
+
+@pytest.mark.parametrize("line", [f'api_key = "{PASTED_KEY}"',  # refused as unknown field
+                                  f'api_key_env = "{PASTED_KEY}"',  # not a variable's name
+                                  f'api_key_env = "{PASTED_KEY.replace("-", "_")}x y"'])
+def test_a_key_pasted_into_the_providers_file_is_refused_without_quoting_it(
+        target: Target, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, line: str) -> None:
+    """docs/providers.md: a key pasted into the file fails loudly, and keys never appear in
+    error messages. pydantic's refusal quoted the input; a key given as ``api_key_env`` was
+    accepted and then written into the turn's recorded error as the variable's "name"."""
+    config = tmp_path / "providers.toml"
+    config.write_text(f'[endpoints.vllm]\nbase_url = "http://127.0.0.1:9/v1"\n{line}\n')
+    monkeypatch.setenv("TERRET_PROVIDERS_FILE", str(config))
+    sid = target.new_session()
+    before = target.snapshot()
+    for argv in (["model", "set", str(sid), "main", "vllm:m"],
+                 ["--json", "model", "set", str(sid), "main", "vllm:m"]):
+        refused = target.invoke(*argv)
+        assert refused.exit_code == 2, refused.output
+        shown = refused.stdout + refused.stderr
+        assert "provider configuration" in shown and "endpoints.vllm.api_key" in shown, shown
+        assert PASTED_KEY not in shown and "PASTED0123" not in shown, shown
+    assert target.snapshot() == before
 
 
 def test_compacting_twice_declines(target: Target) -> None:

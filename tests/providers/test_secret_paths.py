@@ -285,6 +285,21 @@ def test_a_crlf_key_in_the_environment_is_refused_naming_the_variable(
     assert server.requests == []
 
 
+def test_a_key_given_where_its_variable_name_belongs_is_refused_unquoted() -> None:
+    """A key as ``api_key_env`` would be quoted by every error naming the variable (into a
+    turn's recorded error); config built in code hides pydantic's input values too."""
+    for build in (lambda: EndpointConfig(base_url="http://h/v1", api_key_env=API_KEY),
+                  lambda: ProvidersConfig(openai_compatible_key_env=API_KEY),
+                  lambda: EndpointConfig(base_url=API_KEY)):
+        with pytest.raises(ValueError) as caught:
+            build()
+        assert leaks(everything_shown(caught.value, frame_locals=False)) == [], caught.value
+    with pytest.raises(ConfigurationError, match="must name an environment variable") as morph:
+        MorphSummarizer(api_key_env=API_KEY)
+    assert leaks(everything_shown(morph.value, frame_locals=False)) == []
+    assert EndpointConfig(base_url="http://h/v1", api_key_env="_My_KEY2").api_key_env == "_My_KEY2"
+
+
 def test_bearer_key_names_the_position_not_the_character() -> None:
     with pytest.raises(ConfigurationError, match=r"a non-ASCII character at position 4 of"):
         bearer_key("sk-é" + API_KEY)

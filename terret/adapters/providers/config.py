@@ -7,11 +7,13 @@ environment when a provider is built, so a config file can be committed, logged 
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 
 from terret.domain.errors import ConfigurationError
 from terret.domain.events import PROVIDER_NAME
@@ -19,13 +21,14 @@ from terret.domain.events import PROVIDER_NAME
 #: The spec prefix for an ad-hoc endpoint given inline: ``openai-compatible:<model>@<base_url>``.
 AD_HOC_PROVIDER = "openai-compatible"
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class TimeoutConfig(BaseModel):
     """Seconds. ``read`` bounds the gap between two chunks of a stream, not the whole reply,
     so a long answer never times out while tokens keep arriving."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     connect: float = Field(default=10.0, gt=0)
     read: float = Field(default=120.0, gt=0)
@@ -41,7 +44,7 @@ class RetryConfig(BaseModel):
     A server's ``Retry-After`` replaces that delay, capped at ``retry_after_cap``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     max_retries: int = Field(default=3, ge=0)
     backoff_base: float = Field(default=0.5, ge=0)
@@ -53,7 +56,7 @@ class RetryConfig(BaseModel):
 class EndpointConfig(BaseModel):
     """One OpenAI-compatible chat-completions endpoint, addressed as ``<name>:<model>``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     base_url: str
     #: Environment variable holding the bearer key; ``None`` for an endpoint without auth
@@ -75,14 +78,49 @@ class EndpointConfig(BaseModel):
     def _http_url(cls, value: str) -> str:
         return check_base_url(value)
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _variable_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_env_name(value)
+
 
 def check_base_url(value: str) -> str:
-    """A base URL must be absolute http(s); the trailing slash is dropped so paths join."""
+    """A base URL must be absolute http(s); the trailing slash is dropped so paths join.
+
+    The refusal does not quote the value: what is in a key's place is often the key."""
     text = value.strip().rstrip("/")
     scheme, sep, rest = text.partition("://")
     if not sep or scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
-        raise ValueError(f"base URL {value!r} must be an absolute http:// or https:// URL")
+        raise ValueError("a base URL must be an absolute http:// or https:// URL")
     return text
+
+
+def check_env_name(value: str) -> str:
+    """The name of an environment variable (letters, digits, ``_``, not starting with a digit).
+
+    A key pasted where its variable's name belongs would be quoted by every error that names
+    the variable — into a turn's recorded error, the log — so it is refused here, unquoted."""
+    if not _ENV_NAME.fullmatch(value):
+        raise ValueError(
+            "must name an environment variable (letters, digits and '_', not starting with a "
+            "digit), not hold a key: the value is not repeated here"
+        )
+    return value
+
+
+def describe(exc: ValidationError) -> str:
+    """A validation error as ``field: message; ...`` without the input values pydantic quotes:
+    a configuration's refusal is printed, logged and shown, and the input may be a key."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or '<config>'}: {_message(error)}"
+        for error in exc.errors(include_url=False, include_input=False)
+    )
+
+
+def _message(error: ErrorDetails) -> str:
+    # Our validators' own words, without pydantic's "Value error, " in front of them.
+    raised = error.get("ctx", {}).get("error")
+    return str(raised) if error["type"] == "value_error" and raised else error["msg"]
 
 
 def builtin_endpoints() -> dict[str, EndpointConfig]:
@@ -106,7 +144,7 @@ class ProvidersConfig(BaseModel):
     a running session changes them with durable ``model/set`` events.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     endpoints: dict[str, EndpointConfig] = Field(default_factory=builtin_endpoints)
     #: Key variable for ad-hoc ``openai-compatible:<model>@<base_url>`` specs (``None``: no auth).
@@ -128,6 +166,11 @@ class ProvidersConfig(BaseModel):
                 )
         return {**builtin_endpoints(), **value}
 
+    @field_validator("openai_compatible_key_env")
+    @classmethod
+    def _variable_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_env_name(value)
+
     @classmethod
     def from_file(cls, path: str | Path) -> ProvidersConfig:
         """Load from a ``.toml`` or ``.json`` file; errors name the file."""
@@ -136,5 +179,8 @@ class ProvidersConfig(BaseModel):
             raw = file.read_bytes()
             data: Any = tomllib.loads(raw.decode()) if file.suffix == ".toml" else json.loads(raw)
             return cls.model_validate(data)
-        except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        except ValidationError as exc:
+            raise ConfigurationError(
+                f"provider configuration {str(file)!r}: {describe(exc)}") from None
+        except (OSError, ValueError) as exc:
             raise ConfigurationError(f"provider configuration {str(file)!r}: {exc}") from exc
