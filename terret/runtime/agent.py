@@ -301,9 +301,10 @@ class Agent:
     def _ending(self, turn: int, exc: BaseException, *, resumed: bool) -> TurnResult:
         """Map what stopped the turn to its ending: a cancel closes it ``cancelled``; a stop of
         the process (``TurnSuspended``) or a failed resume leaves it open, what ran logged; a
-        lost lease or a turn another writer closed stops it without writing; anything else —
-        the step cap, a failure, a ``KeyboardInterrupt`` — records ``turn/end failed``. Every
-        ending but a cancel re-raises ``exc``."""
+        lost lease or a turn another writer closed stops it without writing; a failure after a
+        cancel was recorded (the stream the cancel was closing broke first) is the cancel's;
+        anything else — the step cap, a failure, a ``KeyboardInterrupt`` — records ``turn/end
+        failed``. Every ending but a cancel re-raises ``exc``."""
         if isinstance(exc, (TurnCancelled, errors.ModelCancelled)):
             return self._close_cancelled(turn)
         if isinstance(exc, TurnSuspended):
@@ -313,6 +314,10 @@ class Agent:
             self.work.discard()
             log.warning("session %s: lost ownership; turn %d stops without writing",
                         self.session_id, turn)
+        elif isinstance(exc, Exception) and self._cancel_recorded(turn):
+            log.info("session %s turn %d: %s: %s after its cancel was recorded; the cancel "
+                     "wins", self.session_id, turn, type(exc).__name__, exc)
+            return self._close_cancelled(turn)
         elif isinstance(exc, errors.MaxStepsExceeded):
             self._end(turn, "failed", error=str(exc))
         elif isinstance(exc, Exception):
@@ -341,6 +346,14 @@ class Agent:
             self.work.discard()
             log.warning("session %s turn %d stopped by %s and left open: %s",
                         self.session_id, turn, type(exc).__name__, end_exc)
+
+    def _cancel_recorded(self, turn: int) -> bool:
+        try:
+            session = self._load()
+        except Exception:  # noqa: BLE001 - the failure being handled is what is reported
+            return False
+        return session.turn_open and session.current_turn == turn and \
+            session.state.cancel_requested
 
     def _still_open(self, turn: int) -> bool:
         session = self._load()

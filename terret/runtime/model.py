@@ -47,7 +47,8 @@ class ModelProvider(Protocol):
 
     ``complete`` streams when it can: each text delta is passed to ``on_text`` as it arrives.
     Setting ``cancel`` asks the provider to abandon an in-flight stream (it then raises
-    :class:`terret.domain.errors.ModelCancelled`).
+    :class:`terret.domain.errors.ModelCancelled`); a reply that was complete when it noticed
+    is returned, so that its usage is recorded.
     """
 
     name: str

@@ -29,6 +29,7 @@ from tests.support.sse_server import (
     chunk,
     event,
     free_port,
+    openrouter_usage,
     text_stream,
     tool_call_stream,
 )
@@ -320,6 +321,35 @@ def test_cancel_between_chunks_closes_the_stream(
 
     assert seen == ["t0 "]
     assert time.monotonic() - started < 0.5  # did not read the remaining ~0.8 s of stream
+
+
+def test_a_reply_completed_by_the_chunk_in_hand_when_cancelled_is_kept_with_its_usage(
+    server: ScriptedServer, provider: OpenAICompatibleProvider
+) -> None:
+    """docs/runtime.md: a reply that raced the cancel is kept with its usage. The cancel lands
+    while the stream waits; the next chunk brings the rest, usage (billed) and ``[DONE]``: that
+    reply is whole, and dropping it lost a cost the provider charged."""
+    cancel = threading.Event()
+    head, *rest = text_stream(["all ", "done"], style="openai", usage=openrouter_usage(cost=0.1))
+    server.script(CHAT, Reply.sse([head, b"".join(rest)], part_delay=0.3))
+    threading.Timer(0.1, cancel.set).start()
+
+    reply = provider.complete(HELLO, cancel=cancel)
+
+    assert cancel.is_set()
+    assert reply.text == "all done"
+    assert reply.usage is not None and reply.usage.cost == 0.1
+
+
+def test_a_stream_cut_after_the_cancel_is_a_cancel(
+    server: ScriptedServer, provider: OpenAICompatibleProvider
+) -> None:
+    cancel = threading.Event()
+    head, second, *_ = text_stream(["all ", "done"], style="openai")
+    server.script(CHAT, Reply.sse([head, second], part_delay=0.3, stall=0.3))
+    threading.Timer(0.1, cancel.set).start()
+    with pytest.raises(ModelCancelled):
+        provider.complete(HELLO, cancel=cancel)
 
 
 def test_cancel_before_the_request_sends_nothing(

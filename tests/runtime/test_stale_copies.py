@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from terret import Reply, ScriptedProvider
+from terret.adapters.providers import StreamBroken
 from terret.domain import errors
 from terret.runtime.model import ModelReply, ModelRequest, TextSink
 from tests.runtime.conftest import MakeRuntime, OpenedStore
@@ -142,6 +143,42 @@ def test_r13_a_cancel_from_another_process_closes_the_in_flight_model_stream(
     (end,) = only(read_log(opened.store, sid), "turn/end")
     assert (end.data["status"], end.data["by"]["actor"]) == ("cancelled", "operator")
     assert not gate.is_set()
+
+
+class _BrokenAfterACancel(ScriptedProvider):
+    """The stream breaks while another process's cancel is closing it: the provider sees the
+    break before it sees the cancel."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__([])
+        self.uri, self.sid, self.cancelling = uri, "", True
+
+    def complete(self, request: ModelRequest, *, on_text: TextSink | None = None,
+                 cancel: threading.Event | None = None) -> ModelReply:
+        if self.cancelling:
+            other_process(self.uri, "cancel", self.sid)
+        raise StreamBroken("acme", "the stream ended without [DONE] after 7 characters")
+
+
+def test_r13_a_stream_that_breaks_after_a_recorded_cancel_ends_the_turn_cancelled(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """docs/runtime.md: a cancel recorded by another process closes the in-flight model request
+    and wins. A stream the cancel was closing broke first: the turn ended ``failed`` with a
+    StreamBroken raised to the caller, though the cancel was already in the log."""
+    provider = _BrokenAfterACancel(opened.uri)
+    rt = make_runtime(provider)
+    sid = rt.create_session()
+    provider.sid = str(sid)
+    result = rt.run_turn(sid, "go")
+    assert result.status == "cancelled"
+    log = read_log(opened.store, sid)
+    (end,) = only(log, "turn/end")
+    assert (end.data["status"], end.data["by"]) == ("cancelled", {"actor": "operator",
+                                                                   "id": "proc"})
+    provider.cancelling = False
+    with pytest.raises(StreamBroken):  # no cancel recorded: a failure
+        rt.run_turn(sid, "again")
+    assert only(read_log(opened.store, sid), "turn/end")[-1].data["status"] == "failed"
 
 
 def test_the_views_hold_what_another_process_wrote_once_caught_up(

@@ -9,8 +9,9 @@ Failure policy, in one place:
   text already handed to ``on_text``, and returning what arrived would pass a truncated
   message off as complete;
 - malformed SSE or JSON raises :class:`MalformedStream` at once (never retried);
-- ``cancel`` is checked before each attempt, between network chunks (keep-alive comments
-  included) and during backoff; it closes the stream and raises :class:`ModelCancelled`;
+- ``cancel`` is checked before each attempt, after each network chunk (keep-alive comments
+  included) and during backoff; it closes the stream and raises :class:`ModelCancelled` —
+  unless the chunk in hand completed the reply (``[DONE]``), which is returned, usage and all;
 - every error leaves :meth:`OpenAICompatibleProvider.complete` through
   :meth:`Secret.redact <terret.adapters.secret.Secret.redact>`, and a retried one goes through
   it before it is logged: a key the server echoes (in an error body, an ``error`` chunk, a
@@ -275,9 +276,6 @@ class OpenAICompatibleProvider:
         # The hot loop runs once per network chunk, thousands of times per reply; it is kept
         # flat so that parsing costs little next to reading the bytes (see bench/provider.py).
         for chunk in chunks:
-            # Between chunks, keep-alive comments included: a stalled but alive stream notices.
-            if cancel is not None and cancel.is_set():
-                raise ModelCancelled(f"{self.name}: request cancelled")
             # (The first newline is the event's terminating blank line: one line, one event.
             # The parse checks that the JSON spans the rest.)
             if (
@@ -296,13 +294,19 @@ class OpenAICompatibleProvider:
                 feed(value)
             elif self._handle_events(decoder.feed(chunk), parse, feed):
                 return True
+            # After each chunk, keep-alive comments included: a stalled but alive stream
+            # notices. The chunk in hand is read first: if it completed the reply, the reply
+            # (and the usage it was billed with) is kept for the turn to record.
+            if cancel is not None and cancel.is_set():
+                raise ModelCancelled(f"{self.name}: request cancelled")
         return False
 
     def _read_on(self, chunks: Iterator[bytes], cancel: threading.Event | None) -> None:
-        """Read the body on after ``[DONE]``, so that the connection returns to the pool."""
+        """Read the body on after ``[DONE]``, so that the connection returns to the pool; a
+        cancel stops that (the reply is whole: it is kept)."""
         for _ in chunks:
             if cancel is not None and cancel.is_set():
-                raise ModelCancelled(f"{self.name}: request cancelled")
+                return
 
     def _handle_events(
         self,
