@@ -26,10 +26,10 @@ class Liveness:
 
         self.now = time.time() if now is None else now
         self.host = socket.gethostname()
-        try:
-            self.beats: dict[str, WorkerBeat] = {b.worker: b for b in store.workers().beats()}
-        except Exception:  # noqa: BLE001 - no registry (an older store): nobody is known live
-            self.beats = {}
+        # Not guarded: a store without a registry yet answers with no beats; a failed read (the
+        # store unreachable) is the command's error — swallowed, it showed "no live workers"
+        # and every owner's lease "expired", exit 0.
+        self.beats: dict[str, WorkerBeat] = {b.worker: b for b in store.workers().beats()}
 
     def process(self, beat: WorkerBeat) -> str | None:
         """``running`` or ``gone`` for a worker of this host, None for another host's."""

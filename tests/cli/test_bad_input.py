@@ -59,6 +59,9 @@ STORE_COMMANDS: list[tuple[str, ...]] = [
     ("projections", "verify"),
     ("projections", "skip", "usage"),
     ("doctor",),
+    ("workers",),  # its registry read failing was "no live workers", exit 0
+    ("workers", "--all"),
+    ("budget", "list"),
 ]
 
 
