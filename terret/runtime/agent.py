@@ -130,6 +130,7 @@ class Agent:
                                      cancel=self.cancel_event, on_start=self._tool_started)
         self._listeners = [services.add_listener(self._on_cancel, {CancelRequested.wire_name})]
         self._thread: threading.Thread | None = None
+        self._unpriced: set[str] = set()  # the model specs warned about (_warn_unpriced)
         self.model_context = ModelContext()  # the last request's messages (see _messages)
         self.work = StepWork(writer, session_id, fence=self.ownership.fence,
                              on_commit=self.model_context.follow)
@@ -402,6 +403,7 @@ class Agent:
         # What a parked call keeps alive is bounded, not its history: the messages live only
         # as long as the request.
         reply = self._ask(spec, self._messages())
+        self._warn_unpriced(spec, reply, session)
         calls = [ToolCallData(id=c.id, name=c.name, args=c.args) for c in reply.tool_calls]
         # The calls are durable before any of them runs (R15: at-least-once, never lost).
         ended = self._write(partial(_answer, reply.text, calls, spec, _usage_of(reply)))
@@ -411,6 +413,18 @@ class Agent:
         self._run_calls(turn, calls)
         log.debug("session %s turn %d step %d closed", self.session_id, turn, step)
         return None
+
+    def _warn_unpriced(self, spec: str, reply: ModelReply, session: Session) -> None:
+        """A budget counts only costs: a model whose replies carry none (OpenAI, vLLM without
+        ``prices`` in its endpoint's config) is spent free of it — said once per model."""
+        if reply.usage is None or reply.usage.cost is not None or spec in self._unpriced:
+            return
+        if self.services.budget_guard.check(session.state) is None:
+            return
+        self._unpriced.add(spec)
+        log.warning("session %s: %s reported no cost: its budget does not count this model's "
+                    "calls (give its endpoint prices in the providers config)",
+                    self.session_id, spec)
 
     def _at_boundary(self) -> Session:
         """The session at a step's boundary; raises if the process stops or the turn was

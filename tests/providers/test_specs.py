@@ -21,7 +21,13 @@ from terret.domain.messages import Message
 from terret.runtime.model import ModelRequest
 from terret.runtime.scripted import Reply as ScriptedReply
 from terret.runtime.scripted import ScriptedProvider
-from tests.support.sse_server import Reply, ScriptedServer, text_stream
+from tests.support.sse_server import (
+    Reply,
+    ScriptedServer,
+    openai_usage,
+    openrouter_usage,
+    text_stream,
+)
 
 KEYS = {"OPENROUTER_API_KEY": "or-key", "OPENAI_API_KEY": "oa-key"}
 
@@ -132,6 +138,44 @@ def test_from_env_reads_a_providers_file(tmp_path: Path) -> None:
         )
     finally:
         registry.close()
+
+
+def test_prices_in_the_providers_file_cost_a_reply_the_server_did_not(
+        tmp_path: Path) -> None:
+    path = tmp_path / "providers.toml"
+    with ScriptedServer() as server:
+        path.write_text(f"""
+            [endpoints.vllm]
+            base_url = "{server.url}/v1"
+            [endpoints.vllm.prices."acme/m"]
+            prompt = 3.0
+            completion = 15.0
+            [endpoints.vllm.prices."*"]
+            prompt = 0.0
+            completion = 0.0
+            """)
+        chat = "/v1/chat/completions"
+        server.script(chat,
+                      Reply.sse(text_stream(["a"], style="openai", usage=openai_usage(1000, 200))),
+                      Reply.sse(text_stream(["b"], usage=openrouter_usage(1000, 200, 0.5))),
+                      Reply.sse(text_stream(["c"], style="openai", usage=openai_usage(1000, 200))))
+        registry = ProviderRegistry.from_env({"TERRET_PROVIDERS_FILE": str(path)})
+        try:
+            costs = []
+            for spec in ("vllm:acme/m", "vllm:acme/m", "vllm:other"):
+                provider, model = registry.resolve(spec)
+                usage = provider.complete(ModelRequest(model=model, messages=(
+                    Message("user", "hi"),))).usage
+                assert usage is not None
+                costs.append(usage.cost)
+        finally:
+            registry.close()
+    # Priced (1000 × 3 + 200 × 15 per million); the server's own cost wins; the "*" price.
+    assert costs == [pytest.approx(0.006), 0.5, 0.0]
+    path.write_text('[endpoints.vllm]\nbase_url = "http://h/v1"\n'
+                    '[endpoints.vllm.prices.m]\nprompt = -1\ncompletion = 0\n')
+    with pytest.raises(ConfigurationError, match="endpoints.vllm.prices.m.prompt"):
+        ProvidersConfig.from_file(path)
 
 
 def test_a_broken_providers_file_names_the_file(tmp_path: Path) -> None:

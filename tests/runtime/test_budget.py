@@ -6,9 +6,13 @@ default (``RuntimeConfig.spend_cap``). On the SQLite store and the EventStoreDB 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from terret import Actor, RuntimeConfig, ScriptedProvider, Usage
+from terret import Actor, Runtime, RuntimeConfig, ScriptedProvider, Usage
+from terret.adapters.providers import EndpointConfig, ModelPrice, ProviderRegistry, ProvidersConfig
+from tests.providers.conftest import CHAT, FAST_RETRY, FAST_TIMEOUTS
 from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import (
     Background,
@@ -22,6 +26,7 @@ from tests.runtime.kit import (
     turn_in_background,
     wait_until,
 )
+from tests.support.sse_server import Reply, ScriptedServer, openai_usage, text_stream
 
 OPERATOR = Actor(actor="operator", id="tests")
 
@@ -155,3 +160,65 @@ def test_a_stopped_process_leaves_the_park_and_the_next_one_parks_again_without_
     fresh.set_budget(sid, 1.0, by=OPERATOR)
     assert resumed.join().status == "completed"
     assert len(only(read_log(store, sid), "budget/exceeded")) == 1
+
+
+# --- an endpoint that reports no cost (OpenAI, vLLM): priced from its config ----------------
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as scripted:
+        yield scripted
+
+
+def _over_http(opened: OpenedStore, server: ScriptedServer,
+               prices: dict[str, ModelPrice]) -> Runtime:
+    """A runtime whose main model is an OpenAI-style endpoint (usage without cost)."""
+    server.repeat(CHAT, Reply.sse(text_stream(["ok"], style="openai",
+                                              usage=openai_usage(100_000, 10_000))))
+    endpoint = EndpointConfig(base_url=server.url + "/api/v1", prices=prices)
+    registry = ProviderRegistry(ProvidersConfig(endpoints={"vllm": endpoint},
+                                                retry=FAST_RETRY, timeouts=FAST_TIMEOUTS))
+    return Runtime(opened.store, resolver=registry,
+                   config=RuntimeConfig(roles={"main": "vllm:acme/m"})).start()
+
+
+def test_an_endpoint_that_reports_no_cost_is_priced_from_its_config_and_its_budget_parks(
+        opened: OpenedStore, server: ScriptedServer) -> None:
+    """docs/providers.md, *Prices*: OpenAI and vLLM report tokens, not cost; without prices a
+    spend budget counted nothing for them. 100,000 + 10,000 tokens at 1.0 / 2.0 per million
+    are 0.12 a call: the second turn would pass a budget of 0.2, so it parks until another
+    process raises the budget."""
+    rt = _over_http(opened, server, {"acme/m": ModelPrice(prompt=1.0, completion=2.0)})
+    try:
+        sid = rt.create_session()
+        rt.set_budget(sid, 0.2, by=OPERATOR)
+        assert rt.run_turn(sid, "one").status == "completed"
+        assert rt.usage(sid)["cost"] == pytest.approx(0.12)
+        job = turn_in_background(rt, sid, "two")
+        parked_on_budget(rt, opened.store, sid)
+        (park,) = only(read_log(opened.store, sid), "budget/exceeded")
+        assert park.data["spent"] == pytest.approx(0.12)
+        other_process(opened.uri, "budget", str(sid), "1.0")
+        assert job.join().status == "completed"
+        costs = [e.data["usage"]["cost"] for e in only(read_log(opened.store, sid),
+                                                       "assistant/message")]
+        assert costs == [pytest.approx(0.12)] * 2  # durable with each reply
+    finally:
+        rt.close()
+
+
+def test_a_budget_over_a_model_that_reports_no_cost_says_it_counts_nothing(
+        opened: OpenedStore, server: ScriptedServer, caplog: pytest.LogCaptureFixture) -> None:
+    rt = _over_http(opened, server, {})
+    try:
+        sid = rt.create_session()
+        rt.set_budget(sid, 0.01, by=OPERATOR)
+        with caplog.at_level("WARNING", logger="terret"):
+            for text in ("one", "two"):
+                assert rt.run_turn(sid, text).status == "completed"  # nothing to count
+        warned = [r.getMessage() for r in caplog.records if "reported no cost" in r.getMessage()]
+        assert len(warned) == 1 and "vllm:acme/m" in warned[0] and "prices" in warned[0]
+        assert rt.usage(sid)["cost"] == 0.0
+    finally:
+        rt.close()

@@ -3,6 +3,7 @@ the registry that resolves them from configuration. See ``docs/providers.md``.""
 
 from terret.adapters.providers.config import (
     EndpointConfig,
+    ModelPrice,
     ProvidersConfig,
     RetryConfig,
     TimeoutConfig,
@@ -13,6 +14,7 @@ from terret.adapters.providers.specs import ModelSpec, ProviderRegistry, RoleRes
 
 __all__ = [
     "EndpointConfig",
+    "ModelPrice",
     "ModelSpec",
     "OpenAICompatibleProvider",
     "ProviderHTTPError",

@@ -53,6 +53,20 @@ class RetryConfig(BaseModel):
     retry_after_cap: float = Field(default=30.0, ge=0)
 
 
+class ModelPrice(BaseModel):
+    """What a model costs, per million tokens, for an endpoint that reports no cost of its own
+    (OpenAI, vLLM, Ollama): the provider prices each reply's usage with it, so the cost is
+    recorded with the reply and spend budgets count it. A cost the server reports wins."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    prompt: float = Field(ge=0)
+    completion: float = Field(ge=0)
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.prompt + completion_tokens * self.completion) / 1_000_000
+
+
 class EndpointConfig(BaseModel):
     """One OpenAI-compatible chat-completions endpoint, addressed as ``<name>:<model>``."""
 
@@ -72,6 +86,8 @@ class EndpointConfig(BaseModel):
     stream_usage: bool = True
     timeouts: TimeoutConfig | None = None
     retry: RetryConfig | None = None
+    #: Prices by model name (``"*"``: any other model) for a server that reports no cost.
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
     @field_validator("base_url")
     @classmethod

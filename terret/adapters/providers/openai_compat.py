@@ -21,6 +21,7 @@ Failure policy, in one place:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -31,7 +32,12 @@ from typing import Any
 import httpx
 
 from terret.adapters.providers.chunks import ChunkParser
-from terret.adapters.providers.config import EndpointConfig, RetryConfig, TimeoutConfig
+from terret.adapters.providers.config import (
+    EndpointConfig,
+    ModelPrice,
+    RetryConfig,
+    TimeoutConfig,
+)
 from terret.adapters.providers.errors import ProviderHTTPError, StreamBroken, UpstreamError
 from terret.adapters.providers.retry import is_retryable_status, parse_retry_after, policy_for
 from terret.adapters.providers.secret import Secret, bearer_key, redact, scrub
@@ -86,8 +92,10 @@ class OpenAICompatibleProvider:
         timeouts: TimeoutConfig | None = None,
         retry: RetryConfig | None = None,
         client: httpx.Client | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
     ) -> None:
         self.name = name
+        self._prices = dict(prices or {})
         self.base_url = base_url.rstrip("/")
         self._url = self.base_url + "/chat/completions"
         # A key no header can carry is refused here, with a ConfigurationError.
@@ -127,6 +135,7 @@ class OpenAICompatibleProvider:
             stream_usage=endpoint.stream_usage,
             timeouts=endpoint.timeouts or timeouts,
             retry=endpoint.retry or retry,
+            prices=endpoint.prices,
         )
 
     def __repr__(self) -> str:
@@ -155,11 +164,21 @@ class OpenAICompatibleProvider:
         cancel: threading.Event | None = None,
     ) -> ModelReply:
         try:
-            return self._complete(request, on_text, cancel)
+            reply = self._complete(request, on_text, cancel)
         except Exception as exc:
             # The one exit of every failure: nothing leaves with the key in it.
             redact(self._key, exc)
             raise
+        return self._priced(request.model, reply)
+
+    def _priced(self, model: str, reply: ModelReply) -> ModelReply:
+        """The reply's cost from the endpoint's prices when the server reported none."""
+        usage = reply.usage
+        price = self._prices.get(model) or self._prices.get("*")
+        if usage is None or usage.cost is not None or price is None:
+            return reply
+        cost = price.cost(usage.prompt_tokens, usage.completion_tokens)
+        return dataclasses.replace(reply, usage=dataclasses.replace(usage, cost=cost))
 
     def _complete(
         self,
