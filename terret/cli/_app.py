@@ -11,7 +11,7 @@ import click
 
 from terret.cli._extensions import import_from_cwd
 from terret.domain.errors import ConfigurationError, TerretError, shown
-from terret.runtime.agent import AgentDefinition
+from terret.runtime.definition import AgentDefinition
 from terret.runtime.maintenance import Titler
 from terret.runtime.model import ModelResolver
 from terret.runtime.runtime import RuntimeConfig

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from terret.cli._app import App
 from terret.domain.messages import Usage
-from terret.runtime.agent import AgentDefinition
+from terret.runtime.definition import AgentDefinition
 from terret.runtime.model import ModelRequest, StaticResolver
 from terret.runtime.runtime import RuntimeConfig
 from terret.runtime.scripted import Reply, ScriptedProvider, call

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 from terret._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from terret.runtime.agent import Agent, AgentDefinition, TurnResult
+    from terret.runtime.agent import Agent
     from terret.runtime.allowlist import AllowList
     from terret.runtime.approvals import ApprovalGate, TurnCancelled
     from terret.runtime.config import RuntimeConfig
+    from terret.runtime.definition import AgentDefinition, TurnResult
     from terret.runtime.hooks import BudgetGuard, PreStepHook, Refusal, StepClaim
     from terret.runtime.model import (
         ModelProvider,
@@ -30,8 +31,8 @@ if TYPE_CHECKING:
 
 _LAZY: dict[str, str] = {
     "Agent": "terret.runtime.agent:Agent",
-    "AgentDefinition": "terret.runtime.agent:AgentDefinition",
-    "TurnResult": "terret.runtime.agent:TurnResult",
+    "AgentDefinition": "terret.runtime.definition:AgentDefinition",
+    "TurnResult": "terret.runtime.definition:TurnResult",
     "AllowList": "terret.runtime.allowlist:AllowList",
     "ApprovalGate": "terret.runtime.approvals:ApprovalGate",
     "TurnCancelled": "terret.runtime.approvals:TurnCancelled",

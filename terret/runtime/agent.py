@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 from uuid import UUID
@@ -23,7 +23,6 @@ from terret.domain.events import (
     CancelRequested,
     ToolCallData,
     TurnStatus,
-    UsageData,
 )
 from terret.domain.messages import Message
 from terret.domain.session import Session
@@ -31,45 +30,23 @@ from terret.projections._bus import Listener, ListenerHandle
 from terret.projections.views import Views
 from terret.runtime.allowlist import AllowList
 from terret.runtime.approvals import ApprovalGate, ApprovalSignals
+from terret.runtime.definition import AgentDefinition, TurnResult
 from terret.runtime.hooks import BudgetGuard, PreStepHook, StepClaim
 from terret.runtime.model import ModelReply, ModelRequest, ModelResolver, TextSink
 from terret.runtime.ownership import SessionLease, WorkerLease
+from terret.runtime.step_commands import (
+    answer,
+    end_cancelled,
+    open_step,
+    record_result,
+    usage_of,
+)
 from terret.runtime.stops import TurnCancelled, TurnSuspended
 from terret.runtime.tools import CallContext, Tool, ToolContext, ToolOutcome, ToolPipeline
 from terret.runtime.unit import Command, ModelContext, StepWork
 from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.agent")
-
-
-@dataclass(frozen=True)
-class AgentDefinition:
-    """What an agent is: instructions, tools, the allow-list floor (R23: deny by default — a
-    tool runs only if a pattern allows it), the step cap (R2)."""
-
-    name: str = "default"
-    revision: int = 1
-    instructions: str = ""
-    tools: Sequence[Tool] = ()
-    allow: Sequence[str] = ()
-    max_steps: int | None = None
-    """The step cap of this agent's turns; None takes ``RuntimeConfig.max_steps``."""
-    pre_step: Sequence[PreStepHook] = field(default_factory=tuple)
-
-    def __post_init__(self) -> None:
-        # One string is a sequence too: it would become one pattern per character.
-        if isinstance(self.allow, str | bytes):
-            raise errors.ConfigurationError(
-                f"agent {errors.shown(self.name)}: allow is a list of patterns, not one string "
-                f"({errors.shown(self.allow)}); write allow=[{self.allow!r}]")
-
-
-@dataclass(frozen=True)
-class TurnResult:
-    session_id: UUID
-    turn: int
-    status: TurnStatus
-    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -361,7 +338,7 @@ class Agent:
         return session.turn_open and session.current_turn == turn
 
     def _close_cancelled(self, turn: int) -> TurnResult:
-        self._write(_end_cancelled)
+        self._write(end_cancelled)
         log.info("session %s turn %d ended cancelled", self.session_id, turn)
         return TurnResult(self.session_id, turn, "cancelled")
 
@@ -399,14 +376,14 @@ class Agent:
                                            spec))
         if refused is not None:
             return refused
-        step = self._write(partial(_open_step, spec, self.max_steps))
+        step = self._write(partial(open_step, spec, self.max_steps))
         # What a parked call keeps alive is bounded, not its history: the messages live only
         # as long as the request.
         reply = self._ask(spec, self._messages())
         self._warn_unpriced(spec, reply, session)
         calls = [ToolCallData(id=c.id, name=c.name, args=c.args) for c in reply.tool_calls]
         # The calls are durable before any of them runs (R15: at-least-once, never lost).
-        ended = self._write(partial(_answer, reply.text, calls, spec, _usage_of(reply)))
+        ended = self._write(partial(answer, reply.text, calls, spec, usage_of(reply)))
         if ended is not None:
             log.info("session %s turn %d ended %s", self.session_id, turn, ended)
             return TurnResult(self.session_id, turn, ended, reply.text)
@@ -509,7 +486,7 @@ class Agent:
                     outcome = self.pipeline.run(ctx)
                 finally:
                     self._call_session = None
-            record = partial(_record_result, call, outcome.content, outcome.is_error,
+            record = partial(record_result, call, outcome.content, outcome.is_error,
                              close_step=i == len(calls) - 1, resumed=resumed)
             if i == len(calls) - 1:
                 self.work.carry(record)  # written with whatever comes next: step/start, turn/end
@@ -569,57 +546,3 @@ class Agent:
 
         return self.gate.wait(self.session_id, covered, what="parked on its budget",
                               on_park=lambda: self._parked("budget"))
-
-
-# --- the commands a step records -------------------------------------------------------------
-
-
-def _open_step(spec: str, max_steps: int, s: Session) -> int:
-    if s.state.cancel_requested:  # folded in on a conflict: the cancel wins (R13)
-        raise TurnCancelled("cancel requested")
-    step = s.start_step(spec, max_steps=max_steps)
-    s.take_inbox()
-    return step
-
-
-def _answer(text: str, calls: list[ToolCallData], spec: str, usage: UsageData | None,
-            s: Session) -> TurnStatus | None:
-    """Record the reply with the model call's usage (durable with it: a cancel, a kill or a
-    resume later cannot lose it); a final one ends the step and the turn in the same append (a
-    crash leaves the step open, and resume asks again). A cancel recorded while the model
-    answered wins here, at the step's boundary (R13): the reply and its usage are kept, its
-    calls answered as not run, and the turn closes cancelled."""
-    s.record_assistant(text, calls, model=spec, usage=usage)
-    if s.state.cancel_requested:
-        for c in calls:
-            s.record_tool_result(c.id, c.name, f"{c.name} was not run: the turn was "
-                                 "cancelled", is_error=True)
-        s.end_step()
-        _end_cancelled(s)
-        return "cancelled"
-    if calls:
-        return None
-    s.end_step()
-    s.end_turn("completed")
-    return "completed"
-
-
-def _record_result(call: ToolCallData, content: str, is_error: bool, s: Session, *,
-                   close_step: bool = False, resumed: bool = False) -> None:
-    s.record_tool_result(call.id, call.name, content, is_error=is_error)
-    if close_step:
-        s.end_step(resumed=resumed)
-
-
-def _usage_of(reply: ModelReply) -> UsageData | None:
-    if reply.usage is None:
-        return None
-    return UsageData(prompt_tokens=reply.usage.prompt_tokens,
-                     completion_tokens=reply.usage.completion_tokens, cost=reply.usage.cost)
-
-
-def _end_cancelled(s: Session) -> None:
-    """Close the turn cancelled, attributed to whoever recorded the cancel (a local cancel
-    event without a recorded one is this process stopping the turn: no actor)."""
-    by = Actor(**s.state.cancel_by) if s.state.cancel_by else None
-    s.end_turn("cancelled", reason=s.state.cancel_reason, by=by)

@@ -22,7 +22,8 @@ from uuid import UUID, uuid4
 
 from terret.domain import errors
 from terret.domain.session import Session
-from terret.runtime.agent import Agent, AgentDefinition, TurnResult
+from terret.runtime.agent import Agent
+from terret.runtime.definition import AgentDefinition, TurnResult
 from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.runtime")

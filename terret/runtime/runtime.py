@@ -28,10 +28,11 @@ from terret.projections.registry import serving_projections
 from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views
 from terret.runtime._sessions import takes_session
-from terret.runtime.agent import Agent, AgentDefinition, TurnResult, TurnServices
+from terret.runtime.agent import Agent, TurnServices
 from terret.runtime.approvals import WAKING, ApprovalSignals
 from terret.runtime.commands import SessionCommands
 from terret.runtime.config import RuntimeConfig
+from terret.runtime.definition import AgentDefinition, TurnResult
 from terret.runtime.hooks import BudgetCheck, BudgetGuard, PreStepHook
 from terret.runtime.host import AgentHost
 from terret.runtime.maintenance import AutoTitler, Compactor, Titler, UpkeepServices

@@ -43,7 +43,7 @@ from terret.domain.codec import RecordedEvent
 from terret.domain.groups import GroupReader
 from terret.domain.session import Session
 from terret.projections.views import Views
-from terret.runtime.agent import TurnResult
+from terret.runtime.definition import TurnResult
 from terret.runtime.host import AgentHost
 from terret.runtime.ownership import WorkerLease
 from terret.runtime.pool import GroupFeed

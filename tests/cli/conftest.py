@@ -248,7 +248,7 @@ def badfloor_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (tmp_path / "badfloor_app.py").write_text(
         "from terret.cli import App\n"
         "from terret.cli.demo_app import demo_app\n"
-        "from terret.runtime.agent import AgentDefinition\n"
+        "from terret.runtime.definition import AgentDefinition\n"
         "def app() -> App:\n"
         "    base = demo_app()\n"
         "    base.agents = [AgentDefinition(name='ops', allow=['deploy!'])]\n"
