@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
+from pydantic_core import ErrorDetails
 
 from terret.domain.errors import DuplicateEventType, InvalidPayload, UnknownEventType
 
@@ -22,6 +23,22 @@ def _first_error(exc: ValidationError) -> tuple[str, str]:
     error = exc.errors()[0]
     loc = ".".join(str(part) for part in error.get("loc", ())) or "<payload>"
     return loc, str(error.get("msg", "invalid"))
+
+
+def describe_validation(exc: ValidationError, root: str) -> str:
+    """A validation error as ``field: message; ...`` (``root`` for the whole input), in the
+    validators' own words and without the input values pydantic quotes: what is refused may be
+    shown to a model, printed or logged, and the input may be a key."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or root}: {_message(error)}"
+        for error in exc.errors(include_url=False, include_input=False)
+    )
+
+
+def _message(error: ErrorDetails) -> str:
+    # A validator's ValueError without pydantic's "Value error, " in front of it.
+    raised = error.get("ctx", {}).get("error")
+    return str(raised) if error["type"] == "value_error" and raised else error["msg"]
 
 
 _CREATING: dict[str, Any] = {"terret": "creating"}

@@ -457,6 +457,15 @@ class ViewStore(TrackingRecorder):
         tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())
         return {name: tracked.get(name, 0) for name in names}
 
+    def bookkeeping(self) -> tuple[dict[str, int], dict[str, tuple[int, str]]]:
+        """Every projection the file tracks (name → position) and every fault (name →
+        position, error), whether or not this process maintains it."""
+        with self.reading() as db:
+            tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())
+            faults = {row[0]: (row[1], row[2]) for row in db.execute(
+                "SELECT projection, position, error FROM projection_faults")}
+        return tracked, faults
+
     def forget(self, projection: Projection) -> None:
         """Drop a projection's tables, tracked position and fault, and create its tables
         again: it replays from position 0 (its recorded skips stay)."""

@@ -409,10 +409,7 @@ class ProjectionRunner:
         maintain: a custom projection whose module this process has not imported (or one no
         longer used). Nothing here checks, rebuilds or skips them."""
         known = {p.name for p in self.projections}
-        with self.views.reading() as db:
-            tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())
-            faults = {row[0]: (row[1], row[2]) for row in db.execute(
-                "SELECT projection, position, error FROM projection_faults")}
+        tracked, faults = self.views.bookkeeping()
         head = self.store.head_position()
         return [ProjectionState(name, tracked.get(name, 0),
                                 max(0, head - tracked.get(name, 0)), faults.get(name))

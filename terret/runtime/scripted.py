@@ -115,9 +115,10 @@ class ScriptedProvider:
 def _replies(replies: Iterable[object]) -> list[Reply]:
     """The replies of a script, each a :class:`Reply`: a ``TypeError`` when the script is
     written, not an ``AttributeError`` deep in the turn that reaches it."""
-    checked = list(replies)
-    for reply in checked:
+    checked: list[Reply] = []
+    for reply in replies:
         if not isinstance(reply, Reply):
             raise TypeError(f"a scripted reply is a terret.Reply (e.g. Reply(text=...)), "
                             f"not {type(reply).__name__}: {reply!r:.80}")
-    return checked  # type: ignore[return-value]
+        checked.append(reply)
+    return checked

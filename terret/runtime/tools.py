@@ -33,6 +33,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
+from terret.domain.payloads import describe_validation
 from terret.runtime._handlers import HANDLERS
 from terret.runtime.model import ToolSpec
 from terret.runtime.stops import TurnCancelled
@@ -219,10 +220,7 @@ class ToolPipeline:
         try:
             parsed = tool.args.model_validate(ctx.args)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
-                for e in exc.errors()
-            )
+            problems = describe_validation(exc, "arguments")
             return ToolOutcome(f"invalid arguments for {tool.name}: {problems}", is_error=True)
         for hook in self.context.waterfall():
             veto = hook(tool, ctx)

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_core import ErrorDetails
 
 from terret.domain.errors import ConfigurationError
 from terret.domain.events import PROVIDER_NAME
+from terret.domain.payloads import describe_validation
 
 #: The spec prefix for an ad-hoc endpoint given inline: ``openai-compatible:<model>@<base_url>``.
 AD_HOC_PROVIDER = "openai-compatible"
@@ -124,21 +124,6 @@ def check_env_name(value: str) -> str:
     return value
 
 
-def describe(exc: ValidationError) -> str:
-    """A validation error as ``field: message; ...`` without the input values pydantic quotes:
-    a configuration's refusal is printed, logged and shown, and the input may be a key."""
-    return "; ".join(
-        f"{'.'.join(str(part) for part in error['loc']) or '<config>'}: {_message(error)}"
-        for error in exc.errors(include_url=False, include_input=False)
-    )
-
-
-def _message(error: ErrorDetails) -> str:
-    # Our validators' own words, without pydantic's "Value error, " in front of them.
-    raised = error.get("ctx", {}).get("error")
-    return str(raised) if error["type"] == "value_error" and raised else error["msg"]
-
-
 def builtin_endpoints() -> dict[str, EndpointConfig]:
     """The endpoints every configuration has unless it overrides them by name."""
     return {
@@ -196,7 +181,7 @@ class ProvidersConfig(BaseModel):
             data: Any = tomllib.loads(raw.decode()) if file.suffix == ".toml" else json.loads(raw)
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigurationError(
-                f"provider configuration {str(file)!r}: {describe(exc)}") from None
+            problems = describe_validation(exc, "<config>")
+            raise ConfigurationError(f"provider configuration {str(file)!r}: {problems}") from None
         except (OSError, ValueError) as exc:
             raise ConfigurationError(f"provider configuration {str(file)!r}: {exc}") from exc
