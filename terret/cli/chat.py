@@ -286,20 +286,42 @@ class Chat:
 
         self.asking, self.withdrawn = call_id, None
         try:
-            answer = self.input.ask(self.screen, f"  approve {name}({as_json(args)})? [y/N] ",
-                                    withdraw)
-            if answer.strip().lower() in ("y", "yes"):
+            approved = self._yes_or_no(f"  approve {name}({as_json(args)})? [y/N] ", withdraw)
+            if approved:
                 self._verdict(call_id, "approved", None)
             else:
-                reason = self.input.ask(self.screen, "  reason (the model sees it) "
-                                        "[denied in chat]: ", withdraw).strip()
-                self._verdict(call_id, "denied", reason or "denied in chat")
+                self._verdict(call_id, "denied", self._reason(withdraw))
         except Withdrawn:
             return
         except EOFError:
             self.screen.line("  (no answer: the call stays pending)", dim=True)
         finally:
             self.asking = None
+
+    def _yes_or_no(self, question: str, withdraw: Callable[[], str | None]) -> bool:
+        """The answer to an approval's question: y/yes, or n/no/nothing (the default). Anything
+        else is asked again — a message or a ``/command`` typed here is neither a verdict nor
+        sent to the model (``/approve`` and ``/deny`` answer it)."""
+        while True:
+            answer = self.input.ask(self.screen, question, withdraw).strip().lower()
+            if answer in ("y", "yes", "/approve"):
+                return True
+            if answer in ("", "n", "no", "/deny"):
+                return False
+            self.screen.line("  (answer y or n: the call waits for its verdict; messages and "
+                             "/commands come after it)", dim=True)
+
+    def _reason(self, withdraw: Callable[[], str | None]) -> str:
+        """The denial's reason, which the model sees: free text, never a ``/command``."""
+        while True:
+            reason = self.input.ask(self.screen, "  reason (the model sees it) "
+                                    "[denied in chat]: ", withdraw).strip()
+            if reason.startswith("//"):  # as at the prompt: a text that starts with "/"
+                return reason[1:]
+            if not reason.startswith("/"):
+                return reason or "denied in chat"
+            self.screen.line("  (a /command is not a reason: type the reason the model will "
+                             "see, or nothing)", dim=True)
 
     def _verdict(self, call_id: str, verdict: str, reason: str | None) -> None:
         from terret.domain.errors import ApprovalNotPending

@@ -7,7 +7,7 @@ from pathlib import Path
 from uuid import UUID
 
 from terret.adapters.stores.sqlite import SQLiteStore
-from terret.domain.events import ToolResult, TurnEnded
+from terret.domain.events import ApprovalResolved, ToolResult, TurnEnded, UserMessage
 from terret.runtime.commands import SessionCommands
 from tests.cli.conftest import DEMO_APP, MISSING, Target, invoke_cli, one_line_error
 
@@ -148,6 +148,27 @@ def test_chat_approves_and_denies(target: Target) -> None:
                if isinstance(e.payload, ToolResult) and e.payload.name == "deploy"]
     assert [d.is_error for d in deploys] == [False, True]
     assert "denied by operator: not twice" in deploys[1].content
+
+
+def test_an_approval_question_takes_only_a_verdict(target: Target) -> None:
+    """docs/cli.md: lines starting with ``/`` never reach the model. At the y/N question any
+    line but y/n denied — ``/approve`` included — and the next line, ``/usage`` too, became the
+    reason the model read. Now anything else is asked again, ``/approve``/``/deny`` answer it,
+    and a reason is never a /command."""
+    result = target.invoke("chat", "--app", DEMO_APP,
+                           input="Check the checkout service and deploy v2\n"
+                                 "deploy again\n/usage\n/approve\n"
+                                 "deploy again\n/deny\n/log\nnot twice\n/quit\n")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count("answer y or n") == 2
+    assert "a /command is not a reason" in result.stdout
+    sid = UUID(result.stdout.splitlines()[0].split()[1])
+    events = target.events(sid)
+    resolved = [e.payload for e in events if isinstance(e.payload, ApprovalResolved)]
+    assert [(r.verdict, r.reason) for r in resolved] == [("approved", None),
+                                                         ("denied", "not twice")]
+    said = [e.payload.text for e in events if isinstance(e.payload, UserMessage)]
+    assert said == ["Check the checkout service and deploy v2", "deploy again"]
 
 
 def test_chat_resumes_an_open_turn(target: Target) -> None:
