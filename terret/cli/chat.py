@@ -11,20 +11,18 @@ verdict for the call arrives from elsewhere (``terret approve`` in another shell
 
 from __future__ import annotations
 
-import os
-import select
-import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import click
 
 from terret.cli._app import check_resolves
+from terret.cli._chat_terminal import Input, Screen, Withdrawn
 from terret.cli._context import MODEL_SPEC, SESSION, CliContext, as_json, money, operator
 from terret.cli._params import AGENT_NAME
 from terret.cli.admin import APP_OPTION, runtime_for
@@ -34,9 +32,10 @@ if TYPE_CHECKING:
     from terret.domain.codec import RecordedEvent
     from terret.runtime.runtime import Runtime
 
-HISTORY_ENV = "TERRET_CHAT_HISTORY"
-HISTORY_LINES = 1000
 RECONNECT_EXCHANGES = 3
+VERDICT_WORDS = frozenset({"y", "yes", "n", "no"})
+LATE_SECONDS = 2.0
+"""How long after a question is withdrawn a bare y/n is still taken as its late answer."""
 HELP = """commands (never sent to the model):
   /help              this list
   /log [N]           the session's last N events (default 10)
@@ -47,144 +46,13 @@ HELP = """commands (never sent to the model):
   //text             send a line that starts with '/'"""
 
 
-class Withdrawn(Exception):
-    """The question was answered elsewhere while it was asked."""
+@dataclass(frozen=True)
+class LateAnswer:
+    """A question withdrawn while it was asked: why, and when."""
 
-
-class Screen:
-    """What the chat prints, from three threads (the turn's text, the log's events, the
-    prompt): one lock, and a record of whether the cursor is at the start of a line, so a
-    prompt never runs into streamed output and every answer starts with ``agent>``."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.at_line_start = True
-        self.agent_prefix = True  # the next text starts an answer (after a prompt, a tool)
-
-    def write(self, text: str, **style: Any) -> None:
-        if not text:
-            return
-        with self.lock:
-            click.secho(text, nl=False, color=False if os.environ.get("NO_COLOR") else None,
-                        **style)
-            self.at_line_start = text.endswith("\n")
-
-    def line(self, text: str = "", **style: Any) -> None:
-        with self.lock:
-            self.fresh_line()
-            self.write(text + "\n", **style)
-
-    def fresh_line(self) -> None:
-        with self.lock:
-            if not self.at_line_start:
-                self.write("\n")
-
-    def text(self, chunk: str) -> None:
-        """Streamed model text."""
-        with self.lock:
-            if self.agent_prefix:
-                self.fresh_line()
-                self.write("agent> ", bold=True)
-                self.agent_prefix = False
-            self.write(chunk)
-
-
-class Input:
-    """Lines from the user. The chat's prompt is ``input()`` (with readline on a terminal);
-    an approval's question polls the terminal so that it can be withdrawn."""
-
-    def __init__(self) -> None:
-        try:
-            self.fd: int | None = sys.stdin.fileno()
-        except (AttributeError, OSError, ValueError):
-            self.fd = None  # not a real file (a test harness): questions cannot be withdrawn
-        self.tty = self.fd is not None and os.isatty(self.fd)
-        self.history: Path | None = None
-        self._buffer = b""
-        if self.tty:
-            self._readline()
-
-    def _readline(self) -> None:
-        try:
-            import readline
-        except ImportError:  # a Python without it: plain input, no history
-            return
-        path = Path(os.environ.get(HISTORY_ENV) or Path.home() / ".terret_chat_history")
-        self.history = path
-        readline.set_history_length(HISTORY_LINES)
-        try:
-            readline.read_history_file(path)
-        except OSError:
-            pass
-
-    def save(self) -> None:
-        if self.history is None:
-            return
-        import readline
-
-        try:
-            self.history.parent.mkdir(parents=True, exist_ok=True)
-            readline.write_history_file(self.history)
-        except OSError:
-            pass
-
-    def prompt(self, screen: Screen, text: str) -> str:
-        """The chat's prompt; EOFError at Ctrl-D."""
-        screen.fresh_line()
-        if self.tty:
-            line = input(text)  # readline edits it (a styled prompt would confuse its cursor)
-        else:
-            click.echo(click.style(text, bold=True), nl=False)
-            # Piped input: the questions read the same buffer, so a line meant for an
-            # approval is not swallowed ahead of it by the prompt's reader.
-            line = self._next_line(self.fd) if self._polled() else input()
-            click.echo(line)  # what a terminal would have echoed: the transcript reads right
-        screen.at_line_start = True
-        screen.agent_prefix = True
-        return line
-
-    def ask(self, screen: Screen, text: str, withdraw: Callable[[], str | None]) -> str:
-        """A question that ``withdraw`` can take back (it returns why, or None)."""
-        screen.write(text)
-        if not self._polled():
-            answer = input()
-            screen.at_line_start = True
-            return answer
-        answer = self._next_line(self.fd, withdraw)
-        if not self.tty:
-            click.echo(answer)  # echoed, as the prompt's lines are
-        screen.at_line_start = True
-        return answer
-
-    def _polled(self) -> bool:
-        """Whether lines are read from the file descriptor itself (polled, so that a question
-        can be withdrawn), rather than through ``input()``."""
-        if self.fd is None:
-            return False
-        try:
-            select.select([self.fd], [], [], 0)
-        except (OSError, ValueError, TypeError):
-            return False
-        return True
-
-    def _next_line(self, fd: int | None, withdraw: Callable[[], str | None] | None = None
-                   ) -> str:
-        """The next line read from ``fd`` (EOFError at its end); while none has come,
-        ``withdraw`` is asked whether the question still stands (``Withdrawn`` if not)."""
-        assert fd is not None
-        while b"\n" not in self._buffer:
-            ready, _, _ = select.select([fd], [], [], 0.1)
-            if ready:
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    if not self._buffer:
-                        raise EOFError
-                    self._buffer += b"\n"  # a last line without its newline
-                self._buffer += chunk
-            elif withdraw is not None and (why := withdraw()) is not None:
-                raise Withdrawn(why)
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line.decode(errors="surrogateescape").rstrip("\r")
+    call_id: str
+    why: str
+    at: float
 
 
 class Chat:
@@ -198,6 +66,12 @@ class Chat:
         self.asking: str | None = None
         """The call whose approval question is on the screen."""
         self.withdrawn: str | None = None
+        self.turn_closed = threading.Event()
+        """Set when the last turn driven here has returned."""
+        self.turn_closed.set()
+        self.late: LateAnswer | None = None
+        """The question withdrawn last, until the next line is read: a y/n typed for it is
+        reported as too late, never sent to the model or taken for another question."""
 
     # --- what the session does, as it happens ------------------------------------------------
 
@@ -231,28 +105,68 @@ class Chat:
 
     def drive(self, run: Callable[[], object]) -> None:
         """Run a turn in the background; ask about each approval as it comes (withdrawn when a
-        verdict arrives from elsewhere). Ctrl-C cancels the turn."""
-        work = threading.Thread(target=self._guarded(run), daemon=True)
-        work.start()
+        verdict arrives from elsewhere). Ctrl-C cancels the turn and waits for it to close."""
+        done = self.turn_closed = threading.Event()
+        threading.Thread(target=self._guarded(run, done), daemon=True).start()
         try:
-            while work.is_alive():
+            # Event.wait, not Thread.join: a join interrupted by Ctrl-C leaves the thread
+            # looking finished on Python 3.11, and the prompt came back over a running turn.
+            while not done.wait(0.05):
                 self._ask_pending()
-                work.join(0.05)
         except KeyboardInterrupt:
-            self.screen.line("  (cancelling the turn…)", dim=True)
-            try:
-                self.runtime.cancel(self.sid, by=operator(), reason="interrupted in chat")
-            except TerretError:
-                pass
-            work.join(30)
+            self._cancel(done)
+        if done.is_set():
+            self._settle()
         self.screen.fresh_line()
 
-    def _guarded(self, fn: Callable[[], object]) -> Callable[[], None]:
+    def _cancel(self, done: threading.Event) -> None:
+        self.screen.line("  (cancelling the turn…)", dim=True)
+        try:
+            self.runtime.cancel(self.sid, by=operator(), reason="interrupted in chat")
+        except TerretError:
+            pass
+        if done.wait(0.5):
+            return
+        self.screen.line("  (a tool is still running: the turn closes cancelled when it "
+                         "returns; Ctrl-C again to stop waiting)", dim=True)
+        try:
+            while not done.wait(0.2):
+                pass
+        except KeyboardInterrupt:
+            self.screen.line("  (not waiting: the turn closes in the background; a message "
+                             "you type waits for it)", dim=True)
+
+    def _closed(self, why: str) -> bool:
+        """Wait for a turn left closing by a second Ctrl-C (a new one would be refused while it
+        runs, and the message lost). False if the user stops waiting (Ctrl-C)."""
+        if self.turn_closed.is_set():
+            return True
+        self.screen.line(f"  (waiting for the cancelled turn to close before {why}; Ctrl-C "
+                         "to stop waiting)", dim=True)
+        try:
+            while not self.turn_closed.wait(0.2):
+                pass
+        except KeyboardInterrupt:
+            return False
+        self._settle()
+        return True
+
+    def _settle(self) -> None:
+        """Let the log's listener print what the turn recorded (its last tool result) before
+        the prompt comes back."""
+        try:
+            self.runtime.catch_up_views(self.sid)
+        except (TerretError, TimeoutError):
+            pass  # the lines come late, not never
+
+    def _guarded(self, fn: Callable[[], object], done: threading.Event) -> Callable[[], None]:
         def run() -> None:
             try:
                 fn()
             except TerretError as exc:
                 self.screen.line(f"  {type(exc).__name__}: {exc}", fg="red")
+            finally:
+                done.set()
 
         return run
 
@@ -291,7 +205,8 @@ class Chat:
                 self._verdict(call_id, "approved", None)
             else:
                 self._verdict(call_id, "denied", self._reason(withdraw))
-        except Withdrawn:
+        except Withdrawn as why:
+            self.late = LateAnswer(call_id, str(why), time.monotonic())
             return
         except EOFError:
             self.screen.line("  (no answer: the call stays pending)", dim=True)
@@ -303,7 +218,10 @@ class Chat:
         else is asked again — a message or a ``/command`` typed here is neither a verdict nor
         sent to the model (``/approve`` and ``/deny`` answer it)."""
         while True:
+            ahead = self.input.typed_ahead()
             answer = self.input.ask(self.screen, question, withdraw).strip().lower()
+            if self._too_late(answer, ahead):
+                continue
             if answer in ("y", "yes", "/approve"):
                 return True
             if answer in ("", "n", "no", "/deny"):
@@ -370,9 +288,24 @@ class Chat:
                 self.screen.line(f"  ← {m.tool_name}: {_one_line(m.text, 120)}", dim=True)
         self.screen.line("—", dim=True)
 
+    def _too_late(self, line: str, typed_ahead: bool) -> bool:
+        """Whether ``line``, the first read since a question was withdrawn, is that question's
+        late answer: a bare verdict typed before this prompt showed, or within
+        ``LATE_SECONDS`` of the withdrawal. It is reported, and used for nothing."""
+        late, self.late = self.late, None
+        word = line.strip().lower()
+        if late is None or word not in VERDICT_WORDS:
+            return False
+        if not typed_ahead and time.monotonic() - late.at > LATE_SECONDS:
+            return False  # typed after this prompt showed, a while on: meant for it
+        self.screen.line(f"  (too late for {late.call_id}: {late.why}; {word!r} was not "
+                         "used)", dim=True)
+        return True
+
     def loop(self) -> None:
         while True:
             try:
+                ahead = self.input.typed_ahead()
                 text = self.input.prompt(self.screen, "you> ")
             except EOFError:
                 self.screen.line()
@@ -381,7 +314,7 @@ class Chat:
                 self.screen.line("^C (/quit or Ctrl-D to leave)", dim=True)
                 continue
             stripped = text.strip()
-            if not stripped:
+            if not stripped or self._too_late(stripped, ahead):
                 continue
             if stripped.startswith("/") and not stripped.startswith("//"):
                 if self.command(stripped) == "quit":
@@ -389,8 +322,15 @@ class Chat:
                 continue
             if stripped.startswith("//"):
                 text = text.lstrip()[1:]
+            if not self._closed("this message is sent"):
+                self.screen.line("  (not sent)", dim=True)
+                continue
             self.asked.clear()
             self.drive(partial(self.runtime.run_turn, self.sid, text))
+        if not self._closed("leaving"):
+            self.screen.line("  (leaving before the tool returned: the turn stays open with "
+                             "its cancel recorded and closes when the session is next resumed)",
+                             dim=True)
         self.input.save()
 
     def command(self, line: str) -> str | None:

@@ -7,23 +7,32 @@ and on the EventStoreDB emulator."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import re
 import select
 import signal
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 from uuid import UUID
 
 import pytest
 
-from terret.domain.events import ApprovalResolved, ToolResult, UserMessage
+from terret.domain.events import ApprovalResolved, ToolResult, TurnEnded, UserMessage
 from tests.cli.conftest import DEMO_APP, Target, subprocess_env
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][AB0-2]|\r")
 LEFT, UP = "\x1b[D", "\x1b[A"
+
+
+def _controlling_terminal() -> None:
+    """In the child, after its ``setsid``: make the pty its controlling terminal, so that
+    Ctrl-C typed there is a SIGINT to it, as in a shell."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 class Terminal:
@@ -34,7 +43,8 @@ class Terminal:
         self.master = master
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "terret", *target.args(*args)], stdin=slave, stdout=slave,
-            stderr=slave, cwd=target.cwd, env=env, start_new_session=True, close_fds=True)
+            stderr=slave, cwd=target.cwd, env=env, start_new_session=True, close_fds=True,
+            preexec_fn=_controlling_terminal)
         os.close(slave)
         self.seen = ""
         self.mark = 0
@@ -53,16 +63,19 @@ class Terminal:
     def text(self) -> str:
         return ANSI.sub("", self.seen)
 
-    def expect(self, needle: str, timeout: float = 30.0) -> str:
-        """Wait until ``needle`` appears after the last match; returns what came before it."""
+    def expect(self, needle: str | tuple[str, ...], timeout: float = 30.0) -> str:
+        """Wait until ``needle`` (or one of them) appears after the last match; returns what
+        came before it."""
         deadline = time.monotonic() + timeout
+        needles = (needle,) if isinstance(needle, str) else needle
         while True:
             plain = self.text()
-            found = plain.find(needle, self.mark)
-            if found >= 0:
-                before = plain[self.mark:found]
-                self.mark = found + len(needle)
-                return before
+            for one in needles:
+                found = plain.find(one, self.mark)
+                if found >= 0:
+                    before = plain[self.mark:found]
+                    self.mark = found + len(one)
+                    return before
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {needle!r} in the terminal:\n{plain[self.mark:]}")
             try:
@@ -199,3 +212,101 @@ def test_chat_with_piped_input_reads_each_answer_where_it_is_asked(
         assert resolved[0].reason == "not today"
     said = [e.payload.text for e in events if isinstance(e.payload, UserMessage)]
     assert said == ["deploy checkout"]  # the answer never reached the model
+
+
+CHAT_APP = "tests.cli.chat_app:app"
+
+
+def _running(started: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not started.exists():
+        assert time.monotonic() < deadline, "the tool never started"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_while_a_tool_runs_waits_for_the_turn_to_close(
+        target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
+    """Ctrl-C while a tool without a timeout runs: the prompt comes back only once the turn has
+    closed, the tool's result printed before it. A second Ctrl-C stops the waiting; a message
+    typed then waits for the turn to close and is sent after it, never refused and lost."""
+    release = tmp_path / "release"
+    started = release.with_suffix(".started")
+    term = Terminal(target, "chat", "--app", CHAT_APP,
+                    env={**chat_env, "CHAT_RELEASE": str(release)})
+    try:
+        sid = UUID(term.expect("\n").split("session ")[-1].strip())
+        term.expect("you> ")
+        term.type("hold one\r")
+        term.expect("→ hold(")
+        _running(started)
+        term.type("\x03")
+        term.expect("(cancelling the turn…)")
+        term.expect("a tool is still running")
+        time.sleep(1.0)
+        with pytest.raises(AssertionError):
+            term.expect("you> ", timeout=0.5)  # no prompt over the running turn
+        shown = target.run("--json", "sessions", "show", str(sid))  # a second process
+        assert json.loads(shown.stdout)["open_turn"] == 1, shown.stdout
+        release.touch()
+        before = term.expect("you> ")
+        assert "← hold: released one" in before, before
+        release.unlink()
+        started.unlink()
+
+        term.type("hold two\r")
+        term.expect("→ hold(")
+        _running(started)
+        term.type("\x03")
+        term.expect("a tool is still running")
+        term.type("\x03")
+        term.expect("not waiting")
+        term.expect("you> ")
+        term.type("hello after\r")
+        term.expect("waiting for the cancelled turn to close before this message is sent")
+        release.touch()
+        term.expect("← hold: released two")
+        term.expect("agent> You said: hello after")
+        term.expect("you> ")
+        term.type("/quit\r")
+        assert term.finish() == 0
+        assert "TurnAlreadyRunning" not in term.text()
+    finally:
+        term.kill()
+    events = target.events(sid)
+    ends = [e.payload.status for e in events if isinstance(e.payload, TurnEnded)]
+    assert ends == ["cancelled", "cancelled", "completed"], ends
+    said = [e.payload.text for e in events if isinstance(e.payload, UserMessage)]
+    assert said == ["hold one", "hold two", "hello after"]
+
+
+def test_a_late_answer_to_a_withdrawn_question_is_reported_not_sent(
+        target: Target, chat_env: dict[str, str]) -> None:
+    """The call is approved from another process while its question is asked; the ``y`` typed
+    just after is reported as too late — not an error, not a message to the model. The next
+    ``y`` is an ordinary message."""
+    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
+    try:
+        sid = UUID(term.expect("\n").split("session ")[-1].strip())
+        term.expect("you> ")
+        term.type("deploy checkout v2\r")
+        term.expect("approve deploy(")
+        approved = target.run("approve", str(sid), "call-deploy")
+        assert approved.returncode == 0, approved.stderr
+        term.type("y\r")
+        # Read by the question before the verdict was seen, or as the late answer after it.
+        term.expect(("too late for call-deploy",
+                     "call-deploy was decided elsewhere already"))
+        term.expect("you> ")
+        assert "Error" not in term.text(), term.text()
+        term.type("y\r")
+        term.expect("agent> You said: y")
+        term.expect("you> ")
+        term.type("/quit\r")
+        assert term.finish() == 0
+    finally:
+        term.kill()
+    events = target.events(sid)
+    said = [e.payload.text for e in events if isinstance(e.payload, UserMessage)]
+    assert said == ["deploy checkout v2", "y"], said
+    verdicts = [e.payload.by.actor for e in events if isinstance(e.payload, ApprovalResolved)]
+    assert len(verdicts) == 1

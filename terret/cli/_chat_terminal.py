@@ -1,0 +1,169 @@
+"""The chat's terminal: what it prints (:class:`Screen`, shared by the turn's text, the log's
+listener and the prompt) and how it reads lines (:class:`Input`: readline on a terminal, a polled
+descriptor so that an approval's question can be withdrawn)."""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+HISTORY_ENV = "TERRET_CHAT_HISTORY"
+HISTORY_LINES = 1000
+
+
+class Withdrawn(Exception):
+    """The question was answered elsewhere while it was asked."""
+
+
+class Screen:
+    """What the chat prints, from three threads (the turn's text, the log's events, the
+    prompt): one lock, and a record of whether the cursor is at the start of a line, so a
+    prompt never runs into streamed output and every answer starts with ``agent>``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.at_line_start = True
+        self.agent_prefix = True  # the next text starts an answer (after a prompt, a tool)
+
+    def write(self, text: str, **style: Any) -> None:
+        if not text:
+            return
+        with self.lock:
+            click.secho(text, nl=False, color=False if os.environ.get("NO_COLOR") else None,
+                        **style)
+            self.at_line_start = text.endswith("\n")
+
+    def line(self, text: str = "", **style: Any) -> None:
+        with self.lock:
+            self.fresh_line()
+            self.write(text + "\n", **style)
+
+    def fresh_line(self) -> None:
+        with self.lock:
+            if not self.at_line_start:
+                self.write("\n")
+
+    def text(self, chunk: str) -> None:
+        """Streamed model text."""
+        with self.lock:
+            if self.agent_prefix:
+                self.fresh_line()
+                self.write("agent> ", bold=True)
+                self.agent_prefix = False
+            self.write(chunk)
+
+
+class Input:
+    """Lines from the user. The chat's prompt is ``input()`` (with readline on a terminal);
+    an approval's question polls the terminal so that it can be withdrawn."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd: int | None = sys.stdin.fileno()
+        except (AttributeError, OSError, ValueError):
+            self.fd = None  # not a real file (a test harness): questions cannot be withdrawn
+        self.tty = self.fd is not None and os.isatty(self.fd)
+        self.history: Path | None = None
+        self._buffer = b""
+        if self.tty:
+            self._readline()
+
+    def _readline(self) -> None:
+        try:
+            import readline
+        except ImportError:  # a Python without it: plain input, no history
+            return
+        path = Path(os.environ.get(HISTORY_ENV) or Path.home() / ".terret_chat_history")
+        self.history = path
+        readline.set_history_length(HISTORY_LINES)
+        try:
+            readline.read_history_file(path)
+        except OSError:
+            pass
+
+    def save(self) -> None:
+        if self.history is None:
+            return
+        import readline
+
+        try:
+            self.history.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(self.history)
+        except OSError:
+            pass
+
+    def prompt(self, screen: Screen, text: str) -> str:
+        """The chat's prompt; EOFError at Ctrl-D."""
+        screen.fresh_line()
+        if self.tty:
+            line = input(text)  # readline edits it (a styled prompt would confuse its cursor)
+        else:
+            click.echo(click.style(text, bold=True), nl=False)
+            # Piped input: the questions read the same buffer, so a line meant for an
+            # approval is not swallowed ahead of it by the prompt's reader.
+            line = self._next_line(self.fd) if self._polled() else input()
+            click.echo(line)  # what a terminal would have echoed: the transcript reads right
+        screen.at_line_start = True
+        screen.agent_prefix = True
+        return line
+
+    def ask(self, screen: Screen, text: str, withdraw: Callable[[], str | None]) -> str:
+        """A question that ``withdraw`` can take back (it returns why, or None)."""
+        screen.write(text)
+        if not self._polled():
+            answer = input()
+            screen.at_line_start = True
+            return answer
+        answer = self._next_line(self.fd, withdraw)
+        if not self.tty:
+            click.echo(answer)  # echoed, as the prompt's lines are
+        screen.at_line_start = True
+        return answer
+
+    def typed_ahead(self) -> bool:
+        """Whether a line (or part of one) is already waiting to be read: typed before the
+        prompt or question about to be shown could be seen."""
+        if self._buffer:
+            return True
+        if not self._polled():
+            return False
+        assert self.fd is not None
+        ready, _, _ = select.select([self.fd], [], [], 0)
+        return bool(ready)
+
+    def _polled(self) -> bool:
+        """Whether lines are read from the file descriptor itself (polled, so that a question
+        can be withdrawn), rather than through ``input()``."""
+        if self.fd is None:
+            return False
+        try:
+            select.select([self.fd], [], [], 0)
+        except (OSError, ValueError, TypeError):
+            return False
+        return True
+
+    def _next_line(self, fd: int | None, withdraw: Callable[[], str | None] | None = None
+                   ) -> str:
+        """The next line read from ``fd`` (EOFError at its end); while none has come,
+        ``withdraw`` is asked whether the question still stands (``Withdrawn`` if not)."""
+        assert fd is not None
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if ready:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    if not self._buffer:
+                        raise EOFError
+                    self._buffer += b"\n"  # a last line without its newline
+                self._buffer += chunk
+            elif withdraw is not None and (why := withdraw()) is not None:
+                raise Withdrawn(why)
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="surrogateescape").rstrip("\r")

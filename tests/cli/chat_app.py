@@ -1,0 +1,53 @@
+"""The demo's app with one more tool, ``hold``, that has no timeout: it touches
+``$CHAT_RELEASE.started`` and returns only once the file ``$CHAT_RELEASE`` exists, so a test
+decides when a running tool call ends (for Ctrl-C in chat while a tool runs). The model calls it
+for a message starting with ``hold``."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from terret.cli._app import App
+from terret.cli.demo_app import demo_app, demo_model
+from terret.domain.messages import Usage
+from terret.runtime.model import ModelRequest, StaticResolver
+from terret.runtime.scripted import Reply, ScriptedProvider, call
+from terret.runtime.tools import CallContext, tool
+
+
+class HoldArgs(BaseModel):
+    what: str
+
+
+@tool(args=HoldArgs, description="Hold until the test releases it.")
+def hold(args: HoldArgs, ctx: CallContext) -> str:
+    release = Path(os.environ["CHAT_RELEASE"])
+    release.with_suffix(".started").touch()  # the test may interrupt it now
+    while not release.exists():
+        time.sleep(0.05)
+    return f"released {args.what}"
+
+
+def model(request: ModelRequest) -> Reply:
+    messages = [m for m in request.messages if m.role != "system"]
+    last = messages[-1]
+    if last.role == "tool" and last.tool_name == "hold":
+        return Reply(text=f"Held: {last.text}.", usage=Usage(prompt_tokens=10,
+                                                              completion_tokens=3))
+    if last.role == "user" and last.text.startswith("hold"):
+        return Reply(tool_calls=[call("hold", {"what": last.text[5:] or "it"}, id="call-hold")],
+                     usage=Usage(prompt_tokens=10, completion_tokens=3))
+    return demo_model(request)
+
+
+def app() -> App:
+    base = demo_app()
+    agent = base.agents[0]
+    base.agents = [replace(agent, tools=[*agent.tools, hold], allow=[*agent.allow, "hold"])]
+    base.resolver = StaticResolver({"demo": ScriptedProvider(name="demo", default=model)})
+    return base
