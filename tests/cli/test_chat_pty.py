@@ -84,6 +84,10 @@ class Terminal:
                 raise AssertionError(f"the chat ended before {needle!r}:\n{self.text()}") \
                     from None
 
+    def session(self) -> UUID:
+        """The session the chat's banner names (its first line)."""
+        return UUID(self.expect("\n").split("session ")[-1].strip())
+
     def type(self, keys: str) -> None:
         os.write(self.master, keys.encode())
 
@@ -116,7 +120,7 @@ def chat_env(tmp_path: Path) -> dict[str, str]:
 def test_chat_in_a_terminal(target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
     term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
     try:
-        sid = UUID(term.expect("\n").split("session ")[-1].strip())
+        sid = term.session()
         term.expect("terret chat — agent demo, model demo:ops-model-1")
         term.expect("/help for commands")
         term.expect("you> ")
@@ -234,7 +238,7 @@ def test_ctrl_c_while_a_tool_runs_waits_for_the_turn_to_close(
     term = Terminal(target, "chat", "--app", CHAT_APP,
                     env={**chat_env, "CHAT_RELEASE": str(release)})
     try:
-        sid = UUID(term.expect("\n").split("session ")[-1].strip())
+        sid = term.session()
         term.expect("you> ")
         term.type("hold one\r")
         term.expect("→ hold(")
@@ -286,7 +290,7 @@ def test_a_late_answer_to_a_withdrawn_question_is_reported_not_sent(
     ``y`` is an ordinary message."""
     term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
     try:
-        sid = UUID(term.expect("\n").split("session ")[-1].strip())
+        sid = term.session()
         term.expect("you> ")
         term.type("deploy checkout v2\r")
         term.expect("approve deploy(")
