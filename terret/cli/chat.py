@@ -66,9 +66,11 @@ class Chat:
         self.asking: str | None = None
         """The call whose approval question is on the screen."""
         self.withdrawn: str | None = None
-        self.turn_closed = threading.Event()
-        """Set when the last turn driven here has returned."""
-        self.turn_closed.set()
+        self.closing: threading.Event | None = None
+        """A cancelled turn the user stopped waiting for (a second Ctrl-C), set once it has
+        closed: a message waits for it."""
+        self.leaving = False
+        """Ctrl-D at an approval's question: the chat ends, the call stays pending."""
         self.late: LateAnswer | None = None
         """The question withdrawn last, until the next line is read: a y/n typed for it is
         reported as too late, never sent to the model or taken for another question."""
@@ -106,7 +108,7 @@ class Chat:
     def drive(self, run: Callable[[], object]) -> None:
         """Run a turn in the background; ask about each approval as it comes (withdrawn when a
         verdict arrives from elsewhere). Ctrl-C cancels the turn and waits for it to close."""
-        done = self.turn_closed = threading.Event()
+        done = threading.Event()
         threading.Thread(target=self._guarded(run, done), daemon=True).start()
         try:
             # Event.wait, not Thread.join: a join interrupted by Ctrl-C leaves the thread
@@ -115,6 +117,10 @@ class Chat:
                 self._ask_pending()
         except KeyboardInterrupt:
             self._cancel(done)
+        except EOFError:  # Ctrl-D (or the input's end) at a question: leave, the call pending
+            self.leaving = True
+            self.screen.line("  (no answer: the call stays pending — `terret approve` or "
+                             f"`terret chat {self.sid}` answers it later)", dim=True)
         if done.is_set():
             self._settle()
         self.screen.fresh_line()
@@ -133,21 +139,25 @@ class Chat:
             while not done.wait(0.2):
                 pass
         except KeyboardInterrupt:
+            self.closing = done
             self.screen.line("  (not waiting: the turn closes in the background; a message "
                              "you type waits for it)", dim=True)
 
     def _closed(self, why: str) -> bool:
         """Wait for a turn left closing by a second Ctrl-C (a new one would be refused while it
         runs, and the message lost). False if the user stops waiting (Ctrl-C)."""
-        if self.turn_closed.is_set():
+        closing = self.closing
+        if closing is None or closing.is_set():
+            self.closing = None
             return True
         self.screen.line(f"  (waiting for the cancelled turn to close before {why}; Ctrl-C "
                          "to stop waiting)", dim=True)
         try:
-            while not self.turn_closed.wait(0.2):
+            while not closing.wait(0.2):
                 pass
         except KeyboardInterrupt:
             return False
+        self.closing = None
         self._settle()
         return True
 
@@ -208,8 +218,6 @@ class Chat:
         except Withdrawn as why:
             self.late = LateAnswer(call_id, str(why), time.monotonic())
             return
-        except EOFError:
-            self.screen.line("  (no answer: the call stays pending)", dim=True)
         finally:
             self.asking = None
 
@@ -303,7 +311,7 @@ class Chat:
         return True
 
     def loop(self) -> None:
-        while True:
+        while not self.leaving:
             try:
                 ahead = self.input.typed_ahead()
                 text = self.input.prompt(self.screen, "you> ")
@@ -320,18 +328,20 @@ class Chat:
                 if self.command(stripped) == "quit":
                     break
                 continue
-            if stripped.startswith("//"):
-                text = text.lstrip()[1:]
-            if not self._closed("this message is sent"):
-                self.screen.line("  (not sent)", dim=True)
-                continue
-            self.asked.clear()
-            self.drive(partial(self.runtime.run_turn, self.sid, text))
+            self.send(text.lstrip()[1:] if stripped.startswith("//") else text)
         if not self._closed("leaving"):
             self.screen.line("  (leaving before the tool returned: the turn stays open with "
                              "its cancel recorded and closes when the session is next resumed)",
                              dim=True)
         self.input.save()
+
+    def send(self, text: str) -> None:
+        """A message to the model: a new turn, once a cancelled one has closed."""
+        if not self._closed("this message is sent"):
+            self.screen.line("  (not sent)", dim=True)
+            return
+        self.asked.clear()
+        self.drive(partial(self.runtime.run_turn, self.sid, text))
 
     def command(self, line: str) -> str | None:
         name, _, rest = line.partition(" ")

@@ -314,3 +314,19 @@ def test_a_late_answer_to_a_withdrawn_question_is_reported_not_sent(
     assert said == ["deploy checkout v2", "y"], said
     verdicts = [e.payload.by.actor for e in events if isinstance(e.payload, ApprovalResolved)]
     assert len(verdicts) == 1
+
+
+def test_chat_input_ending_at_a_question_leaves_the_call_pending(target: Target) -> None:
+    """The input ends (Ctrl-D, or a pipe's end) while an approval is asked: the chat leaves —
+    it used to wait for the parked turn for ever — and the call stays pending, for another
+    process to answer."""
+    done = subprocess.run(
+        [sys.executable, "-m", "terret", *target.args("chat", "--app", DEMO_APP)],
+        input="deploy checkout\n", capture_output=True, text=True, timeout=60,
+        cwd=target.cwd, env=subprocess_env())
+    assert done.returncode == 0, done.stderr
+    assert "no answer: the call stays pending" in done.stdout
+    sid = UUID(done.stdout.split("terret chat ")[-1].split()[0])
+    approved = target.run("approve", str(sid), "call-deploy")
+    assert approved.returncode == 0, approved.stderr
+    assert not [e for e in target.events(sid) if isinstance(e.payload, UserMessage)][1:]
