@@ -16,7 +16,12 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
 from pydantic_core import ErrorDetails
 
-from terret.domain.errors import DuplicateEventType, InvalidPayload, UnknownEventType
+from terret.domain.errors import (
+    ConfigurationError,
+    DuplicateEventType,
+    InvalidPayload,
+    UnknownEventType,
+)
 
 
 def _first_error(exc: ValidationError) -> tuple[str, str]:
@@ -121,7 +126,9 @@ class EventPayload(BaseModel):
     # Terret's own payload classes build their validators when first used (a command that
     # reads five kinds of event does not pay for thirty at start-up); an extension registered
     # later is built at once, so a mistake in its definition shows where it is made.
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    # NaN and inf have no JSON form (they would be stored as null, and the record not read
+    # back): refused as every bad field is, when the payload is made.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True, allow_inf_nan=False)
 
     wire_name: ClassVar[str] = ""
     version: ClassVar[int] = 1
@@ -184,6 +191,10 @@ class EventCatalogue:
         name = cls.wire_name
         if not name or not isinstance(name, str):
             raise UnknownEventType(f"{cls.__name__} has no wire_name")
+        version = cls.__dict__.get("version", cls.version)
+        if type(version) is not int or version < 1:
+            raise ConfigurationError(
+                f"{cls.__name__}: version is a whole number from 1 up, not {version!r}")
         existing = self._types.get(name)
         if existing is not None and existing is not cls:
             if existing.__qualname__ != cls.__qualname__ or existing.__module__ != cls.__module__:
@@ -207,7 +218,21 @@ class EventCatalogue:
     def upcaster(self, wire_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
         """Register a function turning ``from_version`` data into ``from_version + 1`` data."""
 
+        if type(from_version) is not int or from_version < 1:
+            raise ConfigurationError(
+                f"upcaster for {wire_name!r}: from_version is a whole number from 1 up, not "
+                f"{from_version!r}")
+        if wire_name in self._builtin:
+            raise DuplicateEventType(
+                f"{wire_name!r} is Terret's own event: its upcasters cannot be replaced")
+
         def decorate(fn: Upcaster) -> Upcaster:
+            existing = self._upcasters.get((wire_name, from_version))
+            if existing is not None and (existing.__qualname__, existing.__module__) != (
+                    fn.__qualname__, fn.__module__):  # the same one imported again is no clash
+                raise DuplicateEventType(
+                    f"{wire_name!r} has an upcaster from version {from_version} already "
+                    f"({existing.__module__}.{existing.__qualname__}): one per step")
             self._upcasters[(wire_name, from_version)] = fn
             return fn
 

@@ -137,6 +137,50 @@ def test_registration_errors() -> None:
         encode(First())  # registered elsewhere, not in the process catalogue
 
 
+@pytest.mark.parametrize("version", [0, -1, "2", True, 1.5])
+def test_a_version_is_a_whole_number_from_one(version: object) -> None:
+    """A version 1.5 wrote a record that could never be read back; "2" failed at encode."""
+    local = EventCatalogue()
+    odd = type("Odd", (EventPayload,), {
+        "__annotations__": {"wire_name": ClassVar[str], "version": ClassVar[int]},
+        "wire_name": "acme/odd", "version": version})
+    with pytest.raises(errors.ConfigurationError, match="version"):
+        local.register(odd)
+    with pytest.raises(errors.ConfigurationError, match="from_version"):
+        local.upcaster("acme/odd", version)  # type: ignore[arg-type]
+
+
+def test_an_upcaster_is_one_per_step_and_terret_s_own_stay() -> None:
+    """An app's upcaster for ``step/end`` replaced Terret's own (usage then decoded as None);
+    a second one for the same step replaced the first, silently."""
+    with pytest.raises(errors.DuplicateEventType, match="Terret's own"):
+        catalogue.upcaster("step/end", 1)
+    local = EventCatalogue()
+
+    def first(data: dict[str, Any]) -> dict[str, Any]:
+        return data
+
+    def second(data: dict[str, Any]) -> dict[str, Any]:
+        return data
+
+    local.upcaster("acme/thing", 1)(first)
+    local.upcaster("acme/thing", 1)(first)  # the same function again (a re-import) is fine
+    with pytest.raises(errors.DuplicateEventType, match="one per step"):
+        local.upcaster("acme/thing", 1)(second)
+
+
+def test_nan_and_inf_are_refused_when_the_payload_is_made() -> None:
+    """They were stored as null, and the session's stream could no longer be read."""
+    class Measured(EventPayload):
+        wire_name: ClassVar[str] = "acme/measured"
+        value: float
+
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(errors.InvalidPayload, match="value"):
+            Measured(value=bad)
+    assert Measured(value=1.5).value == 1.5
+
+
 # --- validation --------------------------------------------------------------------------
 
 
