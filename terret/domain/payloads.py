@@ -9,12 +9,12 @@ finds them. This module imports no event, so there is no import cycle.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
-from pydantic_core import ErrorDetails
+from pydantic_core import ErrorDetails, PydanticSerializationError
 
 from terret.domain.errors import (
     ConfigurationError,
@@ -75,41 +75,91 @@ def text_problem(text: str) -> str | None:
 
 
 def _clean_json(value: Any) -> bool:
-    """Whether a JSON-like value surely holds no lone surrogate: one pass in C (``json.dumps``
-    keeps surrogates as they are with ``ensure_ascii=False``) instead of a walk in Python."""
+    """Whether a JSON-like value is plain JSON (no NaN or infinity either) that surely holds no
+    lone surrogate: one pass in C (``json.dumps`` keeps surrogates as they are with
+    ``ensure_ascii=False``) instead of a walk in Python."""
     try:
-        text = json.dumps(value, ensure_ascii=False, check_circular=False)
+        text = json.dumps(value, ensure_ascii=False, check_circular=False, allow_nan=False)
     except (TypeError, ValueError):
         return False  # not plain JSON: walk it
     return text.isascii() or text_problem(text) is None
 
 
-def _unstorable(value: Any, loc: str) -> tuple[str, str] | None:
-    """The location and problem of the first text in ``value`` that cannot be stored."""
+_JSON_KINDS = (str, int, dict, list, tuple, BaseModel, type(None))  # bool is an int
+
+
+def _unstorable(value: Any, loc: str, odd: list[str]) -> tuple[str, str] | None:
+    """The location and problem of the first text in ``value`` that cannot be stored. Inside a
+    dict or list, a value JSON has no form for (bytes, a set, NaN, any other object) has its
+    location added to ``odd``: a typed field may turn it into JSON and back (a datetime), or
+    may not (``Any``), which only a round trip tells."""
     if isinstance(value, str):
         problem = text_problem(value)
         return (loc or "<payload>", problem) if problem else None
-    if isinstance(value, BaseModel):
-        items: Any = value.__dict__.items()  # the fields' values (extra fields are forbidden)
-    elif isinstance(value, dict):
-        if not value or _clean_json(value):
-            return None
-        items = value.items()
-    elif isinstance(value, list | tuple):
-        if not value or (not isinstance(value[0], BaseModel) and _clean_json(value)):
-            return None
-        items = enumerate(value)
-    else:
+    items = _to_walk(value)
+    if items is None:
         return None
     keyed = isinstance(value, dict)  # a model's keys are its field names
+    container = not isinstance(value, BaseModel)
     for key, item in items:
         here = f"{loc}.{key}" if loc else str(key)
         if keyed and isinstance(key, str) and (problem := text_problem(key)):
             return here.encode("ascii", "backslashreplace").decode(), f"key: {problem}"
-        found = _unstorable(item, here)
+        if container and not odd and not _plain(item):
+            odd.append(here)
+        found = _unstorable(item, here, odd)
         if found is not None:
             return found
     return None
+
+
+def _to_walk(value: Any) -> Iterable[tuple[Any, Any]] | None:
+    """What ``_unstorable`` walks in ``value``: a model's fields, a container's items unless
+    it is plain JSON without a lone surrogate (the usual case, checked in C), or None."""
+    if isinstance(value, BaseModel):
+        return value.__dict__.items()  # the fields' values (extra fields are forbidden)
+    if isinstance(value, dict):
+        return None if not value or _clean_json(value) else value.items()
+    if isinstance(value, list | tuple):
+        if not value or (not isinstance(value[0], BaseModel) and _clean_json(value)):
+            return None
+        return enumerate(value)
+    return None
+
+
+def _plain(value: Any) -> bool:
+    """Whether JSON has a form for ``value`` itself (containers are walked on their own)."""
+    if isinstance(value, float):
+        return value == value and value not in (float("inf"), float("-inf"))
+    return isinstance(value, _JSON_KINDS)
+
+
+def _same(read: Any, written: Any) -> bool:
+    """Whether ``read`` is ``written`` as JSON gives it back (a tuple comes back a list)."""
+    if isinstance(written, BaseModel):
+        return type(read) is type(written) and all(
+            _same(read.__dict__.get(k), v) for k, v in written.__dict__.items())
+    if isinstance(written, dict):
+        return isinstance(read, dict) and read.keys() == written.keys() and all(
+            _same(read[k], v) for k, v in written.items())
+    if isinstance(written, list | tuple):
+        return isinstance(read, list | tuple) and len(read) == len(written) and all(
+            map(_same, read, written))
+    return type(read) is type(written) and bool(read == written)
+
+
+def _survives_json(payload: EventPayload, name: str, loc: str) -> None:
+    """Raise ``InvalidPayload`` unless ``payload`` reads back from its JSON as it is: what is
+    written must be what every later reader gets (bytes, a set or NaN under ``Any`` would come
+    back as text, a list or null; an object JSON has no form for could not be written)."""
+    try:
+        back = type(payload).model_validate_json(payload.to_json())
+    except (PydanticSerializationError, ValidationError) as exc:
+        raise InvalidPayload(name, loc, "JSON has no form for this value "
+                             f"({' '.join(str(exc).split())[:120]})") from None
+    if not _same(back, payload):
+        raise InvalidPayload(name, loc, "would not read back as written: JSON has no form for "
+                             "bytes, sets, NaN, infinity or other objects")
 
 
 class EventPayload(BaseModel):
@@ -143,9 +193,12 @@ class EventPayload(BaseModel):
         except ValidationError as exc:
             loc, msg = _first_error(exc)
             raise InvalidPayload(name, loc, msg) from None
-        found = _unstorable(self, "")
+        odd: list[str] = []
+        found = _unstorable(self, "", odd)
         if found is not None:
             raise InvalidPayload(name, *found)
+        if odd:
+            _survives_json(self, name, odd[0])
 
     # Only construction in code needs the typed error. Marked as pydantic's own ``__init__``,
     # it is not called again by ``model_validate``/``model_validate_json`` (decoding), which

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 from uuid import uuid4
@@ -179,6 +180,31 @@ def test_nan_and_inf_are_refused_when_the_payload_is_made() -> None:
         with pytest.raises(errors.InvalidPayload, match="value"):
             Measured(value=bad)
     assert Measured(value=1.5).value == 1.5
+
+
+def test_a_value_json_cannot_hold_is_refused_when_the_payload_is_made() -> None:
+    """Bytes, sets, NaN or an object under ``Any`` failed at ``encode`` with pydantic's raw
+    error, or were written as text, a list or null and read back as something else."""
+    class Noted(EventPayload):
+        wire_name: ClassVar[str] = "acme/noted"
+        data: dict[str, Any]
+
+    for bad, where in [(b"x", "data.k"), (b"\xff", "data.k"), (object(), "data.k"),
+                       ({1, 2}, "data.k"), (float("nan"), "data.k"),
+                       ([1, float("inf")], "data.k.1"), ({"n": {"m": b"q"}}, "data.k.n.m")]:
+        with pytest.raises(errors.InvalidPayload) as raised:
+            Noted(data={"k": bad})
+        assert raised.value.field == where, bad
+    for good in (1, 1.5, None, "text", [1, "a", None, {"x": True}], (1, 2)):
+        made = Noted(data={"k": good})
+        assert made.model_validate_json(made.to_json()).data == {"k": list(good) if isinstance(
+            good, tuple) else good}
+
+    class Dated(EventPayload):  # a typed field JSON gives back as it was is fine
+        wire_name: ClassVar[str] = "acme/dated"
+        when: dict[str, datetime]
+
+    Dated(when={"a": datetime(2026, 12, 5, tzinfo=UTC)})
 
 
 # --- validation --------------------------------------------------------------------------
