@@ -1,3 +1,3 @@
-from terret.cli import main
+from terret._startup import main
 
 main()

@@ -85,6 +85,52 @@ def test_approve_loads_the_domain_only(target: Target) -> None:
     assert target.types(sid)[-1] == "approval/resolved"
 
 
+GC_PROBE = """
+import gc, json, sys
+default = gc.get_threshold()
+collections = []  # those run while the start-up threshold is set
+gc.callbacks.append(lambda phase, info: phase == "start" and gc.get_threshold() != default
+                    and collections.append(info))
+from terret._startup import main  # the console script's
+sys.argv = ["terret", *json.loads(sys.argv[1])]
+try:
+    main()
+except SystemExit:
+    pass
+during, frozen = len(collections), gc.get_freeze_count()
+gc.collect()
+sys.stderr.write("\\nGC " + json.dumps([during, frozen, gc.get_threshold() == default]) + "\\n")
+"""
+
+
+def collector(*args: str, cwd: str | None = None) -> tuple[int, int, bool]:
+    """Run ``terret args`` in a process of its own: how many garbage collections it ran, how
+    many objects were frozen at its end, and whether the collector's thresholds were the
+    interpreter's own after the next collection."""
+    done = subprocess.run([sys.executable, "-c", GC_PROBE, json.dumps(list(args))],
+                          capture_output=True, text=True, timeout=120, env=subprocess_env(),
+                          cwd=cwd)
+    line = [x for x in done.stderr.splitlines() if x.startswith("GC ")]
+    assert line, done.stderr
+    during, frozen, restored = json.loads(line[-1].removeprefix("GC "))
+    return during, frozen, restored
+
+
+def test_the_entry_point_collects_no_garbage_while_starting(target: Target) -> None:
+    """The ``terret`` command runs no garbage collection during start-up
+    (``terret._startup``) and freezes what it made at exit; the first collection puts the
+    interpreter's thresholds back, so a long-running command collects as any process does."""
+    during, frozen, restored = collector("--version")
+    assert (during, restored) == (0, True) and frozen > 0
+    if target.kind != "sqlite":
+        return
+    sid = target.parked()
+    during, frozen, restored = collector(*target.args("approve", str(sid), "call-deploy"),
+                                         cwd=str(target.cwd))
+    assert (during, restored) == (0, True) and frozen > 0
+    assert target.types(sid)[-1] == "approval/resolved"
+
+
 def test_version_is_the_packages_own() -> None:
     from importlib.metadata import version
 
