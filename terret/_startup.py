@@ -24,17 +24,10 @@ import gc
 START_UP_OBJECTS = 100_000
 """The collector's first threshold while a ``terret`` process starts."""
 
-_set = False
-
 
 def collect_after_start_up() -> None:
     """No garbage collection until ``START_UP_OBJECTS`` more container objects were made than
-    freed; the interpreter's thresholds (as they were) from the first collection on. Once per
-    process."""
-    global _set
-    if _set:
-        return
-    _set = True
+    freed; the interpreter's thresholds (as they were) from the first collection on."""
     default = gc.get_threshold()
     restored = False
 
@@ -49,8 +42,12 @@ def collect_after_start_up() -> None:
 
 
 def main() -> None:
-    """The ``terret`` command: the collector set first, then ``terret.cli.main``."""
+    """The ``terret`` command: the collector set first, then ``terret.cli.main``; at exit
+    (``SystemExit`` included), the process's objects frozen."""
     collect_after_start_up()
-    from terret.cli import main as run
+    try:
+        from terret.cli import main as run
 
-    run()
+        run()
+    finally:
+        gc.freeze()

@@ -301,16 +301,5 @@ def _logging(verbose: bool) -> WarningLines | None:
 
 
 def main() -> None:
-    """Run ``cli`` as the ``terret`` command: no garbage collection while it starts, and what it
-    made frozen at its end (``terret._startup``; the console script sets the collector before
-    this module is imported)."""
-    import gc
-
-    from terret._startup import collect_after_start_up
-
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    collect_after_start_up()
-    try:
-        cli(prog_name="terret")
-    finally:
-        gc.freeze()
+    cli(prog_name="terret")
