@@ -138,9 +138,13 @@ class Staleness:
     head: int
     behind: dict[str, int]
     halted: dict[str, tuple[int, str]]
+    rebuilding: str | None = None
+    """Who is rebuilding the views (another process): what they held before it began is shown,
+    not caught up, until it commits."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"head": self.head, "behind": max(self.behind.values(), default=0),
+                "rebuilding": self.rebuilding,
                 "projections": {name: {"behind": lag,
                                        "halted": ({"position": self.halted[name][0],
                                                    "error": self.halted[name][1]}
@@ -156,7 +160,9 @@ class Staleness:
                              f"{lag} behind")
             else:
                 parts.append(f"{name} {lag} behind")
-        return (f"warning: what follows is behind the log (head {self.head}): "
+        during = (f" while {self.rebuilding} rebuilds them (shown as they were before)"
+                  if self.rebuilding else "")
+        return (f"warning: what follows is behind the log (head {self.head}){during}: "
                 f"{'; '.join(parts)} — see `terret doctor`")
 
 
@@ -209,6 +215,7 @@ class CliContext:
     _runner: ProjectionRunner | None = None
     _commands: SessionCommands | None = None
     _caught_up: bool = False
+    _rebuilding: str | None = None
     stale: Staleness | None = None
     """Set by ``views`` when what the views hold is behind the log (``emit`` reports it)."""
     _reads: set[str] | None = field(default_factory=set)
@@ -296,10 +303,13 @@ class CliContext:
         from terret.projections.views import Views
 
         if not self._caught_up:
-            if not self._fresh():
+            # A rebuild in another process holds the views' write lock until it commits:
+            # show what they held before it began rather than wait for it.
+            self._rebuilding = self.view_store().rebuild_lock.holder()
+            if self._rebuilding is None and not self._fresh():
                 self._catch_up(said=reads is None or bool(reads))
             self._caught_up = True
-        if self._runner is not None and (reads is None or reads):
+        if (self._runner is not None or self._rebuilding) and (reads is None or reads):
             self.stale = self._staleness(self._read(reads))  # none on the fresh path
         return Views(self.view_store())
 
@@ -349,14 +359,20 @@ class CliContext:
                    for p in serving_projections())
 
     def _staleness(self, reads: Iterable[str] | None) -> Staleness | None:
-        runner = self.runner()
+        """Read from the views' bookkeeping, which needs no write (a runner's start-up does,
+        and waits while another process rebuilds)."""
+        from terret.projections.registry import serving_projections
+
+        head = self.store().head_position()
+        tracked, faults = self.view_store().bookkeeping()
         wanted = None if reads is None else set(reads)
-        states = [s for s in runner.states() if wanted is None or s.name in wanted]
-        behind = {s.name: s.lag for s in states if s.lag or s.fault}
+        names = [p.name for p in serving_projections() if wanted is None or p.name in wanted]
+        behind = {name: max(0, head - tracked.get(name, 0)) for name in names}
+        behind = {name: lag for name, lag in behind.items() if lag or name in faults}
         if not behind:
             return None
-        head = self.store().head_position()
-        return Staleness(head, behind, {s.name: s.fault for s in states if s.fault})
+        return Staleness(head, behind, {n: faults[n] for n in behind if n in faults},
+                         self._rebuilding)
 
     def require_session(self, session_id: UUID) -> None:
         from terret.adapters.stores.sqlite import SQLiteStore

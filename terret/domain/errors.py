@@ -320,6 +320,12 @@ class NotAViewsFile(TerretError):
     dropped whole and rebuilt: nothing but views may live in it)."""
 
 
+class ViewsBusy(TerretError):
+    """A rebuild or a skip of the views file is running in another process (one at a time:
+    each replays in one write transaction of the file). Nothing was changed; run it again
+    when that one ends."""
+
+
 class ViewsMismatch(TerretError):
     """The views file no longer holds what this process built from its log: another process
     rebuilt it from another store (or from a restored copy). This process stops reading it."""

@@ -77,7 +77,6 @@ class BatchApplier:
             if live is not None:
                 events = self._all_at_once(db, records, live)
                 if events is None:  # undone: start the transaction again, event by event
-                    db.execute("BEGIN IMMEDIATE")
                     batch = self._begin(db, projections)
             if events is None:
                 events = self._event_by_event(db, records, projections, batch)
@@ -100,7 +99,6 @@ class BatchApplier:
             live = self._all_at_once_takes(records, projections, batch)
             if live is None or self._all_at_once(db, records, live) is None:
                 if live is not None:  # undone: start again, event by event
-                    db.execute("BEGIN IMMEDIATE")
                     batch = self._begin(db, projections, history=True)
                 self._event_by_event(db, records, projections, batch)
 
@@ -150,8 +148,8 @@ class BatchApplier:
 
     def _all_at_once(self, db: sqlite3.Connection, records: Sequence[StoredRecord],
                      live: Sequence[Projection]) -> list[RecordedEvent] | None:
-        """The events, or None when something raised: the transaction is then rolled back
-        (the caller begins another and goes event by event)."""
+        """The events, or None when something raised: what the batch wrote is then undone
+        (the caller goes on in the same transaction, event by event)."""
         try:
             for p in live:
                 p.begin()
@@ -161,7 +159,7 @@ class BatchApplier:
         except Exception as exc:  # a record or a projection failed
             if _not_the_events_fault(db, exc):
                 raise  # a full disk, a damaged file: nothing to halt on
-            db.execute("ROLLBACK")
+            self.views.undo(db)
             return None
         return events
 

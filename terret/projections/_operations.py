@@ -59,23 +59,29 @@ def replay(store: EventStore, applier: BatchApplier, projections: Sequence[Proje
 def rebuild(store: EventStore, views: ViewStore, applier: BatchApplier,
             projections: Sequence[Projection], batch_size: int,
             progress: Progress | None = None) -> int:
-    """Drop the projections' tables, tracked positions and faults, and replay them from
-    position 0 to the store's head in one pass (recorded skips are honoured)."""
-    for projection in projections:
-        views.forget(projection)
-    return replay(store, applier, projections, batch_size, progress=progress)
+    """Empty the projections' tables, tracked positions and faults, and replay them from
+    position 0 to the store's head in one pass (recorded skips are honoured) — all in one
+    write transaction of the views (``ViewStore.exclusive``): a runner in another process
+    applies nothing between two of its pages (it would move the tracked positions past the
+    pages still to come), and every reader sees the views as they were until it commits."""
+    with views.exclusive() as db:
+        for projection in projections:
+            views.forget(db, projection)
+        return replay(store, applier, projections, batch_size, progress=progress)
 
 
 def skip(store: EventStore, views: ViewStore, applier: BatchApplier, projection: Projection,
-         by: str, batch_size: int, upto: int) -> int:
+         by: str, batch_size: int) -> int:
     """Record the skip of the event ``projection`` halted at and replay what follows it into
-    the projection, up to ``upto`` (where the others are), so that none is lost."""
-    position, _ = views.skip(projection.name, by)
-    log.warning("projection %s: event at %d skipped by %s", projection.name, position, by)
-    # The subscription has moved past the events after the skipped one and will not deliver
-    # them again: replay them into the resumed projection.
-    replay(store, applier, [projection], batch_size, after=views.tracked(projection.name),
-           upto=upto)
+    the projection, up to the store's head, so that none is lost — in one write transaction
+    of the views, as ``rebuild``: a runner elsewhere would otherwise apply its next batch to
+    the resumed projection first, past the events in between."""
+    with views.exclusive():
+        position, _ = views.skip(projection.name, by)
+        log.warning("projection %s: event at %d skipped by %s", projection.name, position, by)
+        # The runners have moved past the events after the skipped one and will not deliver
+        # them again: replay them into the resumed projection.
+        replay(store, applier, [projection], batch_size, after=views.tracked(projection.name))
     return position
 
 
@@ -84,7 +90,9 @@ def verify(store: EventStore, views: ViewStore, projections: Sequence[Projection
            ) -> dict[str, list[str]]:
     """Replay fresh copies of ``projections`` into a scratch view, each up to its live
     tracked position, in one pass over the log; every difference from the live views, per
-    projection (empty lists when they agree)."""
+    projection (empty lists when they agree). The live views are read once, positions and
+    rows in one snapshot: a runner elsewhere may move them on meanwhile."""
+    stops, live = views.snapshot(projections)
     scratch = ViewStore(":memory:")
     try:
         fresh = {p.name: type(p)() for p in projections}
@@ -92,13 +100,11 @@ def verify(store: EventStore, views: ViewStore, projections: Sequence[Projection
             scratch.ensure(copy)
         scratch.add_skips([row for p in projections for row in views.skips_of(p.name)])
         applier = BatchApplier(scratch, registry, lambda db: None)
-        live = {p.name: p for p in projections}
         report: dict[str, list[str]] = {}
 
         def compare(name: str) -> None:
-            report[name] = differences(name, views.dump(live[name]), scratch.dump(fresh[name]))
+            report[name] = differences(name, live[name], scratch.dump(fresh[name]))
 
-        stops = {p.name: views.tracked(p.name) for p in projections}
         _replay_to_each(store, applier, fresh, stops, batch_size, compare, progress)
         return {p.name: report[p.name] for p in projections}
     finally:

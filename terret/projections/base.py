@@ -20,6 +20,7 @@ built from another store, or from a log that is not the store's (a restored olde
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -38,10 +39,13 @@ from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
 from terret._sqlite_files import listed, open_read_only, table_names
 from terret.domain.errors import NotAViewsFile, ProjectionNotHalted, StoreFull, ViewsCorrupt
 from terret.domain.store import SESSION_PREFIX, StoredRecord
+from terret.projections._rebuild_lock import RebuildLock
 from terret.projections._typed import Dispatch, Handler, marked
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
+
+log = logging.getLogger("terret.projections")
 
 _VIEW_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tracking (projection TEXT PRIMARY KEY, position INTEGER NOT NULL);
@@ -89,6 +93,11 @@ def views_error(exc: sqlite3.Error, path: str) -> Exception | None:
         return ViewsCorrupt(f"the views file {path} is damaged or not a views file ({text}): "
                             "delete it; the views are rebuilt from the log")
     return None
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def refuse_foreign_views(path: str) -> None:
@@ -282,6 +291,8 @@ class ViewStore(TrackingRecorder):
             self.path, isolation_level=None, check_same_thread=False, timeout=30.0
         )
         self.lock = threading.RLock()
+        self.rebuild_lock = RebuildLock(self.path)
+        self._exclusive = False
         try:
             if self.path != ":memory:":
                 self.db.execute("PRAGMA journal_mode=WAL")
@@ -307,6 +318,8 @@ class ViewStore(TrackingRecorder):
                     "SELECT 1 FROM tracking WHERE projection = ?", (projection.name,)).fetchone():
                 recorded = 1  # written before views recorded their versions
             stale = recorded is not None and recorded != projection.version
+            if recorded == projection.version and self._has_tables(projection):
+                return False  # as it was: nothing written (a rebuild elsewhere holds the lock)
             if stale:
                 projection.drop(self.db)
                 self.db.execute("DELETE FROM tracking WHERE projection = ?", (projection.name,))
@@ -317,10 +330,28 @@ class ViewStore(TrackingRecorder):
                             (projection.name, projection.version))
             return stale
 
+    def _has_tables(self, projection: Projection) -> bool:
+        names = {row[0] for row in self.db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return all(table in names for table in projection.tables)
+
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction; inside ``exclusive`` (same thread), a savepoint of its
+        transaction instead, so that what is applied commits with the whole operation."""
         with self.lock, self._typed():
-            self.db.execute("BEGIN IMMEDIATE")
+            if self._exclusive:
+                self.db.execute("SAVEPOINT part")
+                try:
+                    yield self.db
+                    self.db.execute("RELEASE part")
+                except BaseException:
+                    if self.db.in_transaction:  # SQLite rolled back already on SQLITE_FULL
+                        self.db.execute("ROLLBACK TO part")
+                        self.db.execute("RELEASE part")
+                    raise
+                return
+            self._begin_write()
             try:
                 yield self.db
                 self.db.execute("COMMIT")
@@ -328,6 +359,49 @@ class ViewStore(TrackingRecorder):
                 if self.db.in_transaction:  # SQLite rolled back already on SQLITE_FULL
                     self.db.execute("ROLLBACK")
                 raise
+
+    def undo(self, db: sqlite3.Connection) -> None:
+        """Inside ``transaction``: undo what it wrote so far and go on in it from the start."""
+        if self._exclusive:
+            db.execute("ROLLBACK TO part")  # the savepoint stays open
+        else:
+            db.execute("ROLLBACK")
+            self._begin_write()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction for a whole operation on the views (a rebuild, a skip and
+        its replay), under the rebuild lock (``ViewsBusy`` if another process holds it). A
+        runner elsewhere waits for it to commit; every reader, here and elsewhere, sees the
+        views as they were until then; a process that dies midway changes nothing."""
+        with self.rebuild_lock.held(), self.lock, self._typed():
+            self._begin_write()
+            self._exclusive = True
+            try:
+                yield self.db
+                self.db.execute("COMMIT")
+            except BaseException:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
+            finally:
+                self._exclusive = False
+
+    def _begin_write(self) -> None:
+        """``BEGIN IMMEDIATE``, waiting as long as a rebuild in another process holds the file
+        (SQLite's own wait, ``timeout``, is for the short transactions of a runner)."""
+        said = False
+        while True:
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                holder = self.rebuild_lock.holder() if _busy(exc) else None
+                if holder is None:
+                    raise
+                if not said:
+                    log.warning("views %s: waiting for the rebuild by %s", self.path, holder)
+                    said = True
 
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
@@ -466,16 +540,15 @@ class ViewStore(TrackingRecorder):
                 "SELECT projection, position, error FROM projection_faults")}
         return tracked, faults
 
-    def forget(self, projection: Projection) -> None:
-        """Drop a projection's tables, tracked position and fault, and create its tables
-        again: it replays from position 0 (its recorded skips stay)."""
-        with self.reading() as db:
-            # executescript commits on its own, so this runs outside a transaction; callers
-            # keep their runner from applying anything meanwhile.
-            db.execute("DELETE FROM tracking WHERE projection = ?", (projection.name,))
-            db.execute("DELETE FROM projection_faults WHERE projection = ?", (projection.name,))
-            projection.drop(db)
-            projection.create(db)
+    @staticmethod
+    def forget(db: sqlite3.Connection, projection: Projection) -> None:
+        """Inside a transaction: empty a projection's tables and drop its tracked position
+        and fault: it replays from position 0 (its recorded skips stay). Its tables stay
+        (nobody sharing the file finds one missing), rows deleted in the transaction."""
+        db.execute("DELETE FROM tracking WHERE projection = ?", (projection.name,))
+        db.execute("DELETE FROM projection_faults WHERE projection = ?", (projection.name,))
+        for table in projection.tables:
+            db.execute(f"DELETE FROM {table}")
 
     # --- faults and skips -------------------------------------------------------------------
 
@@ -522,6 +595,22 @@ class ViewStore(TrackingRecorder):
     def dump(self, projection: Projection) -> dict[str, list[tuple[object, ...]]]:
         with self.reading() as db:
             return projection.dump(db)
+
+    def snapshot(self, projections: Iterable[Projection]
+                 ) -> tuple[dict[str, int], dict[str, dict[str, list[tuple[object, ...]]]]]:
+        """The projections' tracked positions and rows (``dump``), read in one transaction:
+        what they held at one moment, whatever another process commits meanwhile."""
+        with self.reading() as db:
+            nested = db.in_transaction  # inside exclusive(): its own transaction is the moment
+            if not nested:
+                db.execute("BEGIN")
+            try:
+                chosen = list(projections)
+                positions = self.positions(db, [p.name for p in chosen])
+                return positions, {p.name: p.dump(db) for p in chosen}
+            finally:
+                if not nested:
+                    db.execute("COMMIT")
 
     def fault(self, name: str) -> tuple[int, str] | None:
         with self.reading() as db:

@@ -429,7 +429,7 @@ class ProjectionRunner:
         projection = self.projection(name)
         with self._pause:
             return operations.skip(self.store, self.views, self._applier, projection, by,
-                                   self.replay_batch_size, upto=self._applied)
+                                   self.replay_batch_size)
 
     def rebuild(self, name: str, *, progress: Progress | None = None) -> int:
         """Drop one projection's view and tracked position and replay it from position 0."""
@@ -438,8 +438,10 @@ class ProjectionRunner:
     def rebuild_all(self, names: Sequence[str] | None = None, *,
                     progress: Progress | None = None) -> int:
         """Drop the views of the projections named (all of them by default) and replay them
-        from position 0 to the store's head, in one pass over the log. A rebuild runs under
-        the runner's pause lock, so it is safe while the runner is live."""
+        from position 0 to the store's head, in one pass over the log and one write
+        transaction of the views: safe while this runner is live (it is paused meanwhile) or
+        another process's (it waits for the commit); readers see the views as they were until
+        then. ``ViewsBusy`` if another process is rebuilding the same views."""
         self._whole_log()
         self._checked()
         chosen = self._chosen(names)

@@ -1,0 +1,84 @@
+"""Who is rebuilding a views file: an advisory lock on ``<views>.rebuild`` held for the length of
+a rebuild or a skip, by whichever process runs it.
+
+A rebuild replays in one write transaction of the views file, so SQLite alone already keeps
+every other writer out. What SQLite cannot tell the others is *why* the file is locked: a
+batch of a runner ends within a second, a rebuild of a large log takes minutes. The lock says
+it (with the holder's pid and start time in the file), so a runner elsewhere waits for the
+rebuild instead of failing after SQLite's busy timeout, a read command shows the views as they
+were before the rebuild (saying so) instead of waiting for it, and a second rebuild is refused
+(``ViewsBusy``) instead of queueing behind the first. The kernel drops the lock when its
+process ends, however it ends: a rebuild killed midway leaves no lock, and its transaction,
+never committed, leaves the views as they were.
+
+POSIX ``flock``; where there is none (Windows) the lock is not taken and the operations are
+still correct, only the waiting and the messages are SQLite's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from terret.domain.errors import ViewsBusy
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+
+class RebuildLock:
+    def __init__(self, views_path: str) -> None:
+        # In-memory views belong to one connection of one process: nobody else to tell.
+        self.path = None if views_path == ":memory:" or fcntl is None \
+            else f"{views_path}.rebuild"
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the lock; ``ViewsBusy`` naming the holder when another process has it."""
+        if self.path is None:
+            yield
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ViewsBusy(f"{self._holder(fd)} is rebuilding or skipping in the views "
+                                f"{self.path.removesuffix('.rebuild')}; nothing was changed: "
+                                "run it again when that one ends") from None
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()} {time.time():.0f}\n".encode())
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def holder(self) -> str | None:
+        """Who holds the lock (``"pid N since HH:MM:SS"``), or None when nobody does."""
+        if self.path is None:
+            return None
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return None  # never taken here (or not readable): nobody is rebuilding
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return self._holder(fd)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        parts = os.pread(fd, 64, 0).decode(errors="replace").split()
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            return "another process"
+        since = datetime.fromtimestamp(int(parts[1])).strftime("%H:%M:%S")
+        return f"process {parts[0]} (since {since})"
