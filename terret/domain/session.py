@@ -8,7 +8,7 @@ triggers events; a refused command raises a typed error and leaves no pending ev
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
@@ -418,11 +418,15 @@ class Session(Aggregate):
         self._record(payload)
 
     def end_turn(self, status: TurnStatus, *, reason: str | None = None,
-                 by: Actor | None = None, error: str | None = None) -> None:
+                 by: Actor | None = None, error: str | None = None,
+                 unsure: Collection[str] = ()) -> None:
         """R13: a cancelled turn first denies every standing approval, durably. A turn never
         closes owing a tool call: each call still owed (a cancelled or failed step) is answered
         with an error result first, so the history the model sees next never holds a tool call
-        without its result (providers refuse such a history on every later request)."""
+        without its result (providers refuse such a history on every later request).
+        ``unsure``: owed calls that a process which then died may have been running without
+        recording a start (a tool that may run twice records none): their result says they
+        may have run, not that they were not run."""
         self._storable(TurnEnded.wire_name, reason=reason, error=error)
         self._require_turn()
         # Every payload is validated before any is recorded: a refusal leaves nothing.
@@ -434,10 +438,8 @@ class Session(Aggregate):
         ]
         why = f"the turn ended {status}" + (f": {reason}" if reason else "")
         unanswered = [
-            ToolResult(call_id=c.id, name=c.name, is_error=True, content=(
-                f"{c.name} was interrupted: it started, and whether it took effect is "
-                f"unknown; {why}" if c.id in self.state.started
-                else f"{c.name} was not run: {why}"))
+            ToolResult(call_id=c.id, name=c.name, is_error=True, content=_unanswered(
+                c.name, why, started=c.id in self.state.started, unsure=c.id in unsure))
             for c in self.state.owed.values()
         ]
         for payload in (*denials, *unanswered, ended):
@@ -542,6 +544,16 @@ class Session(Aggregate):
 
     def _apply(self, payload: EventPayload | OpaquePayload, seq: int) -> None:
         evolve(self.state, payload, seq)
+
+
+def _unanswered(name: str, why: str, *, started: bool, unsure: bool) -> str:
+    """The error result of a call a turn ends owing, saying no more than the log knows."""
+    if started:
+        return f"{name} was interrupted: it started, and whether it took effect is unknown; {why}"
+    if unsure:
+        return (f"{name} has no result: the process running its step stopped before recording "
+                f"one, so it may have run; {why}")
+    return f"{name} was not run: {why}"
 
 
 def _turn_start(turn: int, trigger: str, text: str | None, inbox_id: str | None

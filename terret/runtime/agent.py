@@ -108,6 +108,7 @@ class Agent:
         self._listeners = [services.add_listener(self._on_cancel, {CancelRequested.wire_name})]
         self._thread: threading.Thread | None = None
         self._unpriced: set[str] = set()  # the model specs warned about (_warn_unpriced)
+        self._unsure: frozenset[str] = frozenset()  # see _close_open_step
         self.model_context = ModelContext()  # the last request's messages (see _messages)
         self.work = StepWork(writer, session_id, fence=self.ownership.fence,
                              on_commit=self.model_context.follow)
@@ -338,7 +339,8 @@ class Agent:
         return session.turn_open and session.current_turn == turn
 
     def _close_cancelled(self, turn: int) -> TurnResult:
-        self._write(end_cancelled)
+        unsure, self._unsure = self._unsure, frozenset()
+        self._write(partial(end_cancelled, unsure=unsure))
         log.info("session %s turn %d ended cancelled", self.session_id, turn)
         return TurnResult(self.session_id, turn, "cancelled")
 
@@ -349,6 +351,10 @@ class Agent:
         session = self._load()
         state = session.state
         if state.cancel_requested:
+            if state.step_open and state.step_answered:
+                # The process before may have been running these (none records a start
+                # unless it may not run twice); a call awaiting its verdict never ran.
+                self._unsure = frozenset(state.owed.keys() - state.pending.keys())
             raise TurnCancelled("cancel recorded before resume")
         # The owed calls go through the allow-list and the steps through pre-step hooks, which
         # read the views: bring them up to the log a previous process left.

@@ -3,6 +3,8 @@ that the turn loop (:mod:`terret.runtime.agent`) hands to its writer, each one a
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from terret.domain.events import Actor, ToolCallData, TurnStatus, UsageData
 from terret.domain.session import Session
 from terret.runtime.model import ModelReply
@@ -53,8 +55,9 @@ def usage_of(reply: ModelReply) -> UsageData | None:
                      completion_tokens=reply.usage.completion_tokens, cost=reply.usage.cost)
 
 
-def end_cancelled(s: Session) -> None:
+def end_cancelled(s: Session, unsure: Collection[str] = ()) -> None:
     """Close the turn cancelled, attributed to whoever recorded the cancel (a local cancel
-    event without a recorded one is this process stopping the turn: no actor)."""
+    event without a recorded one is this process stopping the turn: no actor). ``unsure``:
+    see ``Session.end_turn``."""
     by = Actor(**s.state.cancel_by) if s.state.cancel_by else None
-    s.end_turn("cancelled", reason=s.state.cancel_reason, by=by)
+    s.end_turn("cancelled", reason=s.state.cancel_reason, by=by, unsure=unsure)

@@ -49,6 +49,33 @@ def test_kill9_mid_tool_then_a_fresh_runtime_completes_the_turn_on_the_first_wak
         fresh.close()
 
 
+def test_a_cancel_after_a_kill9_mid_tool_says_the_call_may_have_run(
+        opened: OpenedStore, tmp_path: Path) -> None:
+    """The dead process was running ``probe`` (a tool that may run twice records no start):
+    the log cannot tell whether it ran, so the turn closed by a cancel recorded meanwhile
+    answers it "may have run" — it said "was not run", which the log does not know."""
+    store = opened.store
+    sid = new_session(store)
+    ran = tmp_path / "ran.txt"
+    kill9_after(python_module("tests.lifecycle.child", "wedge", opened.uri, str(sid), str(ran)),
+                "wedged")
+    assert ran.read_text().splitlines()[-1] == "probe c-probe"  # it did run
+    fresh = child.runtime(store, child.wedge_model, ran)
+    try:
+        fresh.cancel(sid, by=Actor(actor="operator", id="ops"), reason="wrong session")
+        assert fresh.resume_turn(sid).status == "cancelled"
+        log = read_log(store, sid)
+        (result,) = [e for e in only(log, "tool/result") if e.data["call_id"] == "c-probe"]
+        assert result.data["is_error"] is True
+        assert result.data["content"].startswith(
+            "probe has no result: the process running its step stopped before recording one, "
+            "so it may have run; the turn ended cancelled: wrong session"), result.data
+        assert ran.read_text().splitlines()[-1] == "probe c-probe"  # not run again
+        check_invariants(log)
+    finally:
+        fresh.close()
+
+
 def test_kill9_while_parked_then_a_verdict_from_another_process_then_the_first_wake(
         opened: OpenedStore, tmp_path: Path) -> None:
     """Killed while parked on an approval; an operator approves while nobody serves the session;
