@@ -305,6 +305,7 @@ class CliContext:
         if not self._caught_up:
             # A rebuild in another process holds the views' write lock until it commits:
             # show what they held before it began rather than wait for it.
+            self.store()  # a missing store is said first, before a views file is made
             self._rebuilding = self.view_store().rebuild_lock.holder()
             if self._rebuilding is None and not self._fresh():
                 self._catch_up(said=reads is None or bool(reads))
