@@ -126,16 +126,18 @@ class Chat:
         self.screen.fresh_line()
 
     def _cancel(self, done: threading.Event) -> None:
-        self.screen.line("  (cancelling the turn…)", dim=True)
+        # A second Ctrl-C anywhere in here — the user pressing it as soon as a line shows, or
+        # twice in a row — stops the waiting; it must not escape and end the chat.
         try:
-            self.runtime.cancel(self.sid, by=operator(), reason="interrupted in chat")
-        except TerretError:
-            pass
-        if done.wait(0.5):
-            return
-        self.screen.line("  (a tool is still running: the turn closes cancelled when it "
-                         "returns; Ctrl-C again to stop waiting)", dim=True)
-        try:
+            self.screen.line("  (cancelling the turn…)", dim=True)
+            try:
+                self.runtime.cancel(self.sid, by=operator(), reason="interrupted in chat")
+            except TerretError:
+                pass
+            if done.wait(0.5):
+                return
+            self.screen.line("  (a tool is still running: the turn closes cancelled when it "
+                             "returns; Ctrl-C again to stop waiting)", dim=True)
             while not done.wait(0.2):
                 pass
         except KeyboardInterrupt:
@@ -150,9 +152,9 @@ class Chat:
         if closing is None or closing.is_set():
             self.closing = None
             return True
-        self.screen.line(f"  (waiting for the cancelled turn to close before {why}; Ctrl-C "
-                         "to stop waiting)", dim=True)
         try:
+            self.screen.line(f"  (waiting for the cancelled turn to close before {why}; "
+                             "Ctrl-C to stop waiting)", dim=True)
             while not closing.wait(0.2):
                 pass
         except KeyboardInterrupt:
