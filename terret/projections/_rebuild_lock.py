@@ -30,12 +30,16 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
+_held_here: set[str] = set()
+"""The lock files this process holds: its own rebuild is nobody it must wait for."""
+
 
 class RebuildLock:
     def __init__(self, views_path: str) -> None:
         # In-memory views belong to one connection of one process: nobody else to tell.
         self.path = None if views_path == ":memory:" or fcntl is None \
             else f"{views_path}.rebuild"
+        self._key = "" if self.path is None else os.path.realpath(self.path)
 
     @contextmanager
     def held(self) -> Iterator[None]:
@@ -53,13 +57,18 @@ class RebuildLock:
                                 "run it again when that one ends") from None
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()} {time.time():.0f}\n".encode())
-            yield
+            _held_here.add(self._key)
+            try:
+                yield
+            finally:
+                _held_here.discard(self._key)
         finally:
             os.close(fd)  # releases the lock
 
     def holder(self) -> str | None:
-        """Who holds the lock (``"pid N since HH:MM:SS"``), or None when nobody does."""
-        if self.path is None:
+        """Who holds the lock (``"pid N since HH:MM:SS"``), or None when nobody does, or this
+        process does (whose own transactions SQLite serialises)."""
+        if self.path is None or self._key in _held_here:
             return None
         try:
             fd = os.open(self.path, os.O_RDONLY)

@@ -37,7 +37,13 @@ from uuid import UUID, uuid4
 from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
 
 from terret._sqlite_files import listed, open_read_only, table_names
-from terret.domain.errors import NotAViewsFile, ProjectionNotHalted, StoreFull, ViewsCorrupt
+from terret.domain.errors import (
+    NotAViewsFile,
+    ProjectionNotHalted,
+    StoreFull,
+    ViewsBusy,
+    ViewsCorrupt,
+)
 from terret.domain.store import SESSION_PREFIX, StoredRecord
 from terret.projections._rebuild_lock import RebuildLock
 from terret.projections._typed import Dispatch, Handler, marked
@@ -46,6 +52,9 @@ if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
 
 log = logging.getLogger("terret.projections")
+
+BUSY_TIMEOUT_MS = 30_000
+"""How long a write waits for another connection's transaction (a runner's batch elsewhere)."""
 
 _VIEW_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tracking (projection TEXT PRIMARY KEY, position INTEGER NOT NULL);
@@ -288,11 +297,14 @@ class ViewStore(TrackingRecorder):
         # One connection, serialised by a lock: the runner's batches and the readers'
         # queries interleave at transaction granularity, which also works for ":memory:".
         self.db = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=30.0
-        )
+            self.path, isolation_level=None, check_same_thread=False,
+            timeout=BUSY_TIMEOUT_MS / 1000)
         self.lock = threading.RLock()
         self.rebuild_lock = RebuildLock(self.path)
         self._exclusive = False
+        self.wait_for_rebuilds = True
+        """Whether a write waits for a rebuild another process runs (else ``ViewsBusy``):
+        off once the views, or the runner writing them, are being stopped."""
         try:
             if self.path != ":memory:":
                 self.db.execute("PRAGMA journal_mode=WAL")
@@ -390,8 +402,8 @@ class ViewStore(TrackingRecorder):
     def _begin_write(self) -> None:
         """``BEGIN IMMEDIATE``, waiting as long as a rebuild in another process holds the file
         (SQLite's own wait, ``timeout``, is for the short transactions of a runner)."""
-        said = False
-        while True:
+        holder = self.rebuild_lock.holder()
+        if holder is None:
             try:
                 self.db.execute("BEGIN IMMEDIATE")
                 return
@@ -399,9 +411,22 @@ class ViewStore(TrackingRecorder):
                 holder = self.rebuild_lock.holder() if _busy(exc) else None
                 if holder is None:
                     raise
-                if not said:
-                    log.warning("views %s: waiting for the rebuild by %s", self.path, holder)
-                    said = True
+        log.warning("views %s: waiting for the rebuild by %s", self.path, holder)
+        # Short attempts while it runs, so that a stop (``wait_for_rebuilds``) is seen soon.
+        self.db.execute("PRAGMA busy_timeout = 500")
+        try:
+            while True:
+                if not self.wait_for_rebuilds:  # stopping: not for someone else's rebuild
+                    raise ViewsBusy(f"{holder} is rebuilding the views {self.path}; stopped "
+                                    "without waiting for it")
+                try:
+                    self.db.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc):
+                        raise
+        finally:
+            self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
@@ -620,5 +645,6 @@ class ViewStore(TrackingRecorder):
         return (row[0], row[1]) if row else None
 
     def close(self) -> None:
+        self.wait_for_rebuilds = False  # a thread waiting for one gives up (it holds lock)
         with self.lock:
             self.db.close()

@@ -172,12 +172,14 @@ class ProjectionRunner:
         self.check_log()
         self._bus.listen_from = self.store.head_position()
         self._stopping.clear()
+        self.views.wait_for_rebuilds = True
         self._thread = threading.Thread(target=self._run, name="terret-projections", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
+        self.views.wait_for_rebuilds = False  # a batch waiting for one elsewhere gives up
         sub = self._subscription
         if sub is not None:
             sub.stop()
@@ -206,6 +208,8 @@ class ProjectionRunner:
                 self._stopping.wait(delay)
                 delay = min(delay * 2, 2.0)
             except TerretError as exc:  # the views were reset under us (ViewsMismatch)
+                if self._stopping.is_set():
+                    return  # stopped while waiting for a rebuild elsewhere (ViewsBusy)
                 log.error("projection runner stopped: %s", exc)
                 self._fail(exc)
                 return

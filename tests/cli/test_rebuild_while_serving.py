@@ -188,3 +188,55 @@ def test_reads_during_a_rebuild_elsewhere_show_the_views_as_they_were(target: Ta
     assert listed.returncode == 0 and listed.stderr == "", listed.stderr
     assert {r["id"] for r in json.loads(listed.stdout)} == before | {later}
     assert target.run("projections", "verify").returncode == 0
+
+
+def test_serve_waits_for_a_rebuild_elsewhere_and_stops_without_waiting_for_its_end(
+        sqlite_target: Target) -> None:
+    """serve's runner meets the views locked by a rebuild in another process: it waits (no
+    error after SQLite's 30 s busy timeout, no halt), catches up once the rebuild ends, and a
+    SIGTERM meanwhile stops serve at once instead of waiting for someone else's rebuild."""
+    target = sqlite_target
+    first = target.finished(title="Before")
+    serve = _serve_on_the_views(target)
+    (target.cwd / "holder.py").write_text(HOLDER)
+
+    def hold() -> subprocess.Popen[str]:
+        holder = subprocess.Popen([sys.executable, "holder.py", target.views], cwd=target.cwd,
+                                  env=subprocess_env(), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        return holder
+
+    holder = hold()
+    try:
+        later = target.finished(title="During")  # serve's runner has this to apply: it waits
+        serve.wait_line(lambda line: f"waiting for the rebuild by process {holder.pid}" in line,
+                        "the runner waiting")
+        time.sleep(1.0)
+    finally:
+        holder.kill()  # never commits: the views are as they were, serve goes on
+        holder.wait(10)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with sqlite3.connect(target.views) as db:
+            titles = {row[0] for row in db.execute("SELECT title FROM titles")}
+        if "During" in titles:
+            break
+        time.sleep(0.1)
+    assert titles == {"Before", "During"}, titles  # serve applied it once the lock was gone
+    assert {first, later}
+
+    holder = hold()
+    try:
+        target.finished(title="While stopping")
+        serve.wait_line(lambda line: line.count("waiting for the rebuild by") == 1 and
+                        f"process {holder.pid}" in line, "the runner waiting again")
+        started = time.monotonic()
+        serve.popen.send_signal(signal.SIGTERM)
+        code, _, err = serve.finish(30)
+        assert time.monotonic() - started < 15, "serve waited for someone else's rebuild"
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert code == 0, err
+    assert "Traceback" not in err and "halted" not in err, err
