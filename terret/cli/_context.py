@@ -216,6 +216,9 @@ class CliContext:
     _commands: SessionCommands | None = None
     _caught_up: bool = False
     _rebuilding: str | None = None
+    _reached: int | None = None
+    """The head the views were caught up to: events appended since by other processes are not
+    "behind" (the command shows the log as of its start, as any read does)."""
     stale: Staleness | None = None
     """Set by ``views`` when what the views hold is behind the log (``emit`` reports it)."""
     _reads: set[str] | None = field(default_factory=set)
@@ -329,11 +332,11 @@ class CliContext:
         the command's stale warning (when it reads some), so its log record is left out."""
         log = self.log
         if log is None or not said:
-            self.runner().catch_up()
+            self._reached = self.runner().catch_up()
             return
         log.halts_said = True
         try:
-            self.runner().catch_up()
+            self._reached = self.runner().catch_up()
         finally:
             log.halts_said = False
 
@@ -364,7 +367,7 @@ class CliContext:
         and waits while another process rebuilds)."""
         from terret.projections.registry import serving_projections
 
-        head = self.store().head_position()
+        head = self.store().head_position() if self._reached is None else self._reached
         tracked, faults = self.view_store().bookkeeping()
         wanted = None if reads is None else set(reads)
         names = [p.name for p in serving_projections() if wanted is None or p.name in wanted]

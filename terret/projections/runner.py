@@ -398,9 +398,12 @@ class ProjectionRunner:
     def _chosen(self, names: Sequence[str] | None) -> list[Projection]:
         return list(self.projections) if names is None else [self.projection(n) for n in names]
 
-    def states(self) -> list[ProjectionState]:
+    def states(self, head: int | None = None) -> list[ProjectionState]:
+        """Each projection's position, lag behind ``head`` (the store's head by default: pass
+        the one ``catch_up`` returned, as events appended since by others are no lag) and
+        fault."""
         self._checked()
-        head = self.store.head_position()
+        head = self.store.head_position() if head is None else head
         out = []
         for p in self.projections:
             position = self.views.tracked(p.name)

@@ -1,0 +1,75 @@
+"""Read commands and ``doctor`` while other processes write to the same store (docs/cli.md:
+events appended while a command runs are not "behind the log"; doctor beside a busy serve exits
+0; doctor while another process rebuilds the views checks the store only and says so)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tests.cli.conftest import Target, subprocess_env
+from tests.cli.test_rebuild_while_serving import HOLDER
+
+
+@contextmanager
+def _writing(target: Target) -> Iterator[list[int]]:
+    """Sessions keep coming, from this process, while the body runs the CLI in others."""
+    stop = threading.Event()
+    written = [0]
+
+    def keep_writing() -> None:
+        while not stop.is_set():
+            sid = target.new_session()
+            target.writer().execute(sid, lambda s: s.title("Written meanwhile", automatic=True))
+            written[0] += 1
+
+    writer = threading.Thread(target=keep_writing, daemon=True)
+    writer.start()
+    try:
+        yield written
+    finally:
+        stop.set()
+        writer.join(30)
+
+
+def test_reads_and_doctor_beside_a_writer_are_not_behind(target: Target) -> None:
+    target.finished(title="Before")
+    with _writing(target) as written:
+        for _ in range(3):
+            listed = target.run("--json", "sessions", "list", "--limit", "100000")
+            assert listed.returncode == 0, listed.stderr
+            assert "behind the log" not in listed.stderr, listed.stderr
+            assert all("stale" not in row for row in json.loads(listed.stdout))
+            doctor = target.run("doctor", timeout=120)
+            assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+            assert "lags" not in doctor.stdout, doctor.stdout
+    assert written[0] > 3, "the writer did not write while the commands ran"
+    assert target.run("projections", "verify", timeout=120).returncode == 0
+
+
+def test_doctor_while_another_process_rebuilds_the_views(target: Target) -> None:
+    target.finished(title="Before")
+    assert target.run("doctor").returncode == 0  # the views made and current
+    (target.cwd / "holder.py").write_text(HOLDER)
+    holder = subprocess.Popen([sys.executable, "holder.py", target.views], cwd=target.cwd,
+                              env=subprocess_env(), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        target.finished(title="During")
+        doctor = target.run("--json", "doctor", timeout=60)
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        report = json.loads(doctor.stdout)
+        assert report["problems"] == []
+        assert any(f"being rebuilt by process {holder.pid} " in c and "not checked" in c
+                   for c in report["checks"]), report["checks"]
+    finally:
+        holder.kill()
+        holder.wait(10)
+    after = target.run("doctor", timeout=60)  # the rebuild never committed: views as before
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert "every projection equals a rebuild" in after.stdout
