@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
@@ -85,6 +86,9 @@ def _clean_json(value: Any) -> bool:
     return text.isascii() or text_problem(text) is None
 
 
+MAX_VERSION = 2**31 - 1
+"""The highest schema version: every store keeps it in a 32-bit field or less."""
+
 _JSON_KINDS = (str, int, dict, list, tuple, BaseModel, type(None))  # bool is an int
 
 
@@ -100,17 +104,27 @@ def _unstorable(value: Any, loc: str, odd: list[str]) -> tuple[str, str] | None:
     if items is None:
         return None
     keyed = isinstance(value, dict)  # a model's keys are its field names
-    container = not isinstance(value, BaseModel)
+    # In a model only an untyped field holds what it is given: a typed one (a datetime, a
+    # UUID) has its own JSON form, which pydantic reads back.
+    loose = _loose_fields(type(value)) if isinstance(value, BaseModel) else None
     for key, item in items:
         here = f"{loc}.{key}" if loc else str(key)
         if keyed and isinstance(key, str) and (problem := text_problem(key)):
             return here.encode("ascii", "backslashreplace").decode(), f"key: {problem}"
-        if container and not odd and not _plain(item):
+        if (loose is None or key in loose) and not odd and not _plain(item):
             odd.append(here)
         found = _unstorable(item, here, odd)
         if found is not None:
             return found
     return None
+
+
+@cache
+def _loose_fields(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``cls`` typed ``Any`` (or ``object``): pydantic keeps whatever they are
+    given, JSON or not."""
+    return frozenset(name for name, info in cls.model_fields.items()
+                     if info.annotation in (Any, object))
 
 
 def _to_walk(value: Any) -> Iterable[tuple[Any, Any]] | None:
@@ -194,11 +208,15 @@ class EventPayload(BaseModel):
             loc, msg = _first_error(exc)
             raise InvalidPayload(name, loc, msg) from None
         odd: list[str] = []
-        found = _unstorable(self, "", odd)
+        try:
+            found = _unstorable(self, "", odd)
+            if found is None and odd:
+                _survives_json(self, name, odd[0])
+        except RecursionError:  # a value that contains itself, or nested thousands deep
+            raise InvalidPayload(name, odd[0] if odd else "<payload>",
+                                 "nested too deeply, or contains itself") from None
         if found is not None:
             raise InvalidPayload(name, *found)
-        if odd:
-            _survives_json(self, name, odd[0])
 
     # Only construction in code needs the typed error. Marked as pydantic's own ``__init__``,
     # it is not called again by ``model_validate``/``model_validate_json`` (decoding), which
@@ -245,9 +263,9 @@ class EventCatalogue:
         if not name or not isinstance(name, str):
             raise UnknownEventType(f"{cls.__name__} has no wire_name")
         version = cls.__dict__.get("version", cls.version)
-        if type(version) is not int or version < 1:
-            raise ConfigurationError(
-                f"{cls.__name__}: version is a whole number from 1 up, not {version!r}")
+        if type(version) is not int or not 1 <= version <= MAX_VERSION:
+            raise ConfigurationError(f"{cls.__name__}: version is a whole number from 1 to "
+                                     f"{MAX_VERSION}, not {version!r}")
         existing = self._types.get(name)
         if existing is not None and existing is not cls:
             if existing.__qualname__ != cls.__qualname__ or existing.__module__ != cls.__module__:
@@ -271,10 +289,10 @@ class EventCatalogue:
     def upcaster(self, wire_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
         """Register a function turning ``from_version`` data into ``from_version + 1`` data."""
 
-        if type(from_version) is not int or from_version < 1:
+        if type(from_version) is not int or not 1 <= from_version < MAX_VERSION:
             raise ConfigurationError(
-                f"upcaster for {wire_name!r}: from_version is a whole number from 1 up, not "
-                f"{from_version!r}")
+                f"upcaster for {wire_name!r}: from_version is a whole number from 1 to "
+                f"{MAX_VERSION - 1}, not {from_version!r}")
         if wire_name in self._builtin:
             raise DuplicateEventType(
                 f"{wire_name!r} is Terret's own event: its upcasters cannot be replaced")

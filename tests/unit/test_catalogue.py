@@ -138,7 +138,7 @@ def test_registration_errors() -> None:
         encode(First())  # registered elsewhere, not in the process catalogue
 
 
-@pytest.mark.parametrize("version", [0, -1, "2", True, 1.5])
+@pytest.mark.parametrize("version", [0, -1, "2", True, 1.5, 2**31, 10**20])
 def test_a_version_is_a_whole_number_from_one(version: object) -> None:
     """A version 1.5 wrote a record that could never be read back; "2" failed at encode."""
     local = EventCatalogue()
@@ -205,6 +205,35 @@ def test_a_value_json_cannot_hold_is_refused_when_the_payload_is_made() -> None:
         when: dict[str, datetime]
 
     Dated(when={"a": datetime(2026, 12, 5, tzinfo=UTC)})
+
+
+def test_an_untyped_field_is_held_to_json_as_its_items_are() -> None:
+    """A bare ``Any`` field (not inside a dict or list) wrote NaN as null, bytes as text, a set
+    as a list, failed at encode on an object, and a value containing itself ended in
+    ``RecursionError``."""
+    class Loose(EventPayload):
+        wire_name: ClassVar[str] = "acme/loose"
+        value: Any = None
+        thing: object = None
+        when: datetime | None = None  # typed: its own JSON form, read back as it was
+
+    itself: list[Any] = []
+    itself.append(itself)
+    deep: list[Any] = []
+    for _ in range(50_000):
+        deep = [deep]
+    for bad in (float("nan"), float("-inf"), b"x", {1, 2}, object(), datetime.now(UTC),
+                itself, deep):
+        for name in ("value", "thing"):
+            with pytest.raises(errors.InvalidPayload) as raised:
+                Loose(**{name: bad})
+            assert raised.value.field in (name, "<payload>"), bad
+    assert "contains itself" in str(pytest.raises(errors.InvalidPayload, Loose, value=itself)
+                                    .value)
+    for good in (1, 1.5, None, "text", [1, {"x": [True, None]}], {"k": "v"}):
+        made = Loose(value=good, thing=good, when=datetime(2026, 12, 5, tzinfo=UTC))
+        back = made.model_validate_json(made.to_json())
+        assert (back.value, back.thing, back.when) == (good, good, made.when)
 
 
 # --- validation --------------------------------------------------------------------------
