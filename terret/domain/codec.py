@@ -124,6 +124,27 @@ class RecordDecoder:
         self._metadata[metadata] = parsed
         return parsed
 
+    @staticmethod
+    def unreadable(record: StoredRecord) -> RecordedEvent:
+        """A record that does not decode (``CorruptRecord``) as an opaque event, with what
+        can be parsed of it: for a reader that needs no more of an event than its place in the
+        log (the session index counts it), never for one that reads its fields."""
+        def parsed(raw: bytes) -> dict[str, Any]:
+            try:
+                value = json.loads(raw) if raw else {}
+            except ValueError:
+                return {}
+            return value if isinstance(value, dict) else {}
+
+        meta = parsed(record.metadata)
+        version = meta.get("schema_version", 1)
+        version = version if type(version) is int else 1
+        return RecordedEvent(record.stream, record.seq, record.position, record.event_id,
+                             record.wire_name, version,
+                             OpaquePayload(record.wire_name, version, parsed(record.data)),
+                             record.recorded_at, meta.get("correlation_id"),
+                             meta.get("causation_id"))
+
     def _general(self, record: StoredRecord) -> RecordedEvent:
         try:
             meta = json.loads(record.metadata) if record.metadata else {}

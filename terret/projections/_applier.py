@@ -182,9 +182,15 @@ class BatchApplier:
             try:
                 event = decode(record)
             except CorruptRecord:
-                if targets:
-                    raise
-                continue  # wanted by none here; listeners get decoded events only
+                if not targets:
+                    continue  # wanted by none here; listeners get decoded events only
+                counting = _unreadable_targets(live, record.wire_name, registry)
+                if counting is None:
+                    raise  # one reads its fields: event by event, it halts that one
+                event = RecordDecoder.unreadable(record)
+                for target in counting:
+                    target(db, event, event.payload)
+                continue
             append(event)
             payload = event.payload
             if targets and isinstance(payload, OpaquePayload) and record.wire_name in registry:
@@ -226,6 +232,9 @@ class BatchApplier:
         and no skip names it; the projection halts there if it fails, else moves past it."""
         if ((not newer or _opaque_handler(p) is not None) and p.wants(record.wire_name)
                 and (p.name, record.position) not in batch.skips):
+            if isinstance(event, CorruptRecord) and \
+                    _reads_no_fields(p, record.wire_name, self.registry) is not None:
+                event = RecordDecoder.unreadable(record)  # counted, as one it cannot read
             error = self._apply_one(db, p, event)
             if error is not None:
                 self.views.record_fault(db, p.name, record.position, error)
@@ -295,6 +304,38 @@ def _opaque_targets(projections: Sequence[Projection], wire_name: str) -> list[T
     have, so they pass over it."""
     return [h for p in projections if p.wants(wire_name)
             and (h := _opaque_handler(p)) is not None]
+
+
+def _reads_no_fields(p: Projection, wire_name: str, registry: EventCatalogue
+                     ) -> Target | None:
+    """``p``'s handler of events it cannot read, when that is also what it calls for this wire
+    name (the session index counts every event, reading the fields of three): an event of the
+    wire name that does not decode here (an extension's upcaster fails, its data is damaged)
+    is then counted as an unreadable one instead of halting ``p``. None when ``p`` reads the
+    event's fields: it halts there, as the rule is."""
+    opaque = _opaque_handler(p)
+    if opaque is None or not isinstance(p, TypedProjection) or wire_name in PURGED or type(p).apply is not Projection.apply \
+            or type(p).process is not TypedProjection.process:
+        return None
+    cls = registry.payload_class(wire_name)
+    own = opaque if cls is None else p.handler_for(cls)
+    same = own is not None and getattr(own, "__func__", own) is getattr(opaque, "__func__",
+                                                                       opaque)
+    return opaque if same else None
+
+
+def _unreadable_targets(projections: Sequence[Projection], wire_name: str,
+                        registry: EventCatalogue) -> list[Target] | None:
+    """What to call for a record of ``wire_name`` that does not decode, when every projection
+    that wants it reads no fields of it (``_reads_no_fields``); else None."""
+    out = []
+    for p in projections:
+        if p.wants(wire_name):
+            target = _reads_no_fields(p, wire_name, registry)
+            if target is None:
+                return None
+            out.append(target)
+    return out
 
 
 def _nothing(db: sqlite3.Connection, event: RecordedEvent, payload: Any) -> None:
