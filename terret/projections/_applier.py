@@ -314,7 +314,8 @@ def _reads_no_fields(p: Projection, wire_name: str, registry: EventCatalogue
     is then counted as an unreadable one instead of halting ``p``. None when ``p`` reads the
     event's fields: it halts there, as the rule is."""
     opaque = _opaque_handler(p)
-    if opaque is None or not isinstance(p, TypedProjection) or wire_name in PURGED or type(p).apply is not Projection.apply \
+    if opaque is None or not isinstance(p, TypedProjection) or wire_name in PURGED \
+            or type(p).apply is not Projection.apply \
             or type(p).process is not TypedProjection.process:
         return None
     cls = registry.payload_class(wire_name)
