@@ -70,7 +70,8 @@ class EveryWireName(LiveWireNames):
 
 class SessionsProjection(TypedProjection):
     name = "sessions"
-    version = 3  # 2: how the last turn ended (last_turn); 3: unreadable events counted too
+    version = 4  # 2: how the last turn ended (last_turn); 3: unreadable events counted too;
+    # 4: records that do not decode counted too (they halted it)
     handles = EveryWireName(_every_known_event)
     tables = ("sessions",)
     schema = """
