@@ -60,6 +60,7 @@ def rebuild(obj: CliContext, name: str | None) -> None:
     """Drop a projection's view (all, without NAME) and replay it from position 0."""
     runner = obj.runner()
     names = _names(obj, name)
+    obj.view_store().rebuild_lock.refuse_if_held()  # said before a progress bar is shown
     label = f"rebuilding {name}" if name else f"rebuilding {len(names)} projections"
     with _progress_bar(obj, label) as progress:
         head = runner.rebuild_all(names, progress=progress)  # one pass over the log for all

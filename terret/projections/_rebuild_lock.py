@@ -52,9 +52,7 @@ class RebuildLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise ViewsBusy(f"{self._holder(fd)} is rebuilding or skipping in the views "
-                                f"{self.path.removesuffix('.rebuild')}; nothing was changed: "
-                                "run it again when that one ends") from None
+                raise self._busy(self._holder(fd)) from None
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()} {time.time():.0f}\n".encode())
             _held_here.add(self._key)
@@ -64,6 +62,19 @@ class RebuildLock:
                 _held_here.discard(self._key)
         finally:
             os.close(fd)  # releases the lock
+
+    def refuse_if_held(self) -> None:
+        """``ViewsBusy`` now when another process rebuilds, before any work is started (the
+        rebuild itself checks again when it takes the lock)."""
+        holder = self.holder()
+        if holder is not None:
+            raise self._busy(holder)
+
+    def _busy(self, holder: str) -> ViewsBusy:
+        assert self.path is not None
+        return ViewsBusy(f"{holder} is rebuilding or skipping in the views "
+                         f"{self.path.removesuffix('.rebuild')}; nothing was changed: run it "
+                         "again when that one ends")
 
     def holder(self) -> str | None:
         """Who holds the lock (``"pid N since HH:MM:SS"``), or None when nobody does, or this
