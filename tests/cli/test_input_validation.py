@@ -267,14 +267,14 @@ def test_rebuild_and_verify_say_a_projection_halted(target: Target) -> None:
                  store.stream_version(stream))
     bad = store.head_position()
     *_, before_bad = [r.position for r in store.read_all(after=target.since, limit=10_000)
-                      if r.position < bad]  # the sessions view takes every event
-    rebuilt = target.run("--json", "projections", "rebuild", "sessions")
+                      if r.position < bad]  # status moves past the events it does not read
+    rebuilt = target.run("--json", "projections", "rebuild", "status")
     assert rebuilt.returncode == 1, rebuilt.stderr
     report = json.loads(rebuilt.stdout)
-    assert report["rebuilt"] == {"sessions": before_bad}
-    assert report["halted"]["sessions"]["position"] == bad
-    text = target.invoke("projections", "rebuild", "sessions")
+    assert report["rebuilt"] == {"status": before_bad}
+    assert report["halted"]["status"]["position"] == bad
+    text = target.invoke("projections", "rebuild", "status")
     assert text.exit_code == 1 and f"HALTED at {bad}" in text.stdout
-    verified = target.invoke("projections", "verify", "sessions")
+    verified = target.invoke("projections", "verify", "status")
     assert verified.exit_code == 1 and f"halted at {bad}" in verified.stdout
     assert target.invoke("doctor").exit_code == 1

@@ -118,7 +118,7 @@ def test_a_halt_is_said_in_one_warning_line_and_logged_only_with_v(target: Targe
     Path(target.views).unlink()
     verbose = target.run("-v", "sessions", "list")
     assert verbose.returncode == 0, verbose.stderr
-    assert "terret.projections projection sessions halted at" in verbose.stderr
+    assert "terret.projections projection status halted at" in verbose.stderr
     assert sum(line.startswith("warning: what follows") for line in
                _stderr_lines(verbose.stderr)) == 1
 
