@@ -309,6 +309,9 @@ class ViewStore(TrackingRecorder):
             if self.path != ":memory:":
                 self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(f"PRAGMA synchronous={synchronous}")
+            # 16 MiB of page cache (SQLite's default is 2): a rebuild's one transaction
+            # otherwise spills pages of the messages index and reads them back (~3 % of it).
+            self.db.execute("PRAGMA cache_size=-16384")
             with self.lock:
                 self.db.executescript(_VIEW_SCHEMA)
         except sqlite3.Error as exc:

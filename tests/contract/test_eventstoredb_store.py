@@ -19,6 +19,7 @@ import pytest
 from esdbclient import EventStoreDBClient, NewEvent
 from esdbclient import StreamState as EsdbStreamState
 
+from terret.adapters.stores import eventstoredb
 from terret.adapters.stores._esdb import DELETION_EVENT_TYPE
 from terret.adapters.stores._esdb_subscription import EsdbSubscription, stream_filter
 from terret.adapters.stores.eventstoredb import (
@@ -262,6 +263,26 @@ class TestEventStoreDBStore(StoreContract):
                 commit_position=start, **stream_filter(names))}
             assert found - {DELETIONS_STREAM} == expected
             assert DELETIONS_STREAM in found
+
+    def test_a_page_larger_than_a_request_is_read_in_several_requests(
+        self, store: EventStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A request's deadline is the same whatever its size: a rebuild's page (40,000
+        events) from a busy server outran it in one request. A page is now read in requests of
+        at most ``READ_CHUNK`` events, and comes back whole and in order."""
+        monkeypatch.setattr(eventstoredb, "READ_CHUNK", 7)
+        calls: list[tuple[str, dict[str, Any]]] = []
+        monkeypatch.setattr(EventStoreDBClient, "read_all", _spy("read_all", calls))
+        start = store.head_position()
+        stream = new_stream()
+        store.append(stream, records(30), StreamState.NO_STREAM)
+        page = store.read_all(after=start, limit=25)
+        assert [r.seq for r in page] == list(range(1, 26))
+        assert [r.stream for r in page] == [stream] * 25
+        asked = [kw["limit"] for method, kw in calls if method == "read_all"]
+        assert len(asked) >= 4 and max(asked) <= 7, asked
+        assert [r.seq for r in store.read_all(after=page[-1].position, limit=100)] == [
+            26, 27, 28, 29, 30]
 
     def test_a_stream_subscription_asks_the_server_for_its_streams_every_time(
         self, store: EventStore, esdb_faults: EsdbEmulator, monkeypatch: pytest.MonkeyPatch

@@ -88,6 +88,8 @@ SNAPSHOT_PREFIX = "snapshot-"
 STORE_STREAM = "terret-store"
 """Its stream metadata holds the store's id (``STORE_ID_KEY``); the stream has no events."""
 STORE_ID_KEY = "terretStoreId"
+READ_CHUNK = 4096
+"""The most events one read request of ``$all`` asks for (a page larger is several requests)."""
 
 
 class EventStoreDBStore(EventStore):
@@ -441,7 +443,9 @@ class EventStoreDBStore(EventStore):
         # A page can come back short of ``limit`` after deleted streams' events are dropped:
         # read on from the last position seen until the page is full or the log ends.
         while len(out) < limit:
-            want = limit - len(out) + 1
+            # At most READ_CHUNK events a request: a request's deadline is the same whatever
+            # its size, and a rebuild's page of 40,000 events from a busy server outran it.
+            want = min(limit - len(out) + 1, READ_CHUNK)
             received, page = self._read_page(cursor, want, server_filter)
             self._take_page(page, out, deleted, type_filter)
             if received < want or not page:
