@@ -150,8 +150,13 @@ class Supervisor:
             self._feed.stop()  # first: what the group gives now goes to the other members
 
     def waiting_threads(self) -> list[threading.Thread]:
+        """The threads a close waits for (within its grace) before the views are closed: the
+        wakes, and the scan, which reads the views."""
         with self._lock:
-            return [t for t in self._wakers if t.is_alive()]
+            threads = [t for t in self._wakers if t.is_alive()]
+        if self._thread is not None and self._thread.is_alive():
+            threads.append(self._thread)
+        return threads
 
     @property
     def scan_interval(self) -> float:
@@ -164,6 +169,8 @@ class Supervisor:
             try:
                 self.scan()
             except Exception:  # a store outage: the next scan tries again
+                if rt.stopping.is_set():
+                    return  # the views or the store closed under a scan that outran the grace
                 log.warning("the serving scan failed; retrying", exc_info=True)
 
     def scan(self) -> None:

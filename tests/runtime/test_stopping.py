@@ -96,3 +96,52 @@ def test_a_closed_runtime_starts_no_turn_and_writes_nothing(make_runtime: MakeRu
     other = make_runtime()
     assert not other.resumable(sid)  # no half-started turn for another worker to pick up
     assert other.run_turn(sid, "two").status == "completed"
+
+
+
+def _held_scan(server: Any) -> tuple[threading.Event, threading.Event]:
+    """The server's next serving scan held up until ``go`` is set (once it runs); ``ended``
+    is set when it has read the views."""
+    scanning, go, ended = threading.Event(), threading.Event(), threading.Event()
+    scan = server.supervisor.scan
+
+    def held_scan() -> None:
+        scanning.set()
+        go.wait(30)
+        try:
+            scan()  # reads the views
+        finally:
+            ended.set()
+
+    server.supervisor.scan = held_scan
+    assert scanning.wait(15), "no scan ran"
+    return go, ended
+
+
+def test_a_scan_under_way_when_close_begins_is_waited_for_and_says_nothing(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    """The serving scan reads the views every second. One under way when the runtime closed
+    (held up by a store or views that were slow, here by the test) went on after the views
+    were closed and logged `the serving scan failed; retrying` with a traceback
+    (sqlite3.ProgrammingError: Cannot operate on a closed database) after `stopped`. Close
+    waits for it within the grace; one that outruns the grace ends without a word."""
+    server = make_runtime()
+    server.serve_start()
+    go, ended = _held_scan(server)
+    began = time.monotonic()
+    threading.Timer(0.3, go.set).start()  # a scan that ends within the grace: waited for
+    server.close(grace=5.0)
+    assert ended.is_set() and time.monotonic() - began < 4.5
+    assert "serving scan failed" not in caplog.text
+
+
+def test_a_scan_that_outruns_the_grace_ends_without_a_word(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    server = make_runtime()
+    server.serve_start()
+    go, ended = _held_scan(server)
+    server.close(grace=0.3)  # the views are closed under the scan
+    go.set()
+    assert ended.wait(15)
+    time.sleep(0.2)
+    assert "serving scan failed" not in caplog.text
