@@ -24,7 +24,7 @@ from uuid import UUID
 import click
 from click.shell_completion import CompletionItem
 
-from terret.domain.errors import SessionNotFound, StoreUnavailable
+from terret.domain.errors import SessionNotFound, StoreUnavailable, ViewsBusy
 from terret.domain.errors import shown as cut
 from terret.domain.money import cost_figure
 
@@ -309,9 +309,17 @@ class CliContext:
             # A rebuild in another process holds the views' write lock until it commits:
             # show what they held before it began rather than wait for it.
             self.store()  # a missing store is said first, before a views file is made
-            self._rebuilding = self.view_store().rebuild_lock.holder()
+            views = self.view_store()
+            self._rebuilding = views.rebuild_lock.holder()
             if self._rebuilding is None and not self._fresh():
-                self._catch_up(said=reads is None or bool(reads))
+                views.wait_for_rebuilds = False  # this catch-up only: a runtime's may wait
+                try:
+                    self._catch_up(said=reads is None or bool(reads))
+                except ViewsBusy:  # a rebuild began while catching up: as above
+                    self._reached = None
+                    self._rebuilding = views.rebuild_lock.holder() or "another process"
+                finally:
+                    views.wait_for_rebuilds = True
             self._caught_up = True
         if (self._runner is not None or self._rebuilding) and (reads is None or reads):
             self.stale = self._staleness(self._read(reads))  # none on the fresh path

@@ -12,7 +12,7 @@ import click
 
 from terret.adapters.stores.sqlite import SQLiteStore
 from terret.cli._context import CliContext, default_views_path, note, table
-from terret.domain.errors import InvalidStoreURI, StoreUnavailable, TerretError
+from terret.domain.errors import InvalidStoreURI, StoreUnavailable, TerretError, ViewsBusy
 
 if TYPE_CHECKING:
     from terret.projections.runner import ProjectionRunner
@@ -140,12 +140,17 @@ def doctor(obj: CliContext) -> None:
     views_path = obj.views_path or default_views_path(obj.store_uri)
     if views_path != ":memory:" and not os.path.exists(views_path):
         checks.append(f"views {views_path} do not exist yet; they will be built now")
-    rebuilding = obj.view_store().rebuild_lock.holder()
+    views = obj.view_store()
+    rebuilding = views.rebuild_lock.holder()
+    if rebuilding is None:
+        views.wait_for_rebuilds = False  # one that begins while doctor catches up: as below
+        try:
+            _check_views(obj.runner(), checks, problems)
+        except ViewsBusy:
+            rebuilding = views.rebuild_lock.holder() or "another process"
     if rebuilding is not None:  # its transaction holds the views: nothing to check until it ends
         checks.append(f"views {views_path} are being rebuilt by {rebuilding}: not checked — "
                       "run `terret doctor` again when it ends")
-    else:
-        _check_views(obj.runner(), checks, problems)
     obj.emit({"ok": not problems, "checks": checks, "problems": problems},
              "\n".join([*(f"ok    {c}" for c in checks), *(f"FIX   {p}" for p in problems)]))
     if problems:
@@ -157,6 +162,8 @@ def _check_views(runner: ProjectionRunner, checks: list[str], problems: list[str
     reached = None
     try:
         reached = runner.catch_up()
+    except ViewsBusy:
+        raise  # not a problem of the views: a rebuild began meanwhile
     except TerretError as exc:
         problems.append(f"catching up the views failed: {exc}")
     halted = _check_states(runner, problems, reached)

@@ -304,7 +304,8 @@ class ViewStore(TrackingRecorder):
         self._exclusive = False
         self.wait_for_rebuilds = True
         """Whether a write waits for a rebuild another process runs (else ``ViewsBusy``):
-        off once the views, or the runner writing them, are being stopped."""
+        off once the views, or the runner writing them, are being stopped, and for a CLI read
+        command, which shows the views as they were rather than wait for a rebuild."""
         try:
             if self.path != ":memory:":
                 self.db.execute("PRAGMA journal_mode=WAL")
@@ -403,31 +404,33 @@ class ViewStore(TrackingRecorder):
                 self._exclusive = False
 
     def _begin_write(self) -> None:
-        """``BEGIN IMMEDIATE``, waiting as long as a rebuild in another process holds the file
-        (SQLite's own wait, ``timeout``, is for the short transactions of a runner)."""
-        holder = self.rebuild_lock.holder()
-        if holder is None:
-            try:
-                self.db.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                holder = self.rebuild_lock.holder() if _busy(exc) else None
-                if holder is None:
-                    raise
-        log.warning("views %s: waiting for the rebuild by %s", self.path, holder)
-        # Short attempts while it runs, so that a stop (``wait_for_rebuilds``) is seen soon.
+        """``BEGIN IMMEDIATE``, waiting as long as a rebuild in another process holds the file,
+        unless ``wait_for_rebuilds`` is off (then ``ViewsBusy``); other writers (a runner's
+        batch elsewhere) are waited for up to ``BUSY_TIMEOUT_MS``. Short attempts, so that a
+        rebuild that begins meanwhile, or a stop, is seen within half a second."""
+        said = False
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
         self.db.execute("PRAGMA busy_timeout = 500")
         try:
             while True:
-                if not self.wait_for_rebuilds:  # stopping: not for someone else's rebuild
-                    raise ViewsBusy(f"{holder} is rebuilding the views {self.path}; stopped "
-                                    "without waiting for it")
                 try:
                     self.db.execute("BEGIN IMMEDIATE")
                     return
                 except sqlite3.OperationalError as exc:
                     if not _busy(exc):
                         raise
+                    holder = self.rebuild_lock.holder()
+                    if holder is None:
+                        if time.monotonic() > deadline:
+                            raise
+                        continue
+                if not self.wait_for_rebuilds:
+                    raise ViewsBusy(f"{holder} is rebuilding the views {self.path}: not "
+                                    "waited for")
+                if not said:
+                    log.warning("views %s: waiting for the rebuild by %s", self.path, holder)
+                    said = True
+                deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
         finally:
             self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 

@@ -8,9 +8,13 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
+
+from terret.projections._rebuild_lock import RebuildLock
 from tests.cli.conftest import Target, subprocess_env
 from tests.cli.test_rebuild_while_serving import HOLDER
 
@@ -73,3 +77,49 @@ def test_doctor_while_another_process_rebuilds_the_views(target: Target) -> None
     after = target.run("doctor", timeout=60)  # the rebuild never committed: views as before
     assert after.returncode == 0, after.stdout + after.stderr
     assert "every projection equals a rebuild" in after.stdout
+
+
+def test_a_rebuild_that_begins_while_a_read_catches_up_is_not_waited_for(
+        target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the lock's check cannot close: a read (or doctor) found no rebuild, began to
+    catch the views up, and a rebuild took the views meanwhile. The read waited for the whole
+    rebuild ("waiting for the rebuild by …"); it now shows the views as they were and says a
+    rebuild runs, as when the rebuild came first — doctor says it did not check them."""
+    before = {str(target.finished(title="Before"))}
+    assert {r["id"] for r in target.json("sessions", "list")} == before
+    target.finished(title="Behind")  # the views are behind the log now
+    (target.cwd / "holder.py").write_text(HOLDER)
+    holder = subprocess.Popen([sys.executable, "holder.py", target.views], cwd=target.cwd,
+                              env=subprocess_env(), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    real = RebuildLock.holder
+    checks: list[str | None] = []
+
+    def late(self: RebuildLock) -> str | None:  # the first check ran before the rebuild began
+        found = None if not checks else real(self)
+        checks.append(found)
+        return found
+
+    monkeypatch.setattr(RebuildLock, "holder", late)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        started = time.monotonic()
+        listed = target.invoke("--json", "sessions", "list")
+        assert listed.exit_code == 0, listed.stderr
+        assert time.monotonic() - started < 10, "the read waited for the rebuild"
+        rows = json.loads(listed.stdout)
+        assert {r["id"] for r in rows} == before  # as they were before the rebuild began
+        assert all(r["stale"]["rebuilding"].startswith(f"process {holder.pid} ") for r in rows)
+        assert f"while process {holder.pid} " in listed.stderr, listed.stderr
+        assert "waiting for the rebuild" not in listed.stderr
+
+        checks.clear()
+        doctor = target.invoke("--json", "doctor")
+        assert doctor.exit_code == 0, doctor.stdout + doctor.stderr
+        report = json.loads(doctor.stdout)
+        assert report["problems"] == [], report
+        assert any(f"being rebuilt by process {holder.pid} " in c and "not checked" in c
+                   for c in report["checks"]), report["checks"]
+    finally:
+        holder.kill()
+        holder.wait(10)
