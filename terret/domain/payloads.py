@@ -83,7 +83,11 @@ def _clean_json(value: Any) -> bool:
         text = json.dumps(value, ensure_ascii=False, check_circular=False, allow_nan=False)
     except (TypeError, ValueError):
         return False  # not plain JSON: walk it
-    return text.isascii() or text_problem(text) is None
+    if not text.isascii() and text_problem(text) is not None:
+        return False
+    # json.dumps writes a key 1, None or 1.5 as text: read back, it is another key (and
+    # {1: "a", "1": "b"} loses one). Only reading it back tells.
+    return "{" not in text or bool(json.loads(text) == value)
 
 
 MAX_VERSION = 2**31 - 1
@@ -111,9 +115,16 @@ def _unstorable(value: Any, loc: str, odd: list[str]) -> tuple[str, str] | None:
         here = f"{loc}.{key}" if loc else str(key)
         if keyed and isinstance(key, str) and (problem := text_problem(key)):
             return here.encode("ascii", "backslashreplace").decode(), f"key: {problem}"
-        if (loose is None or key in loose) and not odd and not _plain(item):
+        if not odd and ((keyed and not isinstance(key, str)) or (
+                (loose is None or key in loose) and not _plain(item))):
             odd.append(here)
-        found = _unstorable(item, here, odd)
+        if loose is None:
+            found = _unstorable(item, here, odd)
+        else:  # a field of a model: one that contains itself is named
+            try:
+                found = _unstorable(item, here, odd)
+            except RecursionError:
+                return here, "nested too deeply, or contains itself"
         if found is not None:
             return found
     return None
@@ -173,7 +184,8 @@ def _survives_json(payload: EventPayload, name: str, loc: str) -> None:
                              f"({' '.join(str(exc).split())[:120]})") from None
     if not _same(back, payload):
         raise InvalidPayload(name, loc, "would not read back as written: JSON has no form for "
-                             "bytes, sets, NaN, infinity or other objects")
+                             "bytes, sets, NaN, infinity, keys other than text or other "
+                             "objects")
 
 
 class EventPayload(BaseModel):
