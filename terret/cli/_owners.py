@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from terret.cli._context import ago
+from terret.cli._format import ago
 
 if TYPE_CHECKING:
     from terret.domain.store import EventStore

@@ -13,15 +13,8 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import (
-    MODEL_SPEC,
-    SESSION,
-    CliContext,
-    money,
-    note,
-    operator,
-    table,
-)
+from terret.cli._context import MODEL_SPEC, SESSION, CliContext, note, operator
+from terret.cli._format import money, table
 from terret.cli._params import PATTERN, TEXT, Choice
 from terret.domain.errors import shown
 

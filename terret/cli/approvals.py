@@ -7,7 +7,8 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import SESSION, CliContext, as_json, table
+from terret.cli._context import SESSION, CliContext
+from terret.cli._format import as_json, table
 from terret.cli._verdicts import approvals as approvals_verdicts
 
 

@@ -10,7 +10,8 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import SESSION, CliContext, as_json, money, operator, parked_json, table
+from terret.cli._context import SESSION, CliContext, operator
+from terret.cli._format import as_json, money, parked_json, table
 from terret.cli._params import TEXT, NegativeNumbers
 from terret.cli._verdicts import in_doubt as in_doubt_verdicts
 from terret.domain.errors import shown

@@ -23,7 +23,8 @@ import click
 
 from terret.cli._app import check_resolves
 from terret.cli._chat_terminal import Input, Screen, Withdrawn
-from terret.cli._context import MODEL_SPEC, SESSION, CliContext, as_json, money, operator
+from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
+from terret.cli._format import as_json, money
 from terret.cli._params import AGENT_NAME
 from terret.cli.admin import APP_OPTION, runtime_for
 from terret.domain.errors import TerretError

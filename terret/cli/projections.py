@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import click
 
 from terret.adapters.stores.sqlite import SQLiteStore
-from terret.cli._context import CliContext, default_views_path, note, table
+from terret.cli._context import CliContext, default_views_path, note
+from terret.cli._format import table
 from terret.domain.errors import InvalidStoreURI, StoreUnavailable, TerretError, ViewsBusy
 
 if TYPE_CHECKING:

@@ -8,21 +8,8 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import (
-    MODEL_SPEC,
-    SESSION,
-    WHEN,
-    CliContext,
-    ago,
-    as_json,
-    money,
-    note,
-    operator,
-    parked_json,
-    plural,
-    table,
-    when,
-)
+from terret.cli._context import MODEL_SPEC, SESSION, WHEN, CliContext, note, operator
+from terret.cli._format import ago, as_json, money, parked_json, plural, table, when
 from terret.cli._params import AGENT_NAME, TEXT, Choice, IntRange
 from terret.domain.money import cost_figure
 

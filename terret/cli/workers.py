@@ -6,7 +6,8 @@ import time
 
 import click
 
-from terret.cli._context import CliContext, ago, table
+from terret.cli._context import CliContext
+from terret.cli._format import ago, table
 
 
 @click.command("workers")

