@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from uuid import UUID
 
+from terret.domain.money import cost_figure
 from terret.domain.session import SessionState
 
 
@@ -40,7 +41,11 @@ class BudgetCheck:
 
     @property
     def exceeded(self) -> bool:
-        return self.spent >= self.limit or self.spent + self.estimate > self.limit
+        """Spent already, or passed by the next call. Compared as cost figures (rounded to
+        ``COST_DIGITS`` places): 0.2 + 0.1 is 0.30000000000000004 as floats, and a step that
+        lands exactly on a budget of 0.3 does not pass it."""
+        spent, limit = cost_figure(self.spent), cost_figure(self.limit)
+        return spent >= limit or cost_figure(self.spent + self.estimate) > limit
 
 
 class BudgetGuard:

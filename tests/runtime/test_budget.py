@@ -222,3 +222,21 @@ def test_a_budget_over_a_model_that_reports_no_cost_says_it_counts_nothing(
         assert rt.usage(sid)["cost"] == 0.0
     finally:
         rt.close()
+
+
+def test_a_step_that_lands_exactly_on_the_budget_runs(make_runtime: MakeRuntime,
+                                                      opened: OpenedStore) -> None:
+    """0.2 + 0.1 is 0.30000000000000004 as floats: a budget of 0.3 parked the third step of
+    0.1, which lands on it and does not pass it (docs/runtime.md: the turn parks when the step
+    would pass the budget). Costs are compared as cost figures; the fourth call parks."""
+    rt = make_runtime(spender(cost=0.1, steps=5))
+    sid = rt.create_session()
+    rt.set_budget(sid, 0.3, by=OPERATOR)
+    job = turn_in_background(rt, sid, "spend")
+    parked_on_budget(rt, opened.store, sid)
+    log = read_log(opened.store, sid)
+    assert len(only(log, "step/end")) == 3
+    (park,) = only(log, "budget/exceeded")
+    assert park.data["spent"] == pytest.approx(0.3) and park.data["limit"] == 0.3
+    rt.cancel(sid, by=OPERATOR)
+    assert job.join().status == "cancelled"
