@@ -12,6 +12,7 @@ and arguments (R11). There is no timeout by default (R12); with
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -24,13 +25,16 @@ from terret.domain.errors import ApprovalNotPending
 from terret.domain.events import (
     Actor,
     AgentAttached,
+    ApprovalRequested,
     ApprovalResolved,
     BudgetSet,
     CancelRequested,
     InDoubtResolved,
     TurnEnded,
+    TurnStarted,
 )
 from terret.domain.session import Session
+from terret.domain.store import session_stream
 from terret.runtime.stops import TurnCancelled, TurnSuspended
 from terret.runtime.tools import CallContext, Tool, ToolOutcome
 from terret.runtime.writer import SessionWriter
@@ -115,9 +119,12 @@ class ApprovalGate:
             # The state as of that append (and whatever it folded in): no second store read.
             session, _ = self.writer.execute(sid, request, owner=True)
         if verdict is None:
-            # A request a dead process made is re-parked without asking again; its maximum
-            # wait counts from now, so a restart never reaps a call early.
-            deadline = time.time() + self.max_wait if self.max_wait is not None else None
+            # A request a dead process made is re-parked without asking again. Its maximum
+            # wait counts from the request's recorded time, whichever process waits now: a
+            # restart or a deploy does not extend it (one past it is reaped at once).
+            deadline = None
+            if self.max_wait is not None:
+                deadline = self._requested_at(sid, ctx.call_id) + self.max_wait
             verdict = self.wait(
                 sid, lambda s: s.verdict_for(ctx.call_id, ctx.name, ctx.args),
                 what=f"{ctx.call_id} is parked", deadline=deadline,
@@ -172,6 +179,28 @@ class ApprovalGate:
                 self.fence(session)  # a takeover (this worker was frozen past its lease) ends it
         finally:
             self.on_unpark()
+
+    def _requested_at(self, sid: UUID, call_id: str) -> float:
+        """When the open turn's request for ``call_id`` was recorded (read back through the
+        turn's tail; now when it cannot be found, so a wait is never shortened by guessing)."""
+        store, stream = self.writer.repository.store, session_stream(sid)
+        before: int | None = None
+        while before is None or before > 1:
+            page = store.read_stream(stream, from_seq=before, backwards=True, limit=64)
+            for record in page:
+                if record.wire_name == TurnStarted.wire_name:
+                    return time.time()
+                if record.wire_name == ApprovalRequested.wire_name:
+                    try:
+                        asked = json.loads(record.data).get("call_id")
+                    except (ValueError, AttributeError):
+                        continue
+                    if asked == call_id:
+                        return record.recorded_at
+            if len(page) < 64:
+                break
+            before = page[-1].seq - 1
+        return time.time()
 
     def _reap(self, ctx: CallContext) -> None:
         def deny(s: Session) -> None:

@@ -267,3 +267,47 @@ def test_r16_scripted_ids_do_not_matter_to_resume(make_runtime: MakeRuntime, sto
     results = only(read_log(store, sid), "tool/result")
     assert [(r.data["call_id"], r.data["name"]) for r in results] == [
         ("c-b", "status"), ("c-b", "noop")]
+
+
+def test_r12_the_maximum_wait_counts_from_the_recorded_request_across_processes(
+        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit) -> None:
+    """A call parked by a process that died, taken up by another: its maximum wait ran again
+    from the takeover, so every restart or deploy extended it (with deploys more often than
+    the wait, it was never reaped). It counts from the request's recorded time."""
+    import json
+    import time
+
+    from terret import RuntimeConfig
+    from terret.domain.store import session_stream
+
+    store = opened.store
+    sid = dead_process(
+        make_runtime, store, *opening(),
+        lambda s: s.record_assistant("", [DEPLOY]),
+        lambda s: s.request_approval("c-a", "deploy", {"env": "prod"}),
+    )
+    time.sleep(1.5)  # the dead process's wait went on meanwhile
+    fresh = make_runtime([final("not shipped")], config=RuntimeConfig(approval_max_wait=2.0))
+    resumed = time.time()
+    assert fresh.resume_turn(sid).status == "completed"
+    records = store.read_stream(session_stream(sid))
+    (request,) = [r for r in records if r.wire_name == "approval/requested"]
+    (verdict,) = [r for r in records if r.wire_name == "approval/resolved"]
+    assert json.loads(verdict.data)["by"] == {"actor": "reaper"}
+    waited = verdict.recorded_at - request.recorded_at
+    assert 2.0 <= waited < 3.0, waited  # not 1.5 + 2.0
+    assert verdict.recorded_at - resumed < 1.2
+    assert kit.ran == []
+
+    # Past its wait already when taken up: reaped at once.
+    late = dead_process(
+        make_runtime, store, *opening(),
+        lambda s: s.record_assistant("", [DEPLOY]),
+        lambda s: s.request_approval("c-a", "deploy", {"env": "prod"}),
+    )
+    time.sleep(0.6)
+    started = time.monotonic()
+    again = make_runtime([final("not shipped")], config=RuntimeConfig(approval_max_wait=0.5))
+    assert again.resume_turn(late).status == "completed"
+    assert time.monotonic() - started < 1.5
+    assert only(read_log(store, late), "approval/resolved")[0].data["by"] == {"actor": "reaper"}
