@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from decimal import Decimal
 from typing import Any
 
 from terret.domain.money import cost_figure
@@ -62,7 +63,8 @@ dollars."""
 def money(cost: float | None) -> str:
     """A cost, always the same way: dollars with six decimals (LLM calls cost fractions of a
     cent)."""
-    return f"{CURRENCY}{(cost or 0.0):.6f}"
+    # Through the float's shortest repr: 123456789012.99 is not 123456789012.990005.
+    return f"{CURRENCY}{Decimal(repr(float(cost or 0.0))):.6f}"
 
 
 def parked_json(wait: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -153,7 +153,8 @@ def _last_turn(event: RecordedEvent) -> str:
 _FILTERS = (
     ("stream", "s.session = ?"),
     ("agent", "s.agent = ?"),
-    ("title", "instr(lower(t.title), lower(?)) > 0"),  # a case-insensitive part of it
+    # A part of it in any case, any script's letters (SQLite's lower() knows only ASCII's).
+    ("title", "instr(terret_casefold(t.title), terret_casefold(?)) > 0"),
     ("since", "s.last_activity >= ?"),
     ("until", "s.last_activity <= ?"),
 )
@@ -174,6 +175,10 @@ _LIST = """
 """
 
 
+def _casefold(text: str | None) -> str | None:
+    return None if text is None else text.casefold()
+
+
 def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
                   limit: int | None = None, stream: str | None = None,
                   agent: str | None = None, title: str | None = None,
@@ -185,6 +190,8 @@ def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
     given = {"stream": stream or None, "agent": agent, "title": title, "since": since,
              "until": until}
     clauses = [(clause, given[name]) for name, clause in _FILTERS if given[name] is not None]
+    if title is not None:
+        db.create_function("terret_casefold", 1, _casefold, deterministic=True)
     where = f"WHERE {' AND '.join(c for c, _ in clauses)}" if clauses else ""
     # One session's summary sums that session's usage only, not every session's.
     usage_where, usage_params = ("WHERE session = ?", [stream]) if stream else ("", [])

@@ -542,7 +542,8 @@ class Agent:
                                                    estimate=check.estimate))
         else:
             self.work.flush()  # a resumed turn parks again: what it ran is logged first
-        log.warning("session %s: spent %g of its budget %g (next model call estimated at %g); "
+        log.warning("session %s: spent $%.6f of its budget $%.6f (next model call estimated at "
+                    "$%.6f); "
                     "the turn waits for a higher budget", self.session_id, check.spent,
                     check.limit, check.estimate)
 

@@ -73,6 +73,10 @@ def test_sessions_list_filters_and_paging(target: Target) -> None:
     payments = target.json("sessions", "list", "--title", "PAYMENTS")
     assert {s["id"] for s in payments} >= {str(titled), str(ops[0])}
     assert all("payments" in s["title"].lower() for s in payments)
+    accented = target.finished(title="ÉCOLE naïve Straße")  # any script's letters, any case
+    for part in ("école", "NAÏVE", "STRASSE", "straße"):
+        assert [s["id"] for s in target.json("sessions", "list", "--title", part)] == [
+            str(accented)], part
     assert target.json("sessions", "list", "--agent", "ops-filter", "--since", "1h")
     assert target.json("sessions", "list", "--agent", "ops-filter", "--until", "1h") == []
     assert target.json("sessions", "list", "--agent", "ops-filter",
