@@ -213,30 +213,42 @@ class Chat:
 
         self.asking, self.withdrawn = call_id, None
         try:
-            approved = self._yes_or_no(f"  approve {name}({as_json(args)})? [y/N] ", withdraw)
+            approved, reason = self._yes_or_no(f"  approve {name}({as_json(args)})? [y/N] ",
+                                               call_id, withdraw)
             if approved:
                 self._verdict(call_id, "approved", None)
             else:
-                self._verdict(call_id, "denied", self._reason(withdraw))
+                self._verdict(call_id, "denied", reason or self._reason(withdraw))
         except Withdrawn as why:
             self.late = LateAnswer(call_id, str(why), time.monotonic())
             return
         finally:
             self.asking = None
 
-    def _yes_or_no(self, question: str, withdraw: Callable[[], str | None]) -> bool:
-        """The answer to an approval's question: y/yes, or n/no/nothing (the default). Anything
-        else is asked again — a message or a ``/command`` typed here is neither a verdict nor
-        sent to the model (``/approve`` and ``/deny`` answer it)."""
+    def _yes_or_no(self, question: str, call_id: str, withdraw: Callable[[], str | None]
+                   ) -> tuple[bool, str | None]:
+        """The answer to an approval's question, and a denial's reason when it came with it:
+        y/yes, or n/no/nothing (the default); ``/approve [CALL]``, ``/deny [CALL [REASON]]``
+        as at the prompt (CALL, or a prefix of it, naming the call asked about). Anything else
+        is asked again — a message or another ``/command`` typed here is neither a verdict nor
+        sent to the model."""
         while True:
             ahead = self.input.typed_ahead()
-            answer = self.input.ask(self.screen, question, withdraw).strip().lower()
+            typed = self.input.ask(self.screen, question, withdraw).strip()
+            answer = typed.lower()
             if self._too_late(answer, ahead):
                 continue
             if answer in ("y", "yes", "/approve"):
-                return True
+                return True, None
             if answer in ("", "n", "no", "/deny"):
-                return False
+                return False, None
+            verb, _, rest = typed.partition(" ")
+            if verb.lower() in ("/approve", "/deny") and rest.strip():
+                call, _, reason = rest.strip().partition(" ")
+                if call_id.startswith(call):
+                    return verb.lower() == "/approve", reason.strip() or None
+                self.screen.line(f"  (the question is about {call_id}, not {call})", dim=True)
+                continue
             self.screen.line("  (answer y or n: the call waits for its verdict; messages and "
                              "/commands come after it)", dim=True)
 

@@ -171,6 +171,23 @@ def test_an_approval_question_takes_only_a_verdict(target: Target) -> None:
     assert said == ["Check the checkout service and deploy v2", "deploy again"]
 
 
+def test_the_approval_question_takes_approve_and_deny_naming_the_call(target: Target) -> None:
+    """docs/cli.md: ``/approve [CALL]`` and ``/deny CALL REASON`` (a prefix will do). At the
+    question they were refused ("answer y or n") unless bare; now a CALL naming the call asked
+    about answers it, with the denial's reason, and another call's id is asked again."""
+    result = target.invoke("chat", "--app", DEMO_APP,
+                           input="Check the checkout service and deploy v2\n"
+                                 "/approve call-nope\n/approve call-d\n"
+                                 "deploy again\n/deny call-deploy too risky today\n/quit\n")
+    assert result.exit_code == 0, result.stderr
+    assert "not call-nope" in result.stdout
+    assert "answer y or n" not in result.stdout
+    sid = UUID(result.stdout.splitlines()[0].split()[1])
+    resolved = [e.payload for e in target.events(sid) if isinstance(e.payload, ApprovalResolved)]
+    assert [(r.verdict, r.reason) for r in resolved] == [("approved", None),
+                                                         ("denied", "too risky today")]
+
+
 def test_chat_resumes_an_open_turn(target: Target) -> None:
     sid = target.parked()
     result = target.invoke("chat", str(sid), "--app", DEMO_APP, input="y\n/quit\n")
