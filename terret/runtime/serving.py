@@ -333,7 +333,7 @@ class Supervisor:
 
         def run() -> None:
             try:
-                self.wake(session_id)
+                self.wake(session_id, waking_only=True)
             except (TurnSuspended, errors.SessionOwned, errors.LostOwnership,
                     errors.RuntimeStopping):
                 pass
@@ -353,10 +353,12 @@ class Supervisor:
             self._wakers = {t for t in self._wakers if t.is_alive()} | {thread}
         thread.start()
 
-    def wake(self, session_id: UUID) -> TurnResult | None:
+    def wake(self, session_id: UUID, *, waking_only: bool = False) -> TurnResult | None:
         """Resume the session's open turn, or start one with its pending inbox (the loser of a
         race leaves its text in the inbox: it rides the winner's next step). A session a live
-        worker owns is left to it (``SessionOwned``)."""
+        worker owns is left to it (``SessionOwned``). Serving (``waking_only``) starts a turn
+        only for an entry queued with ``wake``: one without rides the next turn, whoever
+        starts it (a worker taking a released session over started a turn with it)."""
         rt = self.services
         session = rt.writer.load(session_id)
         if session.closed:
@@ -366,6 +368,8 @@ class Supervisor:
             if session.turn_open:
                 return self.host.drive(agent, agent.resume_turn)
             inbox = session.pending_inbox()
+            if waking_only:
+                inbox = {i: e for i, e in inbox.items() if e.wake}
             if not inbox:
                 return None
             inbox_id, entry = next(iter(inbox.items()))

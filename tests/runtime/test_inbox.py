@@ -201,3 +201,29 @@ def test_r24_a_waking_inject_on_a_session_left_open_by_a_crash_resumes_it(
     log = wait_for_event(store, sid, "turn/end")
     assert len(only(log, "turn/start")) == 1  # resumed, not a second turn
     assert user_texts(provider, 0) == ["first question", "second question"]
+
+
+def test_r24_a_worker_taking_a_released_session_over_starts_no_turn_for_an_unwaking_entry(
+        make_runtime: MakeRuntime, store) -> None:
+    """docs/cli.md, inject: without wake the text rides the next turn. A serving worker that
+    took over a session another released (a chat that ended, a worker stopping) started a turn
+    with such an entry; it waits for the next turn, which a waking inject starts."""
+    import time
+
+    first = make_runtime(ScriptedProvider(default=final("one")), start=False)
+    first.serve_start()
+    sid = first.create_session()
+    assert first.run_turn(sid, "hi").status == "completed"
+    provider = ScriptedProvider(default=final("two"))
+    second = make_runtime(provider, start=False)
+    second.serve_start()
+    quiet = first.inject(sid, "quiet note, no wake")
+    first.close()  # releases the session: the second worker may take it over
+    wait_until(lambda: "agent/detached" in names(read_log(store, sid)), what="the release")
+    time.sleep(2.5)  # two scans and the release's delivery
+    assert names(read_log(store, sid)).count("turn/start") == 1
+    loud = second.inject(sid, "now wake", wake=True)
+    log = wait_until(lambda: (lg := read_log(store, sid)) and
+                     len(only(lg, "turn/end")) == 2 and lg, what="the waking turn")
+    assert names(log).count("turn/start") == 2
+    assert consumed_once(log, [quiet, loud])
