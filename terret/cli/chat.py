@@ -27,7 +27,7 @@ from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
 from terret.cli._format import as_json, money
 from terret.cli._params import AGENT_NAME
 from terret.cli.admin import APP_OPTION, runtime_for
-from terret.domain.errors import TerretError
+from terret.domain.errors import TerretError, TurnSuspended
 
 if TYPE_CHECKING:
     from terret.domain.codec import RecordedEvent
@@ -175,9 +175,17 @@ class Chat:
     def _guarded(self, fn: Callable[[], object], done: threading.Event) -> Callable[[], None]:
         def run() -> None:
             try:
-                fn()
-            except TerretError as exc:
-                self.screen.line(f"  {type(exc).__name__}: {exc}", fg="red")
+                result = fn()
+                if getattr(result, "status", None) == "failed":
+                    self.screen.line(f"  (turn {getattr(result, 'turn', '?')} failed: "
+                                     f"`terret sessions show {self.sid}` says why)", fg="red")
+            except TurnSuspended:
+                if not self.leaving:  # leaving suspends it on purpose: the hint says so
+                    self.screen.line("  (the turn stopped: this process is stopping)",
+                                     dim=True)
+            except Exception as exc:  # one line, as every error: not a thread's traceback
+                self.screen.line(f"  Error: {type(exc).__name__}: {_one_line(str(exc), 300)}",
+                                 fg="red")
             finally:
                 done.set()
 

@@ -1,7 +1,8 @@
 """The demo's app with one more tool, ``hold``, that has no timeout: it touches
 ``$CHAT_RELEASE.started`` and returns only once the file ``$CHAT_RELEASE`` exists, so a test
 decides when a running tool call ends (for Ctrl-C in chat while a tool runs). The model calls it
-for a message starting with ``hold``."""
+for a message starting with ``hold``; it raises a RuntimeError for one starting with
+``explode``."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def model(request: ModelRequest) -> Reply:
     if last.role == "tool" and last.tool_name == "hold":
         return Reply(text=f"Held: {last.text}.", usage=Usage(prompt_tokens=10,
                                                               completion_tokens=3))
+    if last.role == "user" and last.text.startswith("explode"):
+        raise RuntimeError("the model blew up")  # not a Terret error: chat says it in a line
     if last.role == "user" and last.text.startswith("hold"):
         return Reply(tool_calls=[call("hold", {"what": last.text[5:] or "it"}, id="call-hold")],
                      usage=Usage(prompt_tokens=10, completion_tokens=3))

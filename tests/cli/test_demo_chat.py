@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from uuid import UUID
 
 from terret.adapters.stores.sqlite import SQLiteStore
 from terret.domain.events import ApprovalResolved, ToolResult, TurnEnded, UserMessage
 from terret.runtime.commands import SessionCommands
-from tests.cli.conftest import DEMO_APP, MISSING, Target, invoke_cli, one_line_error
+from tests.cli.conftest import (
+    DEMO_APP,
+    MISSING,
+    Target,
+    invoke_cli,
+    one_line_error,
+    subprocess_env,
+)
 
 
 def test_demo_leaves_a_file_that_is_not_a_terret_store_untouched(tmp_path: Path) -> None:
@@ -221,3 +230,18 @@ def test_chat_unknown_session_in_a_missing_store_creates_nothing(tmp_path: Path)
     result = invoke_cli("--store", str(tmp_path / "none.db"), "chat", MISSING)
     assert result.exit_code == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_turn_that_fails_on_an_error_not_terret_s_is_one_line_in_chat(target: Target) -> None:
+    """A model (or anything under the turn) raising an error that is not Terret's printed a
+    thread's traceback on stderr and nothing on the chat's screen; a failed turn said nothing.
+    docs/cli.md: errors are one line, ``Error: <Type>: <message>``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "terret", "--store", target.uri, "--views", target.views,
+         "chat", "--app", "tests.cli.chat_app:app"],
+        input="explode now\nstill here?\n/quit\n", capture_output=True, text=True,
+        env=subprocess_env(), cwd=target.cwd, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    assert "Error: RuntimeError: the model blew up" in done.stdout + done.stderr
+    assert "still here?" in done.stdout  # the chat went on
