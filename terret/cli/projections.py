@@ -149,6 +149,8 @@ def doctor(obj: CliContext) -> None:
             _check_views(obj.runner(), checks, problems)
         except ViewsBusy:
             rebuilding = views.rebuild_lock.holder() or "another process"
+        finally:
+            views.wait_for_rebuilds = True
     if rebuilding is not None:  # its transaction holds the views: nothing to check until it ends
         checks.append(f"views {views_path} are being rebuilt by {rebuilding}: not checked — "
                       "run `terret doctor` again when it ends")

@@ -215,22 +215,18 @@ class ViewStore(TrackingRecorder):
         with self.lock, self._typed():
             if self._exclusive:
                 self.db.execute("SAVEPOINT part")
-                try:
-                    yield self.db
-                    self.db.execute("RELEASE part")
-                except BaseException:
-                    if self.db.in_transaction:  # SQLite rolled back already on SQLITE_FULL
-                        self.db.execute("ROLLBACK TO part")
-                        self.db.execute("RELEASE part")
-                    raise
-                return
-            self._begin_write()
+                done, undone = ["RELEASE part"], ["ROLLBACK TO part", "RELEASE part"]
+            else:
+                self._begin_write()
+                done, undone = ["COMMIT"], ["ROLLBACK"]
             try:
                 yield self.db
-                self.db.execute("COMMIT")
+                for statement in done:
+                    self.db.execute(statement)
             except BaseException:
                 if self.db.in_transaction:  # SQLite rolled back already on SQLITE_FULL
-                    self.db.execute("ROLLBACK")
+                    for statement in undone:
+                        self.db.execute(statement)
                 raise
 
     def undo(self, db: sqlite3.Connection) -> None:

@@ -5,8 +5,6 @@ events appended while a command runs are not "behind the log"; doctor beside a b
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,8 +13,8 @@ from contextlib import contextmanager
 import pytest
 
 from terret.projections._rebuild_lock import RebuildLock
-from tests.cli.conftest import Target, subprocess_env
-from tests.cli.test_rebuild_while_serving import HOLDER
+from tests.cli.conftest import Target
+from tests.cli.test_rebuild_while_serving import hold_the_views
 
 
 @contextmanager
@@ -58,12 +56,8 @@ def test_reads_and_doctor_beside_a_writer_are_not_behind(target: Target) -> None
 def test_doctor_while_another_process_rebuilds_the_views(target: Target) -> None:
     target.finished(title="Before")
     assert target.run("doctor").returncode == 0  # the views made and current
-    (target.cwd / "holder.py").write_text(HOLDER)
-    holder = subprocess.Popen([sys.executable, "holder.py", target.views], cwd=target.cwd,
-                              env=subprocess_env(), stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = hold_the_views(target)
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
         target.finished(title="During")
         doctor = target.run("--json", "doctor", timeout=60)
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
@@ -88,10 +82,7 @@ def test_a_rebuild_that_begins_while_a_read_catches_up_is_not_waited_for(
     before = {str(target.finished(title="Before"))}
     assert {r["id"] for r in target.json("sessions", "list")} == before
     target.finished(title="Behind")  # the views are behind the log now
-    (target.cwd / "holder.py").write_text(HOLDER)
-    holder = subprocess.Popen([sys.executable, "holder.py", target.views], cwd=target.cwd,
-                              env=subprocess_env(), stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = hold_the_views(target)
     real = RebuildLock.holder
     checks: list[str | None] = []
 
@@ -102,7 +93,6 @@ def test_a_rebuild_that_begins_while_a_read_catches_up_is_not_waited_for(
 
     monkeypatch.setattr(RebuildLock, "holder", late)
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
         started = time.monotonic()
         listed = target.invoke("--json", "sessions", "list")
         assert listed.exit_code == 0, listed.stderr

@@ -149,6 +149,17 @@ with views.exclusive() as db:
 '''
 
 
+def hold_the_views(target: Target) -> subprocess.Popen[str]:
+    """Another process in the midst of a rebuild of ``target.views`` (``HOLDER``): it holds
+    the rebuild lock and the write transaction until killed, and never commits."""
+    (target.cwd / "holder.py").write_text(HOLDER)
+    holder = subprocess.Popen([sys.executable, "holder.py", target.views], cwd=target.cwd,
+                              env=subprocess_env(), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+    return holder
+
+
 def test_reads_during_a_rebuild_elsewhere_show_the_views_as_they_were(target: Target) -> None:
     """While another process rebuilds the views (here: one that emptied them in its
     transaction and waits), a read command neither waits for it nor shows the half-done
@@ -156,12 +167,8 @@ def test_reads_during_a_rebuild_elsewhere_show_the_views_as_they_were(target: Ta
     a second rebuild is refused (ViewsBusy); a rebuild killed midway changes nothing."""
     before = {str(target.finished(title=f"Before {i}")) for i in range(3)}
     assert {r["id"] for r in target.json("sessions", "list")} == before
-    (target.cwd / "holder.py").write_text(HOLDER)
-    holder = subprocess.Popen([sys.executable, "holder.py", target.views], cwd=target.cwd,
-                              env=subprocess_env(), stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = hold_the_views(target)
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
         started = time.monotonic()
         listed = target.run("--json", "sessions", "list")
         assert listed.returncode == 0, listed.stderr
@@ -198,20 +205,11 @@ def test_serve_waits_for_a_rebuild_elsewhere_and_stops_without_waiting_for_its_e
     error after SQLite's 30 s busy timeout, no halt), catches up once the rebuild ends, and a
     SIGTERM meanwhile stops serve at once instead of waiting for someone else's rebuild."""
     target = sqlite_target
-    first = target.finished(title="Before")
+    target.finished(title="Before")
     serve = _serve_on_the_views(target)
-    (target.cwd / "holder.py").write_text(HOLDER)
-
-    def hold() -> subprocess.Popen[str]:
-        holder = subprocess.Popen([sys.executable, "holder.py", target.views], cwd=target.cwd,
-                                  env=subprocess_env(), stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
-        return holder
-
-    holder = hold()
+    holder = hold_the_views(target)
     try:
-        later = target.finished(title="During")  # serve's runner has this to apply: it waits
+        target.finished(title="During")  # serve's runner has this to apply: it waits
         serve.wait_line(lambda line: f"waiting for the rebuild by process {holder.pid}" in line,
                         "the runner waiting")
         time.sleep(1.0)
@@ -226,9 +224,8 @@ def test_serve_waits_for_a_rebuild_elsewhere_and_stops_without_waiting_for_its_e
             break
         time.sleep(0.1)
     assert titles == {"Before", "During"}, titles  # serve applied it once the lock was gone
-    assert {first, later}
 
-    holder = hold()
+    holder = hold_the_views(target)
     try:
         target.finished(title="While stopping")
         serve.wait_line(lambda line: line.count("waiting for the rebuild by") == 1 and
