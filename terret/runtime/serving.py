@@ -43,6 +43,7 @@ from terret.domain.codec import RecordedEvent
 from terret.domain.groups import GroupReader
 from terret.domain.session import Session
 from terret.projections.views import Views
+from terret.runtime.agent import Agent
 from terret.runtime.definition import TurnResult
 from terret.runtime.host import AgentHost
 from terret.runtime.ownership import WorkerLease
@@ -333,15 +334,24 @@ class Supervisor:
 
         def run() -> None:
             try:
-                self.wake(session_id, waking_only=True)
-            except (TurnSuspended, errors.SessionOwned, errors.LostOwnership,
-                    errors.RuntimeStopping):
-                pass
+                agent = self._agent_to_wake(session_id)
+            except _QUIET:
+                return
             except errors.TerretError as exc:
                 # Another app's agent, a closed session, the agent cap: not ours to serve.
                 log.warning("not serving session %s: %s", session_id, exc)
-            except Exception:
-                log.exception("waking session %s failed", session_id)
+                return
+            if agent is None:
+                return
+            try:
+                self._drive_wake(agent, waking_only=True)
+            except _QUIET:
+                pass
+            except Exception as exc:
+                # The turn ended failed (recorded); the session stays served here.
+                # One line per record, as serve promises: the traceback only at DEBUG.
+                log.error("session %s: the woken turn failed: %s: %s", session_id,
+                          type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
 
         if rt.stopping.is_set():
             return
@@ -359,11 +369,17 @@ class Supervisor:
         worker owns is left to it (``SessionOwned``). Serving (``waking_only``) starts a turn
         only for an entry queued with ``wake``: one without rides the next turn, whoever
         starts it (a worker taking a released session over started a turn with it)."""
-        rt = self.services
-        session = rt.writer.load(session_id)
-        if session.closed:
+        agent = self._agent_to_wake(session_id)
+        return None if agent is None else self._drive_wake(agent, waking_only=waking_only)
+
+    def _agent_to_wake(self, session_id: UUID) -> Agent | None:
+        """The session's agent in this process (claiming it); None for a closed session."""
+        if self.services.writer.load(session_id).closed:
             return None
-        agent = self.host.agent_for(session_id)
+        return self.host.agent_for(session_id)
+
+    def _drive_wake(self, agent: Agent, *, waking_only: bool) -> TurnResult | None:
+        session = self.services.writer.load(agent.session_id)  # as claimed
         try:
             if session.turn_open:
                 return self.host.drive(agent, agent.resume_turn)
@@ -387,6 +403,10 @@ class Supervisor:
                 status = rt.views.status(summary.session)
                 if status is not None and status.last_turn_status is not None:
                     rt.background(partial(rt.title_now, UUID(summary.id)))
+
+
+# What a woken session meets when it is not this worker's to run: said by nobody.
+_QUIET = (TurnSuspended, errors.SessionOwned, errors.LostOwnership, errors.RuntimeStopping)
 
 
 def _needs_worker(session: Session) -> bool:

@@ -2,7 +2,7 @@
 ``$CHAT_RELEASE.started`` and returns only once the file ``$CHAT_RELEASE`` exists, so a test
 decides when a running tool call ends (for Ctrl-C in chat while a tool runs). The model calls it
 for a message starting with ``hold``; it raises a RuntimeError for one starting with
-``explode``."""
+``explode`` and a ``ProviderError`` for one starting with ``unavailable``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from terret.cli._app import App
 from terret.cli.demo_app import demo_app, demo_model
+from terret.domain.errors import ProviderError
 from terret.domain.messages import Usage
 from terret.runtime.model import ModelRequest, StaticResolver
 from terret.runtime.scripted import Reply, ScriptedProvider, call
@@ -42,6 +43,8 @@ def model(request: ModelRequest) -> Reply:
                                                               completion_tokens=3))
     if last.role == "user" and last.text.startswith("explode"):
         raise RuntimeError("the model blew up")  # not a Terret error: chat says it in a line
+    if last.role == "user" and last.text.startswith("unavailable"):
+        raise ProviderError("demo", "503 service unavailable")
     if last.role == "user" and last.text.startswith("hold"):
         return Reply(tool_calls=[call("hold", {"what": last.text[5:] or "it"}, id="call-hold")],
                      usage=Usage(prompt_tokens=10, completion_tokens=3))

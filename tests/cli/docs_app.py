@@ -45,16 +45,17 @@ def run(target: Target, *args: str, timeout: float = 60.0) -> subprocess.Complet
 
 
 class AppServer:
-    """``terret serve --app myapp:app`` on the target's store."""
+    """``terret serve --app myapp:app`` (or ``app``) on the target's store."""
 
-    def __init__(self, target: Target, name: str = "serve") -> None:
+    def __init__(self, target: Target, name: str = "serve", app: str = APP) -> None:
         self.target = target
+        self.app = app
         self.err_path = target.cwd / f"{name}.err"
         self.views = str(target.cwd / f"{name}-views.db")
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self, *, ready: bool = True) -> AppServer:
-        argv = ["--store", self.target.uri, "--views", self.views, "serve", "--app", APP,
+        argv = ["--store", self.target.uri, "--views", self.views, "serve", "--app", self.app,
                 "--grace", "5"]
         with open(self.err_path, "w") as err:
             self.popen = subprocess.Popen([sys.executable, "-m", "terret", *argv],
@@ -107,9 +108,9 @@ class AppServer:
 
 
 @contextmanager
-def serving(target: Target, name: str = "serve") -> Iterator[AppServer]:
+def serving(target: Target, name: str = "serve", app: str = APP) -> Iterator[AppServer]:
     """The app served for the block; stopped (SIGTERM, exit 0, no traceback) after it."""
-    server = AppServer(target, name).start()
+    server = AppServer(target, name, app).start()
     try:
         yield server
     except BaseException:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from tests.cli.conftest import Target
-from tests.cli.docs_app import AppServer, new_session, write_app
+from tests.cli.conftest import Target, is_type
+from tests.cli.docs_app import AppServer, new_session, run, serving, write_app
 
 OPEN_TURNS = 3
 
@@ -47,3 +47,31 @@ def test_the_serving_line_comes_before_the_resumed_turns(target: Target) -> None
         code = second.stop()
     assert code == 0, second.text()
     assert "Traceback" not in second.text(), second.text()
+
+
+def test_a_woken_turn_that_fails_is_one_line_and_the_session_stays_served(
+        target: Target) -> None:
+    """serve logs one line per record: a woken turn whose model raises (an error of the app's,
+    or a provider's) is one ``the woken turn failed`` line, not a traceback nor "not serving"
+    — serve keeps the session, and the next ``inject --wake`` from another shell runs a turn."""
+    sid = new_session(target, "--agent", "demo")
+    with serving(target, app="tests.cli.chat_app:app") as server:
+        for turn, (text, said) in enumerate(
+                [("explode now", "RuntimeError: the model blew up"),
+                 ("unavailable again", "ProviderError: demo: 503 service unavailable")], 1):
+            done = run(target, "inject", str(sid), text, "--wake")
+            assert done.returncode == 0, done.stderr
+            server.wait_for(f"turn {turn}'s failure",
+                            lambda log, said=said: f"the woken turn failed: {said}" in log)
+            target.wait_for(sid, is_type("turn/end", turn=turn, status="failed"),
+                            f"turn {turn} ended failed")
+        done = run(target, "inject", str(sid), "hello", "--wake")
+        assert done.returncode == 0, done.stderr
+        target.wait_for(sid, is_type("turn/end", turn=3, status="completed"),
+                        "turn 3 completed by the same server")
+        failed = [line for line in server.lines() if "turn failed" in line]
+        assert [line.split("failed: ", 1)[1] for line in failed] == [
+            "RuntimeError: the model blew up", "ProviderError: demo: 503 service unavailable"
+        ], server.text()
+        assert "not serving" not in server.text(), server.text()
+        assert all(line[:4].isdigit() for line in server.lines()[1:]), server.text()
