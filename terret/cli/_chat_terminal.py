@@ -31,6 +31,9 @@ class Screen:
         self.lock = threading.RLock()
         self.at_line_start = True
         self.agent_prefix = True  # the next text starts an answer (after a prompt, a tool)
+        self.waiting: str | None = None
+        """The prompt shown and waiting for a line: output from a turn started elsewhere
+        starts below it, and the prompt is shown again when that turn ends."""
 
     def write(self, text: str, **style: Any) -> None:
         if not text:
@@ -101,18 +104,46 @@ class Input:
 
     def prompt(self, screen: Screen, text: str) -> str:
         """The chat's prompt; EOFError at Ctrl-D."""
-        screen.fresh_line()
-        if self.tty:
-            line = input(text)  # readline edits it (a styled prompt would confuse its cursor)
-        else:
-            click.echo(click.style(text, bold=True), nl=False)
-            # Piped input: the questions read the same buffer, so a line meant for an
-            # approval is not swallowed ahead of it by the prompt's reader.
-            line = self._next_line(self.fd) if self._polled() else input()
-            click.echo(line)  # what a terminal would have echoed: the transcript reads right
-        screen.at_line_start = True
-        screen.agent_prefix = True
+        with screen.lock:
+            screen.fresh_line()
+            if not self.tty:
+                click.echo(click.style(text, bold=True), nl=False)
+            # The prompt holds the line: what a turn woken elsewhere prints starts below it.
+            screen.at_line_start = False
+            screen.agent_prefix = True
+            screen.waiting = text
+        try:
+            if self.tty:
+                line = input(text)  # readline edits it (a styled prompt confuses its cursor)
+            else:
+                # Piped input: the questions read the same buffer, so a line meant for an
+                # approval is not swallowed ahead of it by the prompt's reader.
+                line = self._next_line(self.fd) if self._polled() else input()
+                click.echo(line)  # what a terminal would have echoed: the transcript reads
+        finally:
+            with screen.lock:
+                screen.waiting = None
+                screen.at_line_start = True
+                screen.agent_prefix = True
         return line
+
+    def show_again(self, screen: Screen) -> None:
+        """The waiting prompt again, below what a turn woken elsewhere printed, with what the
+        user had typed at it (readline keeps the line; the terminal lost it)."""
+        with screen.lock:
+            if screen.waiting is None:
+                return
+            typed = ""
+            if self.tty and self.history is not None:
+                import readline
+
+                typed = readline.get_line_buffer()
+            screen.fresh_line()
+            if self.tty:
+                screen.write(screen.waiting + typed)
+            else:
+                screen.write(screen.waiting, bold=True)
+            screen.agent_prefix = True
 
     def ask(self, screen: Screen, text: str, withdraw: Callable[[], str | None]) -> str:
         """A question that ``withdraw`` can take back (it returns why, or None)."""

@@ -27,10 +27,11 @@ from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
 from terret.cli._format import as_json, money
 from terret.cli._params import AGENT_NAME
 from terret.cli.admin import APP_OPTION, runtime_for
-from terret.domain.errors import TerretError, TurnSuspended
+from terret.domain.errors import SessionOwned, TerretError, TurnSuspended
 
 if TYPE_CHECKING:
     from terret.domain.codec import RecordedEvent
+    from terret.runtime.agent import Agent
     from terret.runtime.runtime import Runtime
 
 RECONNECT_EXCHANGES = 3
@@ -72,6 +73,8 @@ class Chat:
         closed: a message waits for it."""
         self.leaving = False
         """Ctrl-D at an approval's question: the chat ends, the call stays pending."""
+        self.agent: Agent | None = None
+        """This process's agent for the session; None while another worker runs its turn."""
         self.late: LateAnswer | None = None
         """The question withdrawn last, until the next line is read: a y/n typed for it is
         reported as too late, never sent to the model or taken for another question."""
@@ -89,12 +92,16 @@ class Chat:
         if event.session_id != self.sid:
             return
         p: Any = event.payload
+        if self._from_elsewhere(p):
+            return
         if isinstance(p, ApprovalResolved):
             if p.call_id == self.asking:  # a verdict from elsewhere: take the question back
                 who = p.by.actor + (f" ({p.by.id})" if p.by.id else "")
                 self.withdrawn = f"{p.call_id} was {p.verdict} elsewhere by {who}"
                 self.screen.line(f"  ({self.withdrawn})", dim=True)
         elif isinstance(p, AssistantMessage):
+            if self.agent is None and p.text:  # another worker's turn: its text streamed there
+                self.screen.line(f"agent> {p.text}")
             for c in p.tool_calls:
                 self.screen.line(f"  → {c.name}({as_json(c.args)})", fg="yellow")
         elif isinstance(p, ToolResult):
@@ -103,6 +110,50 @@ class Chat:
             self.screen.agent_prefix = True  # the text after a tool round is a new answer
         elif isinstance(p, SessionCompacted):
             self.screen.line("  (history compacted)", dim=True)
+
+    def _from_elsewhere(self, p: Any) -> bool:
+        """What a turn another process woke (`terret inject --wake`) shows: the text it
+        answers, and — at the prompt, where no question is asked — its end or its approval
+        (then the prompt again). False for the events shown the same for every turn."""
+        from terret.domain.events import (
+            ApprovalRequested,
+            ContextInjected,
+            TurnEnded,
+            UserMessage,
+        )
+
+        at_prompt = self.screen.waiting is not None
+        if isinstance(p, UserMessage):
+            if p.inbox_id is not None:  # queued by another process: not the user's own line
+                self.screen.line(f"inbox> {_one_line(p.text, 300)}", dim=True)
+                self.screen.agent_prefix = True
+        elif isinstance(p, ContextInjected):
+            self.screen.line(f"  (injected: {_one_line(p.text, 200)})", dim=True)
+        elif isinstance(p, TurnEnded) and at_prompt:
+            if p.status != "completed":
+                why = p.error or p.reason
+                self.screen.line(f"  (turn {p.turn} {p.status}"
+                                 + (f": {_one_line(why, 200)})" if why else ")"), dim=True)
+            self.input.show_again(self.screen)
+        elif isinstance(p, ApprovalRequested) and at_prompt:
+            self._needs_approval(p.call_id, p.name, p.args)
+            self.input.show_again(self.screen)
+        else:
+            return isinstance(p, (TurnEnded, ApprovalRequested))
+        return True
+
+    def _needs_approval(self, call_id: str, name: str, args: dict[str, Any]) -> None:
+        self.screen.line(f"  approval needed: {name}({as_json(args)}) — /approve {call_id} "
+                         f"or /deny {call_id} REASON", fg="yellow")
+
+    def on_text(self, agent: Agent, chunk: str) -> None:
+        """The model's streamed text, after what the turn recorded before it is shown (the
+        listener prints the tool round, a message from the inbox, on the runner's thread)."""
+        try:
+            self.runtime.wait_for(agent.recorded_to)
+        except (TerretError, TimeoutError):
+            pass  # the lines come late, not never
+        self.screen.text(chunk)
 
     # --- turns -----------------------------------------------------------------------------
 
@@ -286,6 +337,20 @@ class Chat:
 
     # --- the conversation --------------------------------------------------------------------
 
+    def attach(self, agent: Agent) -> None:
+        """This process runs the session's turns: their text streams here."""
+        self.agent = agent
+        agent.on_text = partial(self.on_text, agent)
+
+    def follow(self, held: SessionOwned) -> None:
+        """Another live worker runs the open turn (a `terret serve` that took it over): the
+        chat shows it as recorded and answers its approvals — any process may."""
+        self.screen.line(f"  ({held}, which runs its open turn: this chat follows it — "
+                         "its answers show as they are recorded, /approve and /deny answer "
+                         "its calls, a message goes to the turn's next step)", dim=True)
+        for approval in self.runtime.views.pending(self.sid):
+            self._needs_approval(approval.call_id, approval.name, approval.args)
+
     def banner(self, *, new: bool) -> None:
         session = self.runtime.writer.load(self.sid)
         try:
@@ -359,10 +424,23 @@ class Chat:
         self.input.save()
 
     def send(self, text: str) -> None:
-        """A message to the model: a new turn, once a cancelled one has closed."""
+        """A message to the model: a new turn, once a cancelled one has closed. While another
+        worker runs the session's open turn, the message waits in its inbox (``wake``): that
+        turn's next step takes it (R24), as it takes `terret inject`'s."""
         if not self._closed("this message is sent"):
             self.screen.line("  (not sent)", dim=True)
             return
+        here = self.runtime.agent_for_session(self.sid)
+        if here is not None and here is not self.agent:
+            self.attach(here)  # an agent spawned anew (it lost the session, took it back)
+        elif here is None:
+            try:  # the turn may have ended: an idle session moves to this process
+                self.attach(self.runtime.spawn_agent(self.sid))
+            except SessionOwned as exc:
+                self.runtime.inject(self.sid, text, wake=True)
+                self.screen.line(f"  (queued: {exc}, which runs the open turn: its next "
+                                 "step takes the message)", dim=True)
+                return
         self.asked.clear()
         self.drive(partial(self.runtime.run_turn, self.sid, text))
 
@@ -461,20 +539,28 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
     sid = _new_session(runtime, agent, spec) if session_id is None else session_id
     # Attached first: a session whose agent the app does not define is refused before the
     # model/set below is written.
-    live = runtime.agent_for_session(sid) or runtime.spawn_agent(sid)
+    held: SessionOwned | None = None
+    try:
+        live = runtime.agent_for_session(sid) or runtime.spawn_agent(sid)
+    except SessionOwned as exc:  # another live worker runs its open turn: follow it
+        live, held = None, exc
     if not new and spec is not None:
         runtime.set_model(sid, "main", spec, by=operator())
     session = Chat(obj, runtime, sid)
     session.banner(new=new)
-    live.on_text = session.screen.text
+    if live is not None:
+        session.attach(live)
     from terret.domain import events as ev
 
     runtime.runner.add_listener(session.on_event, {
         c.wire_name for c in (ev.AssistantMessage, ev.ToolResult, ev.SessionCompacted,
-                              ev.ApprovalResolved)})
+                              ev.ApprovalResolved, ev.ApprovalRequested, ev.UserMessage,
+                              ev.ContextInjected, ev.TurnEnded)})
     if not new:
         session.recap()
-    if runtime.resumable(sid):
+    if held is not None:
+        session.follow(held)
+    elif runtime.resumable(sid):
         session.screen.line("resuming the open turn…", dim=True)
         session.drive(lambda: runtime.resume_turn(sid))
     session.loop()

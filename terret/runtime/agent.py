@@ -136,6 +136,13 @@ class Agent:
         return self.definition.max_steps or self.services.max_steps
 
     @property
+    def recorded_to(self) -> int:
+        """The store position of this agent's last append: a listener that must have seen it
+        before the next model text shows (a chat printing the turn in order) waits for the
+        views to reach it."""
+        return self.work.position
+
+    @property
     def busy(self) -> bool:
         return self._lock.locked()
 

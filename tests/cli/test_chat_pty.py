@@ -23,7 +23,8 @@ from uuid import UUID
 import pytest
 
 from terret.domain.events import ApprovalResolved, ToolResult, TurnEnded, UserMessage
-from tests.cli.conftest import DEMO_APP, Target, subprocess_env
+from tests.cli.conftest import DEMO_APP, Target, is_type, subprocess_env
+from tests.cli.docs_app import AppServer
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][AB0-2]|\r")
 LEFT, UP = "\x1b[D", "\x1b[A"
@@ -330,3 +331,101 @@ def test_chat_input_ending_at_a_question_leaves_the_call_pending(target: Target)
     approved = target.run("approve", str(sid), "call-deploy")
     assert approved.returncode == 0, approved.stderr
     assert not [e for e in target.events(sid) if isinstance(e.payload, UserMessage)][1:]
+
+
+def test_a_turn_woken_from_another_shell_shows_below_the_prompt(
+        target: Target, chat_env: dict[str, str]) -> None:
+    """Chat sits at its prompt with a half-typed line; another shell runs ``terret inject
+    SID TEXT --wake``. Chat runs that turn (its process owns the session): the injected text
+    shows as ``inbox>`` on a line of its own, the answer with ``agent>``, then the prompt
+    again with the half-typed line kept. A woken turn that parks on an approval says how to
+    answer it, and ``/approve`` there lets it finish."""
+    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        term.type("half")  # typed, not sent
+        time.sleep(0.3)
+        done = target.run("inject", str(sid), "hello from elsewhere", "--wake")
+        assert done.returncode == 0, done.stderr
+        before = term.expect("inbox> hello from elsewhere")
+        assert before.endswith("\n"), before  # below the prompt, not run into it
+        between = term.expect("agent> You said: hello from elsewhere")
+        assert between.strip() == "", between
+        term.expect("you> half")  # the prompt again, the line kept
+        term.type(" typed\r")
+        term.expect("agent> You said: half typed")
+        term.expect("you> ")
+
+        done = target.run("inject", str(sid), "deploy checkout v2", "--wake")
+        assert done.returncode == 0, done.stderr
+        term.expect("inbox> deploy checkout v2")
+        term.expect("approval needed: deploy(")
+        term.expect("/approve call-deploy or /deny call-deploy REASON")
+        term.expect("you> ")
+        term.type("/approve call-deploy\r")
+        term.expect("approved call-deploy")
+        term.expect("← deploy: checkout v2 rolled out")
+        term.expect("agent> ")
+        term.expect("you> ")
+        term.type("/quit\r")
+        assert term.finish() == 0
+    finally:
+        term.kill()
+    said = [e.payload.text for e in target.events(sid) if isinstance(e.payload, UserMessage)]
+    assert said == ["hello from elsewhere", "half typed", "deploy checkout v2"], said
+
+
+def test_chat_follows_a_turn_another_worker_took_over(
+        target: Target, chat_env: dict[str, str]) -> None:
+    """Chat leaves with a call pending (Ctrl-D at the question); a running ``terret serve``
+    takes the parked turn over. ``terret chat SID`` — the hint chat printed — follows that
+    turn instead of failing with ``SessionOwned``: it lists the pending call; a message typed
+    meanwhile waits in the inbox for the turn's next step; ``/approve`` answers the call,
+    serve runs it and its next step (with the message) shows here; once serve's turn has
+    ended, the next message moves the idle session to the chat and runs in it."""
+    server = AppServer(target, "serve", DEMO_APP).start()
+    try:
+        term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
+        try:
+            sid = term.session()
+            term.expect("you> ")
+            term.type("deploy checkout v2\r")
+            term.expect("approve deploy(")
+            term.type("\x04")  # Ctrl-D: leave, the call pending
+            term.expect(f"terret chat {sid}` answers it later")
+            assert term.finish() == 0
+        finally:
+            term.kill()
+        server.wait_for("serve to take the parked turn over",
+                        lambda text: f"session {sid} parked on an approval" in text)
+
+        again = Terminal(target, "chat", str(sid), "--app", DEMO_APP, env=chat_env)
+        try:
+            again.expect("this chat follows it")
+            again.expect("approval needed: deploy(")
+            again.expect("/approve call-deploy or /deny call-deploy REASON")
+            again.expect("you> ")
+            again.type("status please\r")  # the turn is serve's: the message waits for it
+            again.expect("(queued: session")
+            again.expect("you> ")
+            again.type("/approve call-deploy\r")
+            again.expect("approved call-deploy")
+            again.expect("← deploy: checkout v2 rolled out")
+            again.expect("(injected: status please)")  # serve's next step took it
+            again.expect("agent> You said: status please")
+            target.wait_for(sid, is_type("turn/end", turn=1, status="completed"),
+                            "serve to end the turn")
+            again.type("hello\r")
+            again.expect("agent> You said: hello")
+            again.expect("you> ")
+            again.type("/quit\r")
+            assert again.finish() == 0
+        finally:
+            again.kill()
+    finally:
+        code = server.stop()
+    assert code == 0, server.text()
+    assert "Traceback" not in server.text(), server.text()
+    attached = [e.payload.pid for e in target.events(sid) if e.wire_name == "agent/attached"]
+    assert len(attached) == 3 and attached[1] == server.pid, attached  # chat, serve, chat
