@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -22,7 +21,8 @@ from uuid import UUID
 import click
 
 from terret.cli._app import check_resolves
-from terret.cli._chat_terminal import Input, Screen, Withdrawn
+from terret.cli._chat_questions import ApprovalQuestions
+from terret.cli._chat_terminal import Input, Screen
 from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
 from terret.cli._format import as_json, money
 from terret.cli._params import AGENT_NAME
@@ -35,9 +35,6 @@ if TYPE_CHECKING:
     from terret.runtime.runtime import Runtime
 
 RECONNECT_EXCHANGES = 3
-VERDICT_WORDS = frozenset({"y", "yes", "n", "no"})
-LATE_SECONDS = 2.0
-"""How long after a question is withdrawn a bare y/n is still taken as its late answer."""
 HELP = """commands (never sent to the model):
   /help              this list
   /log [N]           the session's last N events (default 10)
@@ -48,15 +45,6 @@ HELP = """commands (never sent to the model):
   //text             send a line that starts with '/'"""
 
 
-@dataclass(frozen=True)
-class LateAnswer:
-    """A question withdrawn while it was asked: why, and when."""
-
-    call_id: str
-    why: str
-    at: float
-
-
 class Chat:
     def __init__(self, obj: CliContext, runtime: Runtime, sid: UUID) -> None:
         self.obj = obj
@@ -64,10 +52,7 @@ class Chat:
         self.sid = sid
         self.screen = Screen()
         self.input = Input()
-        self.asked: set[str] = set()
-        self.asking: str | None = None
-        """The call whose approval question is on the screen."""
-        self.withdrawn: str | None = None
+        self.questions = ApprovalQuestions(self.screen, self.input, runtime, sid)
         self.closing: threading.Event | None = None
         """A cancelled turn the user stopped waiting for (a second Ctrl-C), set once it has
         closed: a message waits for it."""
@@ -75,9 +60,6 @@ class Chat:
         """Ctrl-D at an approval's question: the chat ends, the call stays pending."""
         self.agent: Agent | None = None
         """This process's agent for the session; None while another worker runs its turn."""
-        self.late: LateAnswer | None = None
-        """The question withdrawn last, until the next line is read: a y/n typed for it is
-        reported as too late, never sent to the model or taken for another question."""
 
     # --- what the session does, as it happens ------------------------------------------------
 
@@ -95,10 +77,7 @@ class Chat:
         if self._from_elsewhere(p):
             return
         if isinstance(p, ApprovalResolved):
-            if p.call_id == self.asking:  # a verdict from elsewhere: take the question back
-                who = p.by.actor + (f" ({p.by.id})" if p.by.id else "")
-                self.withdrawn = f"{p.call_id} was {p.verdict} elsewhere by {who}"
-                self.screen.line(f"  ({self.withdrawn})", dim=True)
+            self.questions.resolved(p)
         elif isinstance(p, AssistantMessage):
             if self.agent is None and p.text:  # another worker's turn: its text streamed there
                 self.screen.line(f"agent> {p.text}")
@@ -136,15 +115,11 @@ class Chat:
                                  + (f": {_one_line(why, 200)})" if why else ")"), dim=True)
             self.input.show_again(self.screen)
         elif isinstance(p, ApprovalRequested) and at_prompt:
-            self._needs_approval(p.call_id, p.name, p.args)
+            self.questions.needs_approval(p.call_id, p.name, p.args)
             self.input.show_again(self.screen)
         else:
             return isinstance(p, (TurnEnded, ApprovalRequested))
         return True
-
-    def _needs_approval(self, call_id: str, name: str, args: dict[str, Any]) -> None:
-        self.screen.line(f"  approval needed: {name}({as_json(args)}) — /approve {call_id} "
-                         f"or /deny {call_id} REASON", fg="yellow")
 
     def on_text(self, agent: Agent, chunk: str) -> None:
         """The model's streamed text, after what the turn recorded before it is shown (the
@@ -166,7 +141,7 @@ class Chat:
             # Event.wait, not Thread.join: a join interrupted by Ctrl-C leaves the thread
             # looking finished on Python 3.11, and the prompt came back over a running turn.
             while not done.wait(0.05):
-                self._ask_pending()
+                self.questions.ask_pending()
         except KeyboardInterrupt:
             self._cancel(done)
         except EOFError:  # Ctrl-D (or the input's end) at a question: leave, the call pending
@@ -242,99 +217,6 @@ class Chat:
 
         return run
 
-    def _ask_pending(self) -> None:
-        agent = self.runtime.agent_for_session(self.sid)
-        if agent is None or agent.status != "waiting_approval":
-            return
-        for approval in self.runtime.views.pending(self.sid):
-            if approval.call_id in self.asked:
-                continue
-            self.asked.add(approval.call_id)
-            self._ask(approval.call_id, approval.name, approval.args)
-
-    def _withdraw(self, call_id: str) -> str | None:
-        """Why the question about ``call_id`` no longer stands, or None while it does."""
-        if self.withdrawn is not None:
-            return self.withdrawn  # the verdict's listener said so on the screen
-        if any(p.call_id == call_id for p in self.runtime.views.pending(self.sid)):
-            return None
-        deadline = time.monotonic() + 1.0  # the view moved: its listener is about to run
-        while self.withdrawn is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if self.withdrawn is None:
-            self.withdrawn = f"{call_id} is no longer pending"
-            self.screen.line(f"  ({self.withdrawn})", dim=True)
-        return self.withdrawn
-
-    def _ask(self, call_id: str, name: str, args: dict[str, Any]) -> None:
-        def withdraw() -> str | None:
-            return self._withdraw(call_id)
-
-        self.asking, self.withdrawn = call_id, None
-        try:
-            approved, reason = self._yes_or_no(f"  approve {name}({as_json(args)})? [y/N] ",
-                                               call_id, withdraw)
-            if approved:
-                self._verdict(call_id, "approved", None)
-            else:
-                self._verdict(call_id, "denied", reason or self._reason(withdraw))
-        except Withdrawn as why:
-            self.late = LateAnswer(call_id, str(why), time.monotonic())
-            return
-        finally:
-            self.asking = None
-
-    def _yes_or_no(self, question: str, call_id: str, withdraw: Callable[[], str | None]
-                   ) -> tuple[bool, str | None]:
-        """The answer to an approval's question, and a denial's reason when it came with it:
-        y/yes, or n/no/nothing (the default); ``/approve [CALL]``, ``/deny [CALL [REASON]]``
-        as at the prompt (CALL, or a prefix of it, naming the call asked about). Anything else
-        is asked again — a message or another ``/command`` typed here is neither a verdict nor
-        sent to the model."""
-        while True:
-            ahead = self.input.typed_ahead()
-            typed = self.input.ask(self.screen, question, withdraw).strip()
-            answer = typed.lower()
-            if self._too_late(answer, ahead):
-                continue
-            if answer in ("y", "yes", "/approve"):
-                return True, None
-            if answer in ("", "n", "no", "/deny"):
-                return False, None
-            verb, _, rest = typed.partition(" ")
-            if verb.lower() in ("/approve", "/deny") and rest.strip():
-                call, _, reason = rest.strip().partition(" ")
-                if call_id.startswith(call):
-                    return verb.lower() == "/approve", reason.strip() or None
-                self.screen.line(f"  (the question is about {call_id}, not {call})", dim=True)
-                continue
-            self.screen.line("  (answer y or n: the call waits for its verdict; messages and "
-                             "/commands come after it)", dim=True)
-
-    def _reason(self, withdraw: Callable[[], str | None]) -> str:
-        """The denial's reason, which the model sees: free text, never a ``/command``."""
-        while True:
-            reason = self.input.ask(self.screen, "  reason (the model sees it) "
-                                    "[denied in chat]: ", withdraw).strip()
-            if reason.startswith("//"):  # as at the prompt: a text that starts with "/"
-                return reason[1:]
-            if not reason.startswith("/"):
-                return reason or "denied in chat"
-            self.screen.line("  (a /command is not a reason: type the reason the model will "
-                             "see, or nothing)", dim=True)
-
-    def _verdict(self, call_id: str, verdict: str, reason: str | None) -> None:
-        from terret.domain.errors import ApprovalNotPending
-
-        self.asking = None  # this chat's own verdict: nothing to withdraw
-        try:
-            if verdict == "approved":
-                self.runtime.approve(self.sid, call_id, by=operator(), reason=reason)
-            else:
-                self.runtime.deny(self.sid, call_id, by=operator(), reason=reason or "denied")
-        except ApprovalNotPending:
-            self.screen.line(f"  ({call_id} was decided elsewhere already)", dim=True)
-
     # --- the conversation --------------------------------------------------------------------
 
     def attach(self, agent: Agent) -> None:
@@ -349,7 +231,7 @@ class Chat:
                          "its answers show as they are recorded, /approve and /deny answer "
                          "its calls, a message goes to the turn's next step)", dim=True)
         for approval in self.runtime.views.pending(self.sid):
-            self._needs_approval(approval.call_id, approval.name, approval.args)
+            self.questions.needs_approval(approval.call_id, approval.name, approval.args)
 
     def banner(self, *, new: bool) -> None:
         session = self.runtime.writer.load(self.sid)
@@ -384,20 +266,6 @@ class Chat:
                 self.screen.line(f"  ← {m.tool_name}: {_one_line(m.text, 120)}", dim=True)
         self.screen.line("—", dim=True)
 
-    def _too_late(self, line: str, typed_ahead: bool) -> bool:
-        """Whether ``line``, the first read since a question was withdrawn, is that question's
-        late answer: a bare verdict typed before this prompt showed, or within
-        ``LATE_SECONDS`` of the withdrawal. It is reported, and used for nothing."""
-        late, self.late = self.late, None
-        word = line.strip().lower()
-        if late is None or word not in VERDICT_WORDS:
-            return False
-        if not typed_ahead and time.monotonic() - late.at > LATE_SECONDS:
-            return False  # typed after this prompt showed, a while on: meant for it
-        self.screen.line(f"  (too late for {late.call_id}: {late.why}; {word!r} was not "
-                         "used)", dim=True)
-        return True
-
     def loop(self) -> None:
         while not self.leaving:
             try:
@@ -410,7 +278,7 @@ class Chat:
                 self.screen.line("^C (/quit or Ctrl-D to leave)", dim=True)
                 continue
             stripped = text.strip()
-            if not stripped or self._too_late(stripped, ahead):
+            if not stripped or self.questions.too_late(stripped, ahead):
                 continue
             if stripped.startswith("/") and not stripped.startswith("//"):
                 if self.command(stripped) == "quit":
@@ -441,7 +309,7 @@ class Chat:
                 self.screen.line(f"  (queued: {exc}, which runs the open turn: its next "
                                  "step takes the message)", dim=True)
                 return
-        self.asked.clear()
+        self.questions.new_turn()
         self.drive(partial(self.runtime.run_turn, self.sid, text))
 
     def command(self, line: str) -> str | None:
@@ -456,32 +324,16 @@ class Chat:
         elif name == "/usage":
             self._usage()
         elif name == "/approve":
-            self._decide(rest.split(" ", 1)[0] if rest else None, "approved", None)
+            self.questions.decide(rest.split(" ", 1)[0] if rest else None, "approved", None)
         elif name == "/deny":
             call, _, reason = rest.partition(" ")
             if not call or not reason.strip():
                 self.screen.line("usage: /deny CALL REASON", fg="red")
             else:
-                self._decide(call, "denied", reason.strip())
+                self.questions.decide(call, "denied", reason.strip())
         else:
             self.screen.line(f"unknown command {name}; /help lists them", fg="red")
         return None
-
-    def _decide(self, call: str | None, verdict: str, reason: str | None) -> None:
-        pending = [p.call_id for p in self.runtime.views.pending(self.sid)]
-        if call is None:
-            if len(pending) != 1:
-                self.screen.line(f"pending: {', '.join(pending) or 'nothing'}; name the call",
-                                 fg="red")
-                return
-            call = pending[0]
-        matches = [c for c in pending if c == call] or [c for c in pending if c.startswith(call)]
-        if len(matches) != 1:
-            self.screen.line(f"no single pending call {call!r} (pending: "
-                             f"{', '.join(pending) or 'nothing'})", fg="red")
-            return
-        self._verdict(matches[0], verdict, reason)
-        self.screen.line(f"  {verdict} {matches[0]}", dim=True)
 
     def _log(self, count: int) -> None:
         from terret.cli.logcmd import summarize
