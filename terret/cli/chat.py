@@ -359,6 +359,31 @@ class Chat:
                              f"tokens, {money(used.cost)}")
 
 
+    def run(self, *, new: bool, live: Agent | None, held: SessionOwned | None) -> None:
+        """The whole conversation: banner, recap, the open turn (followed when another worker
+        holds it, else resumed here), then the prompt until the user leaves."""
+        from terret.domain import events as ev
+
+        runtime, sid = self.runtime, self.sid
+        self.banner(new=new)
+        if live is not None:
+            self.attach(live)
+        runtime.runner.add_listener(self.on_event, {
+            c.wire_name for c in (ev.AssistantMessage, ev.ToolResult, ev.SessionCompacted,
+                                  ev.ApprovalResolved, ev.ApprovalRequested, ev.UserMessage,
+                                  ev.ContextInjected, ev.TurnEnded)})
+        if not new:
+            self.recap()
+        if held is not None:
+            self.follow(held)
+        elif runtime.resumable(sid):
+            self.screen.line("resuming the open turn…", dim=True)
+            self.drive(lambda: runtime.resume_turn(sid))
+        self.loop()
+        time.sleep(0)  # let a last listener line out before the goodbye
+        self.screen.line(f"bye — resume with: terret chat {sid}", dim=True)
+
+
 def _one_line(text: str, n: int) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= n else text[: n - 1] + "…"
@@ -398,26 +423,7 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
         live, held = None, exc
     if not new and spec is not None:
         runtime.set_model(sid, "main", spec, by=operator())
-    session = Chat(obj, runtime, sid)
-    session.banner(new=new)
-    if live is not None:
-        session.attach(live)
-    from terret.domain import events as ev
-
-    runtime.runner.add_listener(session.on_event, {
-        c.wire_name for c in (ev.AssistantMessage, ev.ToolResult, ev.SessionCompacted,
-                              ev.ApprovalResolved, ev.ApprovalRequested, ev.UserMessage,
-                              ev.ContextInjected, ev.TurnEnded)})
-    if not new:
-        session.recap()
-    if held is not None:
-        session.follow(held)
-    elif runtime.resumable(sid):
-        session.screen.line("resuming the open turn…", dim=True)
-        session.drive(lambda: runtime.resume_turn(sid))
-    session.loop()
-    time.sleep(0)  # let a last listener line out before the goodbye
-    session.screen.line(f"bye — resume with: terret chat {sid}", dim=True)
+    Chat(obj, runtime, sid).run(new=new, live=live, held=held)
 
 
 def _new_session(runtime: Runtime, agent: str | None, spec: str | None) -> UUID:
