@@ -358,7 +358,6 @@ class Chat:
             self.screen.line(f"  {spec}: {used.prompt_tokens} + {used.completion_tokens} "
                              f"tokens, {money(used.cost)}")
 
-
     def run(self, *, new: bool, live: Agent | None, held: SessionOwned | None) -> None:
         """The whole conversation: banner, recap, the open turn (followed when another worker
         holds it, else resumed here), then the prompt until the user leaves."""
