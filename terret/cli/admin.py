@@ -20,6 +20,7 @@ from terret.domain.errors import shown
 
 if TYPE_CHECKING:
     from terret.cli._app import App
+    from terret.runtime.definition import TurnResult
     from terret.runtime.runtime import Runtime
 
 APP_OPTION = click.option(
@@ -101,9 +102,56 @@ def resume(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
     # with nothing written; a session whose owner's lease expired is taken over.
     runtime.agent_for(session_id)
     _say_what_it_waits_on(runtime, session_id)
-    result = runtime.resume_turn(session_id)
+    result = _resume_until_interrupted(runtime, session_id)
     obj.emit({"session": str(session_id), "turn": result.turn, "status": result.status},
              f"turn {result.turn} {result.status}")
+
+
+def _resume_until_interrupted(runtime: Runtime, session_id: UUID) -> TurnResult:
+    """The turn runs on a thread of its own so that Ctrl-C reaches this one, not the turn
+    (where ``KeyboardInterrupt`` ends it ``failed``). The first stops the process as SIGTERM
+    stops ``serve``: the turn stays open, the session released (``TurnSuspended``). A second
+    stops waiting: the process leaves as if it crashed, the turn open, its lease to expire."""
+    import threading
+
+    from terret.domain.errors import TurnSuspended
+
+    outcome: list[TurnResult | BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append(runtime.resume_turn(session_id))
+        except BaseException as exc:  # handed to the waiting thread, which re-raises it
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"resume-{session_id}", daemon=True).start()
+    try:
+        while not done.wait(0.1):
+            pass
+    except KeyboardInterrupt:
+        note("interrupted: the turn stops at its next step boundary and stays open "
+             "(Ctrl-C again to stop waiting)")
+        try:
+            runtime.close(grace=_A_DAY)
+            done.wait()
+        except KeyboardInterrupt:
+            raise click.Abort() from None
+    found = outcome[0]
+    if isinstance(found, TurnSuspended):
+        turn = runtime.writer.load(session_id).state.turn
+        raise TurnSuspended(f"interrupted: turn {turn} of {session_id} stays open; resume it "
+                            f"with `terret resume {session_id}` or `terret serve`") from None
+    if isinstance(found, BaseException):
+        raise found
+    return found
+
+
+_A_DAY = 86_400.0
+"""How long a first Ctrl-C waits for the turn to reach a boundary (a running tool finishes
+first); a second Ctrl-C stops waiting sooner."""
 
 
 def _say_what_it_waits_on(runtime: Runtime, session_id: UUID) -> None:
