@@ -380,7 +380,27 @@ class Chat:
             self.drive(lambda: runtime.resume_turn(sid))
         self.loop()
         time.sleep(0)  # let a last listener line out before the goodbye
+        self._release()
         self.screen.line(f"bye — resume with: terret chat {sid}", dim=True)
+
+    def _release(self) -> None:
+        """Stop as SIGTERM stops ``serve``: a turn left parked here (the input ended at its
+        question) or still closing stops, open and resumable, and the session is released
+        (``agent/detached``) so that a running ``serve`` takes it over at once. Without the
+        grace the parked turn had not stopped yet and kept the session until its lease
+        expired. Ctrl-C here leaves as a crash would."""
+        if self.agent is not None and self.agent.busy:
+            self.screen.line("  (leaving: the open turn stops at its step boundary and stays "
+                             "open; Ctrl-C to stop waiting)", dim=True)
+        try:
+            self.runtime.close(grace=LEAVING_GRACE)
+        except KeyboardInterrupt:
+            pass
+
+
+LEAVING_GRACE = 30.0
+"""How long leaving waits for a turn of this chat to reach a step boundary (a parked one
+stops at once; a running tool finishes first)."""
 
 
 def _one_line(text: str, n: int) -> str:

@@ -1,0 +1,39 @@
+"""``terret chat`` whose input ends at an approval question (a script piping its lines, or
+Ctrl-D there) leaves the call pending and the turn open, and releases the session
+(``agent/detached``) every time, so a running ``serve`` — or any process — takes the parked
+turn over at once, not after the lease expires. On SQLite and on the EventStoreDB emulator.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.cli.conftest import Target
+from tests.cli.docs_app import APP, app_env, run, write_app
+
+
+def test_chat_whose_input_ends_at_an_approval_question_releases_the_session(
+        target: Target) -> None:
+    write_app(target)
+    for attempt in range(4):  # the release used to be a race, lost most times
+        done = subprocess.run([sys.executable, "-m", "terret",
+                               *target.args("chat", "--app", APP, "--agent", "ops")],
+                              input="deploy checkout v2\n", capture_output=True, text=True,
+                              timeout=60, cwd=target.cwd, env=app_env())
+        assert done.returncode == 0, done.stderr
+        assert "approval needed" in done.stdout or "[y/N]" in done.stdout, done.stdout
+        assert "the call stays pending" in done.stdout, done.stdout
+        sid = done.stdout.rsplit("terret chat ", 1)[1].split()[0]
+        types = target.types(sid)
+        assert "turn/end" not in types, (attempt, types)
+        assert types[-1] == "agent/detached", (attempt, types)
+        shown = target.json("sessions", "show", sid)
+        assert shown["owner"] is None and shown["resumable"] is True, (attempt, shown)
+        assert [p["call_id"] for p in shown["pending_approvals"]] == ["call-deploy"], shown
+
+    # The last one, answered and resumed from two other processes.
+    assert target.invoke("approve", sid, "call-deploy").exit_code == 0
+    resumed = run(target, "resume", sid, "--app", APP)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.strip() == "turn 1 completed"
