@@ -319,9 +319,17 @@ class Supervisor:
             self._offer(sid, now=True)
 
     def on_detached(self, event: RecordedEvent) -> None:
-        """A worker let a session go (a graceful stop hands its open turn off here)."""
+        """A worker let a session go (a graceful stop hands its open turn off here). An idle
+        session it released needs no worker: claiming it would only hold an agent, and a
+        server of another app would say it does not serve it, for every session let go."""
         sid = event.session_id
-        if sid is not None and self.serving and not self.services.stopping.is_set():
+        if sid is None or not self.serving or self.services.stopping.is_set():
+            return
+        try:
+            session = self.services.writer.load(sid)
+        except errors.TerretError:
+            return  # purged or unreadable: the scan sees what is left
+        if _needs_worker(session):
             # The worker that let go is leaving (or handing off): prefer among the others.
             self._offer(sid, now=True, leaving=getattr(event.payload, "worker", None))
 
