@@ -6,6 +6,7 @@ Every command that changes a session goes through the command service
 
 from __future__ import annotations
 
+import threading
 import warnings
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -112,8 +113,6 @@ def _resume_until_interrupted(runtime: Runtime, session_id: UUID) -> TurnResult:
     (where ``KeyboardInterrupt`` ends it ``failed``). The first stops the process as SIGTERM
     stops ``serve``: the turn stays open, the session released (``TurnSuspended``). A second
     stops waiting: the process leaves as if it crashed, the turn open, its lease to expire."""
-    import threading
-
     from terret.domain.errors import TurnSuspended
 
     outcome: list[TurnResult | BaseException] = []
@@ -127,18 +126,13 @@ def _resume_until_interrupted(runtime: Runtime, session_id: UUID) -> TurnResult:
         finally:
             done.set()
 
-    threading.Thread(target=run, name=f"resume-{session_id}", daemon=True).start()
+    thread = threading.Thread(target=run, name=f"resume-{session_id}", daemon=True)
     try:
+        thread.start()  # in the try: the turn may be under way before start() returns
         while not done.wait(0.1):
             pass
     except KeyboardInterrupt:
-        note("interrupted: the turn stops at its next step boundary and stays open "
-             "(Ctrl-C again to stop waiting)")
-        try:
-            runtime.close(grace=_A_DAY)
-            done.wait()
-        except KeyboardInterrupt:
-            raise click.Abort() from None
+        _stop_on_interrupt(runtime, session_id, done)
     found = outcome[0]
     if isinstance(found, TurnSuspended):
         turn = runtime.writer.load(session_id).state.turn
@@ -147,6 +141,22 @@ def _resume_until_interrupted(runtime: Runtime, session_id: UUID) -> TurnResult:
     if isinstance(found, BaseException):
         raise found
     return found
+
+
+def _stop_on_interrupt(runtime: Runtime, session_id: UUID, done: threading.Event) -> None:
+    """Stop the process as SIGTERM stops ``serve`` and wait for the turn to stop; a second
+    Ctrl-C stops waiting (``Aborted``)."""
+    agent = runtime.agent_for_session(session_id)
+    if agent is not None and agent.status.startswith("waiting_"):
+        note("interrupted: the parked turn stops now and stays open")
+    else:
+        note("interrupted: the turn stops at its next step boundary and stays open "
+             "(Ctrl-C again to stop waiting)")
+    try:
+        runtime.close(grace=_A_DAY)
+        done.wait()
+    except KeyboardInterrupt:
+        raise click.Abort() from None
 
 
 _A_DAY = 86_400.0

@@ -136,8 +136,11 @@ class Chat:
         """Run a turn in the background; ask about each approval as it comes (withdrawn when a
         verdict arrives from elsewhere). Ctrl-C cancels the turn and waits for it to close."""
         done = threading.Event()
-        threading.Thread(target=self._guarded(run, done), daemon=True).start()
+        thread = threading.Thread(target=self._guarded(run, done), daemon=True)
         try:
+            # Inside the try: the turn's thread may run as far as its tool before start()
+            # returns here, and a Ctrl-C then must cancel the turn, not clear a prompt.
+            thread.start()
             # Event.wait, not Thread.join: a join interrupted by Ctrl-C leaves the thread
             # looking finished on Python 3.11, and the prompt came back over a running turn.
             while not done.wait(0.05):

@@ -36,8 +36,7 @@ def test_ctrl_c_on_a_resume_parked_on_an_approval_leaves_the_turn_open(target: T
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     lines = err.strip().splitlines()
     assert lines[0].startswith("turn parked on call-deploy: waiting for a verdict"), err
-    assert lines[1].startswith("interrupted: the turn stops at its next step boundary and "
-                               "stays open"), err
+    assert lines[1] == "interrupted: the parked turn stops now and stays open", err
     assert lines[-1] == (f"Error: TurnSuspended: interrupted: turn 1 of {sid} stays open; "
                          f"resume it with `terret resume {sid}` or `terret serve`"), err
 
