@@ -166,7 +166,13 @@ first); a second Ctrl-C stops waiting sooner."""
 
 def _say_what_it_waits_on(runtime: Runtime, session_id: UUID) -> None:
     """Notes on stderr for a resumed turn that will wait on someone in another shell: a
-    verdict on an approval or a call in doubt, a higher budget."""
+    verdict on an approval or a call in doubt, a higher budget. None once a cancel is
+    recorded: the turn closes ``cancelled`` at once, whatever it waited on."""
+    state = runtime.writer.load(session_id).state
+    if state.cancel_requested:
+        note(f"a cancel of turn {state.turn} is recorded: it closes cancelled, its pending "
+             "calls denied")
+        return
     pending = runtime.views.pending(session_id)
     if pending:
         calls = ", ".join(p.call_id for p in pending)
@@ -174,7 +180,6 @@ def _say_what_it_waits_on(runtime: Runtime, session_id: UUID) -> None:
         note(f"turn parked on {calls}: waiting for a verdict (`terret approve {session_id} "
              f"{first}` or `terret deny {session_id} {first} --reason …` from another shell; "
              "Ctrl-C leaves the turn open)")
-    state = runtime.writer.load(session_id).state
     for call_id in state.started:  # started, no result: the resumed turn waits on a verdict
         note(f"call {call_id} is in doubt (it started and left no result): the turn waits for "
              f"`terret in-doubt rerun {session_id} {call_id}` or `terret in-doubt skip "

@@ -176,6 +176,11 @@ class SessionState:
     """The owning agent (R28)."""
     epoch: int = 0
     """The log's last fencing epoch: each ``agent/attached`` takes the next."""
+    released: bool = False
+    """The last owner let the session go itself (``agent/detached`` without ``by``): its turn
+    had stopped at a boundary or a park, so no call of the open step was under way when it
+    left. A takeover (a forced detach, an attach over an owner that never detached) clears it:
+    that owner may have been running a call that records no start."""
     roles: dict[str, str] = field(default_factory=dict)
     policy_seq: int = 0
     policy: list[str] | None = None
@@ -480,6 +485,8 @@ def _on_compacted(s: SessionState, p: SessionCompacted, seq: int) -> None:
 
 @_on(AgentAttached)
 def _on_attached(s: SessionState, p: AgentAttached, seq: int) -> None:
+    if s.attached is not None and s.attached != p.agent_id:
+        s.released = False
     s.attached = p.agent_id
     s.epoch = max(s.epoch, p.epoch)
     s.owner = Owner(p.agent_id, p.host, p.pid, p.worker, p.epoch)
@@ -490,6 +497,7 @@ def _on_detached(s: SessionState, p: AgentDetached, seq: int) -> None:
     if s.attached == p.agent_id:
         s.attached = None
         s.owner = None
+        s.released = p.by is None
 
 
 EVOLVING = frozenset(cls.wire_name for cls in _APPLY)

@@ -358,9 +358,10 @@ class Agent:
         session = self._load()
         state = session.state
         if state.cancel_requested:
-            if state.step_open and state.step_answered:
+            if state.step_open and state.step_answered and not state.released:
                 # The process before may have been running these (none records a start
-                # unless it may not run twice); a call awaiting its verdict never ran.
+                # unless it may not run twice); a call awaiting its verdict never ran, nor
+                # did any after an owner let the session go at a boundary or a park.
                 self._unsure = frozenset(state.owed.keys() - state.pending.keys())
             raise TurnCancelled("cancel recorded before resume")
         # The owed calls go through the allow-list and the steps through pre-step hooks, which

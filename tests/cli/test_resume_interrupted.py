@@ -54,3 +54,31 @@ def test_ctrl_c_on_a_resume_parked_on_an_approval_leaves_the_turn_open(target: T
     assert done.stdout.strip() == "turn 1 completed"
     ends = [e for e in target.events(sid) if e.wire_name == "turn/end"]
     assert [(e.payload.turn, e.payload.status) for e in ends] == [(1, "completed")], ends
+
+
+def test_a_released_parked_turn_cancelled_then_resumed_says_its_call_was_not_run(
+        target: Target) -> None:
+    """A chat left a turn parked (it released the session: no call was under way). A cancel,
+    then a late approval, from two other processes; the resume closes the turn ``cancelled``
+    and says so first — not "waiting for a verdict" — and the call's result says it was not
+    run (it never was), not that it "may have run", which is for an owner that crashed."""
+    write_app(target)
+    chat = subprocess.run([sys.executable, "-m", "terret",
+                           *target.args("chat", "--app", APP, "--agent", "ops")],
+                          input="deploy checkout v2\n", capture_output=True, text=True,
+                          timeout=60, cwd=target.cwd, env=app_env())
+    assert chat.returncode == 0, chat.stderr
+    sid = chat.stdout.rsplit("terret chat ", 1)[1].split()[0]
+    assert target.types(sid)[-1] == "agent/detached"
+    assert target.invoke("cancel", sid, "--reason", "c1").exit_code == 0
+    assert target.invoke("approve", sid, "call-deploy", "--reason", "late").exit_code == 0
+
+    done = run(target, "resume", sid, "--app", APP)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "turn 1 cancelled"
+    assert done.stderr.strip() == ("a cancel of turn 1 is recorded: it closes cancelled, its "
+                                   "pending calls denied"), done.stderr
+    results = [e.payload for e in target.events(sid)
+               if e.wire_name == "tool/result" and e.payload.call_id == "call-deploy"]
+    assert [(r.is_error, r.content) for r in results] == [
+        (True, "deploy was not run: the turn ended cancelled: c1")], results
