@@ -265,6 +265,15 @@ def test_missing_sqlite_file(tmp_path: Path, command: tuple[str, ...]) -> None:
     assert os.listdir(tmp_path) == []  # neither the store nor the views were created
 
 
+def test_events_reads_no_store(tmp_path: Path) -> None:
+    """docs/cli.md: `events` is the exception that reads no store — the catalogue is this
+    process's; on a missing file it lists it and creates nothing."""
+    result = invoke_cli("--store", str(tmp_path / "nowhere.db"), "events")
+    assert result.exit_code == 0, result.stderr
+    assert "turn/start" in result.stdout
+    assert os.listdir(tmp_path) == []
+
+
 def test_missing_views_directory(sqlite_target: Target) -> None:
     sid = sqlite_target.finished()
     result = invoke_cli("--store", sqlite_target.uri, "--views", "/nonexistent/dir/v.db",
