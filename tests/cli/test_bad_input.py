@@ -236,6 +236,22 @@ def test_unreachable_store_without_credentials(in_tmp: Path) -> None:
     assert "check --store / TERRET_STORE" in one_line_error(result.stderr)
 
 
+def test_a_short_store_timeout_is_not_outlasted_by_esdbclient_retries(
+        in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--store-timeout 0.1 on a server that is down: the command's one attempt is esdbclient's
+    reconnect and retry (three pauses of 0.1 s), not the sixteen its nested decorators made of
+    reading the store id (1.5 s, whatever the timeout said). Counted, not timed."""
+    import esdbclient.client
+
+    pauses: list[float] = []
+    monkeypatch.setattr(esdbclient.client, "sleep", pauses.append)
+    result = invoke_cli("--store", UNREACHABLE, "--store-timeout", "0.1", "sessions", "list")
+    assert result.exit_code == 1 and "StoreUnavailable" in result.stderr, result.stderr
+    attempts = int(result.stderr.split(" attempt(s)")[0].rsplit(" ", 1)[1])
+    assert "read the store id" in result.stderr
+    assert len(pauses) <= 3 * attempts, (attempts, pauses)
+
+
 def test_store_timeout_from_the_environment(in_tmp: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TERRET_STORE", WITH_SECRET)

@@ -176,8 +176,8 @@ class EventStoreDBStore(EventStore):
         if self._store_id is not None:
             return self._store_id
         for _ in range(5):
-            metadata, version = self.connection.call(
-                "read the store id", "get_stream_metadata", STORE_STREAM)
+            metadata, version = self.connection.read_metadata("read the store id",
+                                                              STORE_STREAM)
             found = metadata.get(STORE_ID_KEY)
             if isinstance(found, str) and found:
                 self._store_id = found
