@@ -359,7 +359,8 @@ class Supervisor:
                 # The turn ended failed (recorded); the session stays served here.
                 # One line per record, as serve promises: the traceback only at DEBUG.
                 log.error("session %s: the woken turn failed: %s: %s", session_id,
-                          type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+                          type(exc).__name__, " ".join(str(exc).split()),
+                          exc_info=log.isEnabledFor(logging.DEBUG))
 
         if rt.stopping.is_set():
             return

@@ -42,7 +42,8 @@ def model(request: ModelRequest) -> Reply:
         return Reply(text=f"Held: {last.text}.", usage=Usage(prompt_tokens=10,
                                                               completion_tokens=3))
     if last.role == "user" and last.text.startswith("explode"):
-        raise RuntimeError("the model blew up")  # not a Terret error: chat says it in a line
+        # Not a Terret error, and on two lines: chat and serve say it in one.
+        raise RuntimeError("the model blew up\n  while answering")
     if last.role == "user" and last.text.startswith("unavailable"):
         raise ProviderError("demo", "503 service unavailable")
     if last.role == "user" and last.text.startswith("hold"):

@@ -243,5 +243,5 @@ def test_a_turn_that_fails_on_an_error_not_terret_s_is_one_line_in_chat(target: 
         env=subprocess_env(), cwd=target.cwd, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr + done.stdout, done.stderr
-    assert "Error: RuntimeError: the model blew up" in done.stdout + done.stderr
+    assert "Error: RuntimeError: the model blew up while answering" in done.stdout + done.stderr
     assert "still here?" in done.stdout  # the chat went on
