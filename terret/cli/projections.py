@@ -94,7 +94,7 @@ def verify(obj: CliContext, name: str | None) -> None:
                                   *report[state.name]]
     lines = []
     for projection, diffs in report.items():
-        lines.append(f"{projection}: {'ok' if not diffs else f'{len(diffs)} difference(s)'}")
+        lines.append(f"{projection}: {'ok' if not diffs else _count(len(diffs), 'difference')}")
         lines.extend(f"  {d}" for d in diffs)
     obj.emit(report, "\n".join(lines))
     if any(report.values()):
@@ -119,9 +119,21 @@ def _progress_bar(obj: CliContext, label: str) -> Iterator[Callable[[int, int], 
 @click.argument("name")
 @click.pass_obj
 def skip(obj: CliContext, name: str) -> None:
-    """Skip the event a halted projection stopped at (the skip is recorded)."""
-    position = obj.runner().skip(name)
-    obj.emit({"projection": name, "skipped": position}, f"{name}: skipped position {position}")
+    """Skip the event a halted projection stopped at (the skip is recorded); exit 1 if the
+    replay after it halts again."""
+    runner = obj.runner()
+    position = runner.skip(name)
+    fault = next(s.fault for s in runner.states() if s.name == name)
+    halted = {"position": fault[0], "error": fault[1]} if fault is not None else None
+    obj.emit({"projection": name, "skipped": position, "halted": halted},
+             f"{name}: skipped position {position}" + (
+                 f", HALTED again at {fault[0]}: {fault[1]}" if fault is not None else ""))
+    if fault is not None:  # not following the log yet: as doctor says, a problem
+        raise SystemExit(1)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _events(runner: ProjectionRunner) -> int:
@@ -157,7 +169,7 @@ def doctor(obj: CliContext) -> None:
     obj.emit({"ok": not problems, "checks": checks, "problems": problems},
              "\n".join([*(f"ok    {c}" for c in checks), *(f"FIX   {p}" for p in problems)]))
     if problems:
-        note(f"{len(problems)} problem(s) found")
+        note(f"{_count(len(problems), 'problem')} found")
         raise SystemExit(1)
 
 

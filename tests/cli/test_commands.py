@@ -355,7 +355,7 @@ def test_projections_verify_exits_1_on_a_difference(sqlite_target: Target) -> No
     doctor = target.invoke("doctor")
     assert doctor.exit_code == 1
     assert "FIX   projection usage differs from a rebuild" in doctor.stdout
-    assert "1 problem(s) found" in doctor.stderr
+    assert "1 problem found" in doctor.stderr
     assert target.types(sid) == log_before  # the log is untouched: only the view was wrong
     assert log_before[0] == "session/started" and "turn/end" in log_before
     assert target.invoke("projections", "rebuild", "usage").exit_code == 0

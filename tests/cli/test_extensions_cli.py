@@ -257,3 +257,35 @@ def test_a_registered_projection_is_maintained_checked_and_skipped_by_the_cli(
     with sqlite3.connect(target.views) as db:
         rows = db.execute("SELECT url FROM acme_marks ORDER BY seq").fetchall()
     assert rows == [("https://example.org/a",), ("https://example.org/c",)]
+
+
+def test_a_skip_whose_replay_halts_again_says_so_and_exits_1(target: Target) -> None:
+    """Two events in a row the projection cannot process: the first skip's replay halts at
+    the second — it exits 1 and names the new halt (text and ``--json``), as ``rebuild`` does;
+    it used to exit 0 with ``{"projection", "skipped"}`` only. A second skip, from another
+    process, lets it follow the log."""
+    (target.cwd / "acme_marks.py").write_text(MARKS)
+    (target.cwd / "write_mark.py").write_text(MARK_WRITER)
+    sid = target.new_session()
+    ext = ("--extensions", "acme_marks")
+    first = _marked(target, sid, "https://example.org/bad")
+    second = _marked(target, sid, "https://example.org/bad")
+    _marked(target, sid, "https://example.org/c")
+    assert target.run(*ext, "sessions", "list").returncode == 0  # halts at the first
+
+    again = target.run(*ext, "--json", "projections", "skip", "acme.marks")
+    assert again.returncode == 1, again.stderr
+    shown = json.loads(again.stdout)
+    assert shown["projection"] == "acme.marks" and shown["skipped"] == first, shown
+    assert shown["halted"]["position"] == second, shown
+    assert shown["halted"]["error"].startswith("ValueError: a bad mark"), shown
+    text = target.run(*ext, "projections", "status")
+    assert f"HALTED at {second}: ValueError: a bad mark" in text.stdout, text.stdout
+
+    done = target.run(*ext, "projections", "skip", "acme.marks")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"acme.marks: skipped position {second}", done.stdout
+    assert target.run(*ext, "doctor").returncode == 0
+    with sqlite3.connect(target.views) as db:
+        rows = db.execute("SELECT url FROM acme_marks ORDER BY seq").fetchall()
+    assert rows == [("https://example.org/c",)]

@@ -71,7 +71,8 @@ def test_a_woken_turn_that_fails_is_one_line_and_the_session_stays_served(
                         "turn 3 completed by the same server")
         failed = [line for line in server.lines() if "turn failed" in line]
         assert [line.split("failed: ", 1)[1] for line in failed] == [
-            "RuntimeError: the model blew up while answering", "ProviderError: demo: 503 service unavailable"
+            "RuntimeError: the model blew up while answering",
+            "ProviderError: demo: 503 service unavailable"
         ], server.text()
         assert "not serving" not in server.text(), server.text()
         assert all(line[:4].isdigit() for line in server.lines()[1:]), server.text()

@@ -379,7 +379,8 @@ class SQLiteStore(PositionalStore):
             lines = [line for row in rows for line in str(row[0]).splitlines()
                      if line.strip() and not line.startswith("***")]
             first = lines[0][:160] if lines else "no answer"
-            more = f", and {len(lines) - 1} more problem(s)" if len(lines) > 1 else ""
+            more = (f", and {len(lines) - 1} more problem{'s' if len(lines) > 2 else ''}"
+                    if len(lines) > 1 else "")
             raise StoreCorrupt(f"the SQLite store {self.path} is damaged ({first}{more}): "
                                "restore it from a backup")
 
