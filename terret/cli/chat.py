@@ -260,11 +260,11 @@ class Chat:
         for m in tail:
             if m.role == "user":
                 self.screen.line(f"you> {_one_line(m.text, 300)}", dim=True)
-            elif m.role == "assistant":
-                for c in m.tool_calls:
-                    self.screen.line(f"  → {c.name}({as_json(c.args)})", dim=True)
+            elif m.role == "assistant":  # its text first, then its calls: as shown live
                 if m.text:
                     self.screen.line(f"agent> {_one_line(m.text, 300)}", dim=True)
+                for c in m.tool_calls:
+                    self.screen.line(f"  → {c.name}({as_json(c.args)})", dim=True)
             elif m.role == "tool":
                 self.screen.line(f"  ← {m.tool_name}: {_one_line(m.text, 120)}", dim=True)
         self.screen.line("—", dim=True)

@@ -186,7 +186,10 @@ def test_chat_in_a_terminal(target: Target, chat_env: dict[str, str], tmp_path: 
         again.expect("(continued)")
         again.expect("— the last exchanges —")
         again.expect("you> Check the checkout service and deploy v2")
-        again.expect("agent> The deploy did not happen")
+        exchange = again.expect("agent> The deploy did not happen")
+        # A reply's text, then its calls: as they were shown live.
+        assert exchange.index("agent> Checking the service first.") < \
+            exchange.index("→ service_status("), exchange
         again.expect("you> ")
         again.type("\x04")  # Ctrl-D
         again.expect("bye — resume with")
