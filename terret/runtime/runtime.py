@@ -334,7 +334,10 @@ class Runtime:
 
     @takes_session
     def resume_turn(self, session_id: UUID) -> TurnResult:
-        """Resume the open turn here (``SessionOwned`` while a live worker owns it)."""
+        """Resume the open turn here (``SessionOwned`` while a live worker owns it;
+        ``NoOpenTurn``, with nothing written, when no turn is open)."""
+        if not self.writer.load(session_id).turn_open:  # before attaching: a refusal writes nothing
+            raise errors.NoOpenTurn(f"session {session_id} has no open turn to resume")
         agent = self.agent_for(session_id)
         return self.drive(agent, agent.resume_turn)
 

@@ -67,6 +67,23 @@ def test_r14_resumable_iff_the_log_has_a_turn_start_without_a_turn_end(
         fresh.resume_turn(sid)
 
 
+def test_resume_of_a_session_without_an_open_turn_writes_nothing(
+        make_runtime: MakeRuntime, store) -> None:
+    """``NoOpenTurn`` before the session is taken: neither ``agent/attached`` nor, at close,
+    ``agent/detached`` — as ``terret resume`` promises (the API attached first)."""
+    rt = make_runtime([final()])
+    sid = rt.create_session()
+    rt.run_turn(sid, "hello")
+    rt.close()
+    before = [e.name for e in read_log(store, sid)]
+    for started in (False, True):
+        fresh = make_runtime([final()], start=started)
+        with pytest.raises(NoOpenTurn):
+            fresh.resume_turn(sid)
+        fresh.close()
+        assert [e.name for e in read_log(store, sid)] == before, started
+
+
 def test_r14_a_wake_on_a_session_with_an_open_turn_resumes_it(make_runtime: MakeRuntime,
                                                               kit: Kit, store) -> None:
     sid = dead_process(make_runtime, store, *opening(),
