@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from terret.domain.codec import decode, encode
-from terret.domain.errors import SessionNotFound
+from terret.domain.catalogue import catalogue
+from terret.domain.codec import RecordDecoder, decode, encode
+from terret.domain.errors import CorruptRecord, SessionNotFound
 from terret.domain.session import Session, SessionState
 from terret.domain.store import AppendResult, EventStore, NewRecord, StreamState, session_stream
 
@@ -51,7 +52,15 @@ class SessionRepository:
         tail); returns how many."""
         tail = self.store.read_stream(session_stream(session.id), from_seq=session.version + 1)
         for record in tail:
-            session.replay(decode(record))
+            try:
+                event = decode(record)
+            except CorruptRecord:
+                if catalogue.is_builtin(record.wire_name):
+                    raise  # one of the session's own facts: no state past it can be trusted
+                # An extension's event its upcaster or validator refuses: the aggregate has
+                # no rule about extension events, so it loads past it, as an opaque one.
+                event = RecordDecoder.unreadable(record)
+            session.replay(event)
         return len(tail)
 
     def records_of(self, session: Session, *, correlation_id: str | None = None,

@@ -21,6 +21,9 @@ Actions:
   budget SID LIMIT               Runtime.set_budget by an operator (LIMIT ``none``: the default)
   rerun SID CALL_ID              Runtime.rerun by an operator (a call in doubt runs again)
   skip SID CALL_ID REASON        Runtime.skip by an operator (a call in doubt is not run again)
+  raw SID WIRE_NAME DATA         a record of that wire name and JSON data (version 1), appended
+                                 with ``store.append``, unchecked: an unknown event, or one of
+                                 ``Flagged`` its class refuses
   flag SID TEXT                  an extension event, ``Flagged`` (not commutative), appended
                                  with ``store.append`` as extending.md shows
 
@@ -34,7 +37,7 @@ import json
 import os
 import sys
 import threading
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from pydantic import BaseModel
 
@@ -56,7 +59,7 @@ from terret import (
 from terret.adapters.stores import open_store
 from terret.domain import encode
 from terret.domain.errors import WrongExpectedVersion
-from terret.domain.store import session_stream
+from terret.domain.store import NewRecord, session_stream
 
 OPERATOR = Actor(actor="operator", id="proc")
 REPORTED = Usage(prompt_tokens=111, completion_tokens=13, cost=0.01)
@@ -78,6 +81,13 @@ def main(argv: list[str]) -> dict[str, object]:
     try:
         if action in ("resolve-raw", "assistant"):
             return _raw(store, action, sid, rest)
+        if action == "raw":  # a record as another program may write it, shape unchecked
+            stream = session_stream(sid)
+            wire_name, data = rest
+            result = store.append(stream, [NewRecord(uuid4(), wire_name, data.encode(),
+                                                     b'{"schema_version": 1}')],
+                                  store.stream_version(stream))
+            return {"ok": True, "version": result.version}
         if action == "flag":
             stream = session_stream(sid)
             result = store.append(stream, [encode(Flagged(text=rest[0]))],

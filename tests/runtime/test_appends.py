@@ -127,6 +127,46 @@ def test_r5_a_non_commutative_event_a_read_folded_in_still_stops_the_turn(
     assert rt.resumable(sid)
 
 
+def test_r5_an_event_this_process_does_not_know_is_folded_in_and_the_tool_runs_once(
+        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit) -> None:
+    """An event of a wire name this process has no class for (an extension only another
+    program loads), appended while the turn's tool runs: nothing here reads it, so the turn
+    carries on — it stopped with ``LostOwnership`` though no other process owned the turn, its
+    tool's result dropped, and the resume ran the tool a second time with no crash."""
+    rt = make_runtime([calls(("slow", {})), final("mine")])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    assert kit.entered.wait(30), "the tool never ran"
+    other_process(opened.uri, "raw", str(sid), "acme.note/unknown", '{"a": 1}')
+    kit.release.set()
+    result = job.join()
+    assert (result.status, result.text) == ("completed", "mine")
+    assert kit.ran == [("slow", {})]  # once
+    names = [e.name for e in read_log(opened.store, sid)]
+    assert names.index("acme.note/unknown") < names.index("tool/result"), names
+    assert names[-1] == "turn/end"
+
+
+def test_an_extension_event_its_class_refuses_does_not_stop_the_session(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """docs/extending.md: the session aggregate loads past extension events. One that its
+    class refuses (another program wrote it without a required field) halts only what reads
+    its fields; the session's turns, approvals and usage carry on — every call on the session
+    raised ``CorruptRecord``."""
+    import tests.runtime.proc  # noqa: F401 - registers ``Flagged`` here too
+
+    rt = make_runtime([final("first"), final("second")])
+    sid = rt.create_session()
+    rt.run_turn(sid, "one")
+    other_process(opened.uri, "raw", str(sid), "tests.proc/flagged", '{"no_text": true}')
+    assert rt.pending(sid) == []
+    assert rt.usage(sid)["steps"] == 1
+    result = rt.run_turn(sid, "two")
+    assert (result.status, result.text, result.turn) == ("completed", "second", 2)
+    fresh = make_runtime()  # a process that loads the session from the log afresh
+    assert fresh.pending(sid) == [] and fresh.usage(sid)["steps"] == 2
+
+
 @pytest.mark.parametrize("act", ["cancel", "approve"])
 def test_r5_a_writer_that_does_not_own_the_turn_acts_on_the_log_not_its_own_stale_copy(
         make_runtime: MakeRuntime, kit: Kit, store, act: str) -> None:
