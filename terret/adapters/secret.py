@@ -20,7 +20,10 @@ error text may quote it in:
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import traceback
+import weakref
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
@@ -113,7 +116,7 @@ class Secret:
     are no secret, so a store URI hides only its credentials (``uri.secret_uri``).
     """
 
-    __slots__ = ("_value", "masked", "_matcher")
+    __slots__ = ("_value", "masked", "_matcher", "__weakref__")
 
     def __init__(
         self, value: str, *, masked: str = MASK, hide: Iterable[str] | None = None
@@ -121,6 +124,7 @@ class Secret:
         self._value = value
         self.masked = masked
         self._matcher = _Matcher([value] if hide is None else hide)
+        _LibraryLogs.watch(self)
 
     def reveal(self) -> str:
         return self._value
@@ -242,6 +246,46 @@ def _text_of(error: BaseException) -> str:
         return "".join(traceback.format_exception_only(error)) + (_repr_of(error) or "")
     except Exception:  # noqa: BLE001
         return ""
+
+
+class _LibraryLogs:
+    """The HTTP libraries under the providers log in their own words at DEBUG — httpcore the
+    response's headers, a server may echo the key in one. Their records are scrubbed of every
+    live secret as they are made (a log-record factory: a filter on ``httpcore`` would miss
+    ``httpcore.http11``'s records, and the handlers are the application's)."""
+
+    LOGGERS = ("httpx", "httpcore")
+    _live: weakref.WeakSet[Secret] = weakref.WeakSet()
+    _installed = False
+    _lock = threading.Lock()
+
+    @classmethod
+    def watch(cls, secret: Secret) -> None:
+        with cls._lock:
+            cls._live.add(secret)
+            if cls._installed:
+                return
+            cls._installed = True
+            made = logging.getLogRecordFactory()
+
+            def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
+                record = made(*args, **kwargs)
+                if record.name.startswith(cls.LOGGERS):
+                    cls._scrub(record)
+                return record
+
+            logging.setLogRecordFactory(make)
+
+    @classmethod
+    def _scrub(cls, record: logging.LogRecord) -> None:
+        secrets = list(cls._live)
+        if not secrets:
+            return
+        message = clean = record.getMessage()
+        for secret in secrets:
+            clean = secret.scrub(clean)
+        if clean != message:
+            record.msg, record.args = clean, None
 
 
 def scrub(secret: Secret | None, text: str) -> str:

@@ -160,6 +160,9 @@ def _bodies(key: str) -> dict[str, Reply]:
     message = {"error": {"message": f"Incorrect API key provided: {key}", "code": key}}
     return {
         "HTTP 401 JSON": Reply.json(message, status=401),
+        # httpcore logs the response's headers at DEBUG, in its own words.
+        "HTTP 400, key echoed in a response header": Reply.json(
+            message, status=400, headers={"X-Echo": key}),
         "HTTP 503 JSON (retried)": Reply.json(message, status=503),
         "HTTP 400 text, key at the 500-character cut": Reply.text("x" * 490 + key, status=400),
         "HTTP 400 text, escaped key": Reply.text(f"bad {key!r} / {json.dumps(key)}", status=400),
