@@ -318,3 +318,36 @@ def test_a_full_disk_is_one_typed_line_that_says_so(sqlite_target: Target) -> No
     listed = full(target, "--json", "sessions", "list")  # reading still works
     assert {s["id"] for s in json_of(listed)} == {
         str(open_sid), str(closed_sid)}
+
+
+# --- a file copy after a crash (docs/operations.md, Backups and restores) --------------------
+
+KILLED_WRITER = """
+import os, signal, sys
+from terret.adapters.stores import SQLiteStore
+from terret.runtime.commands import SessionCommands
+
+commands = SessionCommands.on(SQLiteStore(sys.argv[1]))
+for _ in range(3):
+    commands.create(agent="demo")
+os.kill(os.getpid(), signal.SIGKILL)  # closes nothing: the events stay in the WAL
+"""
+
+
+def test_a_file_copy_after_a_crash_holds_every_event_once_the_store_was_opened(
+        tmp_path: Path) -> None:
+    """The documented procedure: after a killed process, open and close the store once (any
+    command, here ``terret doctor``), then copy ``terret.db`` alone: the copy has every
+    session. (Before that the events were only in ``terret.db-wal``.)"""
+    store = tmp_path / "terret.db"
+    killed = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(store)],
+                            capture_output=True, text=True, timeout=60, env=subprocess_env())
+    assert killed.returncode == -9, killed.stderr
+    assert (tmp_path / "terret.db-wal").stat().st_size > 0  # where the events are
+    assert terret(tmp_path, "--store", str(store), "doctor").returncode == 0
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    shutil.copyfile(store, backup / "terret.db")
+    listed = terret(backup, "--store", str(backup / "terret.db"), "--json", "sessions", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 3
