@@ -129,6 +129,7 @@ class Runtime:
         r.add_listener(self.compactor.on_turn_end, {TurnEnded.wire_name})
         r.add_listener(self.titler.on_turn_end, {TurnEnded.wire_name})
         r.add_listener(self.supervisor.on_inbox, {InboxQueued.wire_name})
+        r.add_listener(self.supervisor.on_turn_end, {TurnEnded.wire_name})
         r.add_listener(self.supervisor.on_detached, {AgentDetached.wire_name})
         r.add_listener(self._on_closed, {SessionClosed.wire_name})
         r.start()

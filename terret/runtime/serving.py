@@ -318,6 +318,23 @@ class Supervisor:
         elif self.serving:
             self._offer(sid, now=True)
 
+    def on_turn_end(self, event: RecordedEvent) -> None:
+        """A waking inbox entry that landed while a turn of this process ran, after its last
+        step had taken the inbox, starts the next turn now: the wake that found the turn
+        running did nothing, and a process that does not serve (no scan) would never look
+        again."""
+        sid = event.session_id
+        if sid is None or self.host.agent_for_session(sid) is None \
+                or self.services.stopping.is_set():
+            return
+        try:
+            session = self.services.writer.load(sid)
+        except errors.TerretError:
+            return
+        if not session.turn_open and not session.closed \
+                and any(e.wake for e in session.pending_inbox().values()):
+            self.wake_later(sid)
+
     def on_detached(self, event: RecordedEvent) -> None:
         """A worker let a session go (a graceful stop hands its open turn off here). An idle
         session it released needs no worker: claiming it would only hold an agent, and a

@@ -84,6 +84,33 @@ def test_r24_a_waking_inject_on_an_idle_agent_starts_a_turn_with_it(make_runtime
     assert only(log, "turn/end")[0].data["status"] == "completed"
 
 
+def test_r24_a_waking_inject_during_the_last_step_starts_the_next_turn(
+        make_runtime: MakeRuntime, opened: OpenedStore, gates) -> None:
+    """A waking entry from another process lands while the turn's last (final) step is at the
+    model, after that step took the inbox: the wake finds the turn running, and once it ends
+    the next turn starts with the text — in a process that has the session's agent but does
+    not serve (no scan to find it later). It stayed queued, waking nobody."""
+    gate = gates()
+    provider = ScriptedProvider([final("first", gate=gate), final("second")])
+    rt = make_runtime(provider)
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    wait_until(lambda: provider.requests, what="the model request")
+    out = other_process(opened.uri, "inject", str(sid), "wake me", "wake")
+    wait_until(lambda: "inbox/queued" in names(read_log(opened.store, sid)),
+               what="the inbox entry")
+    gate.set()
+    assert job.join().text == "first"
+    log = wait_until(lambda: [e for e in read_log(opened.store, sid) if e.name == "turn/end"]
+                     [1:], what="a second turn")
+    starts = only(read_log(opened.store, sid), "turn/start")
+    assert [s.data["trigger"] for s in starts] == ["user", "wake"], starts
+    messages = only(read_log(opened.store, sid), "user/message")
+    assert messages[1].data == {"text": "wake me", "inbox_id": out["inbox_id"]}
+    assert log[0].data["status"] == "completed"
+    assert user_texts(provider, 1) == ["go", "wake me"]
+
+
 def test_r24_two_racing_wakes_make_one_turn_and_the_losers_text_reaches_the_model(
         make_runtime: MakeRuntime, store, gates) -> None:
     gate = gates()
