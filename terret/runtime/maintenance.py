@@ -128,14 +128,15 @@ class Compactor:
             log.info("session %s was compacted after seq %d already", sid, after)
             return None
         last = session.state.last_compaction_seq
-        if last and session.state.last_visible_seq <= last:
-            # Nothing the model sees landed since the last compaction: a new summary would only
-            # summarize the summary (and cost a model call to say nothing new).
+        if session.state.last_visible_seq <= last:
+            # Nothing the model sees landed since the last compaction (or at all): a new
+            # summary would only summarize the summary, or nothing — and cost a model call to
+            # say it, which the model would then be shown.
             if after is not None:
                 return None
+            since = f"since the compaction at seq {last}" if last else "yet"
             raise errors.CompactionDeclined(
-                f"session {sid}: nothing the model sees is new since the compaction at seq "
-                f"{last}")
+                f"session {sid}: nothing the model sees is new {since}")
         # Before the summarizer is bound to a role: a mid-step session is declined whatever the
         # roles, without a model call.
         session.require_compactable()

@@ -284,6 +284,18 @@ def test_a_key_pasted_into_the_providers_file_is_refused_without_quoting_it(
     assert target.snapshot() == before
 
 
+def test_compacting_a_session_the_model_has_seen_nothing_of_declines(target: Target) -> None:
+    """A new session: nothing to summarize — it wrote an empty summary, which the model was
+    then shown as the start of its history."""
+    sid = target.new_session()
+    before = target.snapshot()
+    refused = target.run("compact", str(sid), "--app", DEMO_APP)  # another process
+    assert refused.returncode == 1, refused.stderr
+    line = one_line_error(refused.stderr)
+    assert "CompactionDeclined" in line and "nothing the model sees is new yet" in line, line
+    assert target.snapshot() == before
+
+
 def test_compacting_twice_declines(target: Target) -> None:
     sid = target.finished()
     first = target.json("compact", str(sid), "--app", DEMO_APP)
