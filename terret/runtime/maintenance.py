@@ -175,6 +175,11 @@ class AutoTitler:
         session = self.upkeep.writer.refresh(sid)
         if session.state.titled or not self.upkeep.serves(session.state.agent):
             return  # titled already, or another app's agent: its own processes title it
+        first = self._first_user_message(sid)
+        if not first.strip():
+            # Nothing said yet (a first turn that ended empty): the first turn/end after a user
+            # message titles it — a placeholder now would be the one automatic title for good.
+            return
         title = None
         titler = self._titler_for(session)
         if titler is not None:
@@ -182,10 +187,8 @@ class AutoTitler:
                 title = titler.title(self.upkeep.views.messages(sid))
             except Exception as exc:
                 log.warning("titler failed for %s, using the first message: %s", sid, exc)
-        if not title:
-            title = self._first_user_message(sid)[:FALLBACK_TITLE_CHARS]
-        if not title.strip():
-            title = "Untitled session"
+        if not title or not title.strip():
+            title = first[:FALLBACK_TITLE_CHARS]
         try:
             self.upkeep.writer.execute(
                 sid, lambda s: s.title(title, by=Actor(actor="agent"), automatic=True))

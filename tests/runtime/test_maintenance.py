@@ -21,12 +21,14 @@ from terret.adapters.summarizers import RoleSummarizer
 from terret.adapters.titler import RoleTitler
 from terret.domain.errors import CompactionDeclined, ConfigurationError
 from terret.runtime import BudgetGuard, render_history
-from tests.runtime.conftest import MakeRuntime
+from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import (
     calls,
     drain_upkeep,
     final,
+    names,
     only,
+    other_process,
     read_log,
     turn_in_background,
     wait_for_event,
@@ -282,6 +284,25 @@ def test_r20_without_a_titler_the_first_user_message_cut_to_40_characters(
     rt.run_turn(sid, text)
     wait_for_event(store, sid, "session/titled")
     assert rt.title(sid) == text[:40] == "Please migrate the billing database to t"
+
+
+def test_r20_a_first_turn_with_nothing_said_leaves_the_title_to_the_next_one(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """A first turn that ended ``empty`` (no user message): no placeholder title (it became
+    "Untitled session" for good, the one automatic title); the next turn's text titles it —
+    here a turn run by another process."""
+    rt = make_runtime([final()])
+    sid = rt.create_session()
+    assert rt.run_turn(sid, None).status == "empty"
+    drain_upkeep(rt)
+    assert "session/titled" not in names(read_log(opened.store, sid))
+    rt.close()
+    other_process(opened.uri, "turn", str(sid), "the real question")
+    later = make_runtime([final()])
+    later.run_turn(sid, "and another")
+    drain_upkeep(later)
+    titles = [e.data["title"] for e in only(read_log(opened.store, sid), "session/titled")]
+    assert titles == ["the real question"], titles
 
 
 def test_r20_stored_titles_are_capped_at_80_characters(make_runtime: MakeRuntime,
