@@ -302,6 +302,11 @@ class Chat:
             self.screen.line("  (not sent)", dim=True)
             return
         here = self.runtime.agent_for_session(self.sid)
+        if here is not None and here.busy:  # a turn woken from another shell runs here
+            self.runtime.inject(self.sid, text, wake=True)
+            self.screen.line("  (queued: a turn woken from another shell is running; its next "
+                             "step takes the message, or the next turn starts with it)", dim=True)
+            return
         if here is not None and here is not self.agent:
             self.attach(here)  # an agent spawned anew (it lost the session, took it back)
         elif here is None:

@@ -22,7 +22,13 @@ from uuid import UUID
 
 import pytest
 
-from terret.domain.events import ApprovalResolved, ToolResult, TurnEnded, UserMessage
+from terret.domain.events import (
+    ApprovalResolved,
+    ContextInjected,
+    ToolResult,
+    TurnEnded,
+    UserMessage,
+)
 from tests.cli.conftest import DEMO_APP, Target, is_type, subprocess_env
 from tests.cli.docs_app import AppServer
 
@@ -366,6 +372,10 @@ def test_a_turn_woken_from_another_shell_shows_below_the_prompt(
         term.expect("approval needed: deploy(")
         term.expect("/approve call-deploy or /deny call-deploy REASON")
         term.expect("you> ")
+        # A message while that turn runs here: queued for it, not refused and lost.
+        term.type("and say done\r")
+        term.expect("(queued: a turn woken from another shell is running")
+        term.expect("you> ")
         term.type("/approve call-deploy\r")
         term.expect("approved call-deploy")
         term.expect("← deploy: checkout v2 rolled out")
@@ -376,7 +386,10 @@ def test_a_turn_woken_from_another_shell_shows_below_the_prompt(
     finally:
         term.kill()
     said = [e.payload.text for e in target.events(sid) if isinstance(e.payload, UserMessage)]
-    assert said == ["hello from elsewhere", "half typed", "deploy checkout v2"], said
+    assert said[:3] == ["hello from elsewhere", "half typed", "deploy checkout v2"], said
+    taken = [e.payload.text for e in target.events(sid)
+             if isinstance(e.payload, (UserMessage, ContextInjected))]
+    assert taken.count("and say done") == 1, taken
 
 
 def test_chat_follows_a_turn_another_worker_took_over(
