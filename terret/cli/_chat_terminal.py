@@ -5,6 +5,7 @@ descriptor so that an approval's question can be withdrawn)."""
 from __future__ import annotations
 
 import os
+import re
 import select
 import sys
 import threading
@@ -61,6 +62,11 @@ class Screen:
                 self.write("agent> ", bold=True)
                 self.agent_prefix = False
             self.write(chunk)
+
+
+KEY_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[O\[]?.|[\x00-\x08\x0b-\x1f\x7f]")
+"""What arrow, function and editing keys send (CSI and SS3 sequences, a lone ESC and its key)
+and other control characters: not text."""
 
 
 class Input:
@@ -153,7 +159,12 @@ class Input:
             screen.at_line_start = True
             return answer
         answer = self._next_line(self.fd, withdraw)
-        if not self.tty:
+        if self.tty:
+            # Read without readline (it cannot be withdrawn from): the terminal's own editing
+            # applies (Backspace, Ctrl-U), and the keys it does not know arrive as escape
+            # sequences — dropped, never written into the log as a reason.
+            answer = KEY_SEQUENCES.sub("", answer)
+        else:
             click.echo(answer)  # echoed, as the prompt's lines are
         screen.at_line_start = True
         return answer

@@ -33,7 +33,7 @@ from tests.cli.conftest import DEMO_APP, Target, is_type, subprocess_env
 from tests.cli.docs_app import AppServer
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][AB0-2]|\r")
-LEFT, UP = "\x1b[D", "\x1b[A"
+LEFT, RIGHT, UP = "\x1b[D", "\x1b[C", "\x1b[A"
 
 
 def _controlling_terminal() -> None:
@@ -170,7 +170,7 @@ def test_chat_in_a_terminal(target: Target, chat_env: dict[str, str], tmp_path: 
         term.expect("approve deploy(")
         term.type("n\r")
         term.expect("reason")
-        term.type("not twice\r")
+        term.type(f"not{LEFT} twice{RIGHT}\r")  # keys the question has no editing for
         term.expect("denied by operator: not twice")
         term.expect("you> ")
         term.type("/quit\r")
@@ -183,6 +183,9 @@ def test_chat_in_a_terminal(target: Target, chat_env: dict[str, str], tmp_path: 
     deploys = [e.payload for e in target.events(sid)
                if isinstance(e.payload, ToolResult) and e.payload.name == "deploy"]
     assert [d.is_error for d in deploys] == [False, True]
+    reasons = [e.payload.reason for e in target.events(sid)
+               if isinstance(e.payload, ApprovalResolved)]
+    assert reasons == ["from elsewhere", "not twice"], reasons  # no escape codes in the log
 
     # Reconnect: the banner says so, the last exchanges come back, the session goes on.
     # (With NO_COLOR, no colour even on a terminal.)
