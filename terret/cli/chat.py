@@ -27,7 +27,7 @@ from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
 from terret.cli._format import as_json, money
 from terret.cli._params import AGENT_NAME
 from terret.cli.admin import APP_OPTION, runtime_for
-from terret.domain.errors import SessionOwned, TerretError, TurnSuspended
+from terret.domain.errors import SessionClosed, SessionOwned, TerretError, TurnSuspended
 
 if TYPE_CHECKING:
     from terret.domain.codec import RecordedEvent
@@ -58,6 +58,8 @@ class Chat:
         closed: a message waits for it."""
         self.leaving = False
         """Ctrl-D at an approval's question: the chat ends, the call stays pending."""
+        self.closed = False
+        """The session was closed from another shell while the chat ran."""
         self.agent: Agent | None = None
         """This process's agent for the session; None while another worker runs its turn."""
 
@@ -270,6 +272,12 @@ class Chat:
         self.screen.line("—", dim=True)
 
     def loop(self) -> None:
+        try:
+            self._lines()
+        finally:  # whatever ends the chat, the lines typed are kept for the next one
+            self.input.save()
+
+    def _lines(self) -> None:
         while not self.leaving:
             try:
                 ahead = self.input.typed_ahead()
@@ -292,7 +300,6 @@ class Chat:
             self.screen.line("  (leaving before the tool returned: the turn stays open with "
                              "its cancel recorded and closes when the session is next resumed)",
                              dim=True)
-        self.input.save()
 
     def send(self, text: str) -> None:
         """A message to the model: a new turn, once a cancelled one has closed. While another
@@ -312,6 +319,11 @@ class Chat:
         elif here is None:
             try:  # the turn may have ended: an idle session moves to this process
                 self.attach(self.runtime.spawn_agent(self.sid))
+            except SessionClosed as exc:  # closed from another shell: nothing more to say
+                self.screen.line(f"  (not sent: {type(exc).__name__}: {exc} — closed from "
+                                 "another shell)", fg="red")
+                self.leaving = self.closed = True
+                return
             except SessionOwned as exc:
                 self.runtime.inject(self.sid, text, wake=True)
                 self.screen.line(f"  (queued: {exc}, which runs the open turn: its next "
@@ -389,7 +401,8 @@ class Chat:
         self.loop()
         time.sleep(0)  # let a last listener line out before the goodbye
         self._release()
-        self.screen.line(f"bye — resume with: terret chat {sid}", dim=True)
+        self.screen.line("bye — the session is closed" if self.closed
+                         else f"bye — resume with: terret chat {sid}", dim=True)
 
     def _release(self) -> None:
         """Stop as SIGTERM stops ``serve``: a turn left parked here (the input ended at its

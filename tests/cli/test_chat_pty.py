@@ -448,3 +448,31 @@ def test_chat_follows_a_turn_another_worker_took_over(
     assert "Traceback" not in server.text(), server.text()
     attached = [e.payload.pid for e in target.events(sid) if e.wire_name == "agent/attached"]
     assert len(attached) == 3 and attached[1] == server.pid, attached  # chat, serve, chat
+
+
+def test_a_session_closed_from_another_shell_ends_the_chat_keeping_its_history(
+        target: Target, chat_env: dict[str, str]) -> None:
+    """``terret sessions close SID`` in another shell while chat waits at its prompt: the next
+    message says it was not sent and why, and the chat ends with exit 0 and a goodbye that
+    does not point at a closed session; the lines typed are in the history. It ended with
+    ``Error: SessionClosed`` (exit 1) and the run's history was never written."""
+    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        term.type("hi\r")
+        term.expect("agent> ")
+        term.expect("you> ")
+        closed = target.run("sessions", "close", str(sid), "--reason", "done here")
+        assert closed.returncode == 0, closed.stderr
+        time.sleep(0.5)  # the chat's process lets the session go
+        term.type("hello?\r")
+        term.expect("(not sent: SessionClosed:")
+        term.expect("bye — the session is closed")
+        assert term.finish() == 0
+    finally:
+        term.kill()
+    history = Path(chat_env["TERRET_CHAT_HISTORY"]).read_text()
+    assert "hi" in history and "hello?" in history, history
+    said = [e.payload.text for e in target.events(sid) if isinstance(e.payload, UserMessage)]
+    assert said == ["hi"], said
