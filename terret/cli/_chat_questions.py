@@ -121,18 +121,32 @@ class ApprovalQuestions:
             self.screen.line(f"  ({self.withdrawn})", dim=True)
         return self.withdrawn
 
+    def _decided_elsewhere(self, call_id: str) -> str | None:
+        """Why an answer just read comes too late, or None: read from the log, which the
+        views (what the question polls) may not have caught up with yet."""
+        if self.withdrawn is not None:
+            return self.withdrawn
+        if call_id in self.runtime.pending(self.sid):
+            return None
+        return f"{call_id} was decided elsewhere"
+
     def _ask(self, call_id: str, name: str, args: dict[str, Any]) -> None:
         def withdraw() -> str | None:
             return self._withdraw(call_id)
 
         self.asking, self.withdrawn = call_id, None
         try:
-            approved, reason = self._yes_or_no(f"  approve {name}({as_json(args)})? [y/N] ",
-                                               call_id, withdraw)
+            approved, reason, typed = self._yes_or_no(
+                f"  approve {name}({as_json(args)})? [y/N] ", call_id, withdraw)
+            why = self._decided_elsewhere(call_id)
+            if why is not None:  # the verdict from elsewhere came first, the answer just after
+                self.screen.line(f"  (too late for {call_id}: {why}; {typed!r} was not used)",
+                                 dim=True)
+                return
             if approved:
-                self._verdict(call_id, "approved", None)
+                self._verdict(call_id, "approved", None, typed=typed)
             else:
-                self._verdict(call_id, "denied", reason or self._reason(withdraw))
+                self._verdict(call_id, "denied", reason or self._reason(withdraw), typed=typed)
         except Withdrawn as why:
             self.late = LateAnswer(call_id, str(why), time.monotonic())
             return
@@ -140,7 +154,7 @@ class ApprovalQuestions:
             self.asking = None
 
     def _yes_or_no(self, question: str, call_id: str, withdraw: Callable[[], str | None]
-                   ) -> tuple[bool, str | None]:
+                   ) -> tuple[bool, str | None, str]:
         """The answer to an approval's question, and a denial's reason when it came with it:
         y/yes, or n/no/nothing (the default); ``/approve [CALL]``, ``/deny [CALL [REASON]]``
         as at the prompt (CALL, or a prefix of it, naming the call asked about). Anything else
@@ -153,14 +167,14 @@ class ApprovalQuestions:
             if self.too_late(answer, ahead):
                 continue
             if answer in ("y", "yes", "/approve"):
-                return True, None
+                return True, None, typed
             if answer in ("", "n", "no", "/deny"):
-                return False, None
+                return False, None, typed
             verb, _, rest = typed.partition(" ")
             if verb.lower() in ("/approve", "/deny") and rest.strip():
                 call, _, reason = rest.strip().partition(" ")
                 if call_id.startswith(call):
-                    return verb.lower() == "/approve", reason.strip() or None
+                    return verb.lower() == "/approve", reason.strip() or None, typed
                 self.screen.line(f"  (the question is about {call_id}, not {call})", dim=True)
                 continue
             self.screen.line("  (answer y or n: the call waits for its verdict; messages and "
@@ -178,7 +192,10 @@ class ApprovalQuestions:
             self.screen.line("  (a /command is not a reason: type the reason the model will "
                              "see, or nothing)", dim=True)
 
-    def _verdict(self, call_id: str, verdict: str, reason: str | None) -> None:
+    def _verdict(self, call_id: str, verdict: str, reason: str | None, *,
+                 typed: str | None = None) -> None:
+        """Record the chat's verdict; ``typed``: the answer to the question it came from (a
+        verdict from elsewhere that this process had not seen yet makes it a late one)."""
         from terret.domain.errors import ApprovalNotPending
 
         self.asking = None  # this chat's own verdict: nothing to withdraw
@@ -188,4 +205,8 @@ class ApprovalQuestions:
             else:
                 self.runtime.deny(self.sid, call_id, by=operator(), reason=reason or "denied")
         except ApprovalNotPending:
-            self.screen.line(f"  ({call_id} was decided elsewhere already)", dim=True)
+            if typed is not None:
+                self.screen.line(f"  (too late for {call_id}: it was decided elsewhere "
+                                 f"already; {typed!r} was not used)", dim=True)
+            else:
+                self.screen.line(f"  ({call_id} was decided elsewhere already)", dim=True)

@@ -310,11 +310,21 @@ def test_a_late_answer_to_a_withdrawn_question_is_reported_not_sent(
         approved = target.run("approve", str(sid), "call-deploy")
         assert approved.returncode == 0, approved.stderr
         term.type("y\r")
-        # Read by the question before the verdict was seen, or as the late answer after it.
-        term.expect(("too late for call-deploy",
-                     "call-deploy was decided elsewhere already"))
+        # Read by the question before the verdict was seen, or as the late answer after it:
+        # reported as late either way.
+        late = term.expect("was not used)")
+        assert "too late for call-deploy" in late, late
         term.expect("you> ")
         assert "Error" not in term.text(), term.text()
+        # The same with a denial from elsewhere and a late 'n': no reason is asked for.
+        term.type("deploy checkout v3\r")
+        term.expect("approve deploy(")
+        denied = target.run("deny", str(sid), "call-deploy", "--reason", "no")
+        assert denied.returncode == 0, denied.stderr
+        term.type("n\r")
+        late = term.expect("was not used)")
+        assert "too late for call-deploy" in late and "reason" not in late, late
+        term.expect("you> ")
         term.type("y\r")
         term.expect("agent> You said: y")
         term.expect("you> ")
@@ -324,9 +334,9 @@ def test_a_late_answer_to_a_withdrawn_question_is_reported_not_sent(
         term.kill()
     events = target.events(sid)
     said = [e.payload.text for e in events if isinstance(e.payload, UserMessage)]
-    assert said == ["deploy checkout v2", "y"], said
+    assert said == ["deploy checkout v2", "deploy checkout v3", "y"], said
     verdicts = [e.payload.by.actor for e in events if isinstance(e.payload, ApprovalResolved)]
-    assert len(verdicts) == 1
+    assert len(verdicts) == 2
 
 
 def test_chat_input_ending_at_a_question_leaves_the_call_pending(target: Target) -> None:
