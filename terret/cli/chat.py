@@ -60,6 +60,9 @@ class Chat:
         """Ctrl-D at an approval's question: the chat ends, the call stays pending."""
         self.closed = False
         """The session was closed from another shell while the chat ran."""
+        self.muted = False
+        """Ctrl-C cancelled the turn this chat drives: the rest of its streamed text is not
+        shown."""
         self.agent: Agent | None = None
         """This process's agent for the session; None while another worker runs its turn."""
 
@@ -130,6 +133,8 @@ class Chat:
             self.runtime.wait_for(agent.recorded_to)
         except (TerretError, TimeoutError):
             pass  # the lines come late, not never
+        if self.muted:
+            return  # what the stream still said after Ctrl-C: not part of the answer shown
         self.screen.text(chunk)
 
     # --- turns -----------------------------------------------------------------------------
@@ -138,6 +143,7 @@ class Chat:
         """Run a turn in the background; ask about each approval as it comes (withdrawn when a
         verdict arrives from elsewhere). Ctrl-C cancels the turn and waits for it to close."""
         done = threading.Event()
+        self.muted = False
         thread = threading.Thread(target=self._guarded(run, done), daemon=True)
         try:
             # Inside the try: the turn's thread may run as far as its tool before start()
@@ -160,6 +166,7 @@ class Chat:
     def _cancel(self, done: threading.Event) -> None:
         # A second Ctrl-C anywhere in here — the user pressing it as soon as a line shows, or
         # twice in a row — stops the waiting; it must not escape and end the chat.
+        self.muted = True  # the stream may say a few more words before the cancel stops it
         try:
             self.screen.line("  (cancelling the turn…)", dim=True)
             try:

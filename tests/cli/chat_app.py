@@ -1,7 +1,8 @@
 """The demo's app with one more tool, ``hold``, that has no timeout: it touches
 ``$CHAT_RELEASE.started`` and returns only once the file ``$CHAT_RELEASE`` exists, so a test
 decides when a running tool call ends (for Ctrl-C in chat while a tool runs). The model calls it
-for a message starting with ``hold``; it raises a RuntimeError for one starting with
+for a message starting with ``hold``, streams a long answer slowly for one starting with
+``long``; it raises a RuntimeError for one starting with
 ``explode`` and a ``ProviderError`` for one starting with ``unavailable``."""
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
 from terret.cli._app import App
 from terret.cli.demo_app import demo_app, demo_model
-from terret.domain.errors import ProviderError
+from terret.domain.errors import ModelCancelled, ProviderError
 from terret.domain.messages import Usage
 from terret.runtime.model import ModelRequest, StaticResolver
 from terret.runtime.scripted import Reply, ScriptedProvider, call
@@ -46,15 +48,33 @@ def model(request: ModelRequest) -> Reply:
         raise RuntimeError("the model blew up\n  while answering")
     if last.role == "user" and last.text.startswith("unavailable"):
         raise ProviderError("demo", "503 service unavailable")
+    if last.role == "user" and last.text.startswith("long"):
+        return Reply(text=" ".join(["word"] * 100), usage=Usage(prompt_tokens=10,
+                                                                completion_tokens=100))
     if last.role == "user" and last.text.startswith("hold"):
         return Reply(tool_calls=[call("hold", {"what": last.text[5:] or "it"}, id="call-hold")],
                      usage=Usage(prompt_tokens=10, completion_tokens=3))
     return demo_model(request)
 
 
+class SlowStream(ScriptedProvider):
+    """A reply to a message starting with ``long`` streams one word every 0.1 s (a test can
+    press Ctrl-C in the middle of it), and like a network stream, whose buffered bytes still
+    arrive after a cancel, it notices a cancel only every ten words."""
+
+    def _stream(self, text: str, on_text: Any, cancel: Any) -> None:
+        if not text.startswith("word "):
+            return super()._stream(text, on_text, cancel)
+        for n, word in enumerate(text.split(" ")):
+            if n % 10 == 0 and cancel is not None and cancel.is_set():
+                raise ModelCancelled(f"{self.name}: request cancelled")
+            on_text(word + " ")
+            time.sleep(0.1)
+
+
 def app() -> App:
     base = demo_app()
     agent = base.agents[0]
     base.agents = [replace(agent, tools=[*agent.tools, hold], allow=[*agent.allow, "hold"])]
-    base.resolver = StaticResolver({"demo": ScriptedProvider(name="demo", default=model)})
+    base.resolver = StaticResolver({"demo": SlowStream(name="demo", default=model)})
     return base

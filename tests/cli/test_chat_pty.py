@@ -486,3 +486,27 @@ def test_a_session_closed_from_another_shell_ends_the_chat_keeping_its_history(
     assert "hi" in history and "hello?" in history, history
     said = [e.payload.text for e in target.events(sid) if isinstance(e.payload, UserMessage)]
     assert said == ["hi"], said
+
+
+def test_ctrl_c_while_the_answer_streams_shows_no_more_of_it(
+        target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
+    """Ctrl-C in the middle of a streamed answer cancels the turn; what the stream still said
+    before the cancel reached it is not printed (a stray fragment landed below the cancel
+    line, or ran into the ``^C``)."""
+    term = Terminal(target, "chat", "--app", CHAT_APP,
+                    env={**chat_env, "CHAT_RELEASE": str(tmp_path / "release")})
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        term.type("long answer please\r")
+        term.expect("agent> word word ")
+        term.type("\x03")
+        term.expect("(cancelling the turn…)")
+        after = term.expect("you> ")
+        assert "word" not in after, after
+        term.type("/quit\r")
+        assert term.finish() == 0
+    finally:
+        term.kill()
+    ends = [e.payload.status for e in target.events(sid) if isinstance(e.payload, TurnEnded)]
+    assert ends == ["cancelled"], ends
