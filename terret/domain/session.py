@@ -462,7 +462,9 @@ class Session(Aggregate):
     def require_compactable(self) -> None:
         """R19: refuse (``CompactionDeclined``) while a turn is open. A summary taken then would
         swallow the open turn's user message (its steps would answer a summary instead of the
-        question), or cut a tool call from its result. Checked again when it is recorded."""
+        question), or cut a tool call from its result. Checked again when it is recorded.
+        A closed session is refused with ``SessionClosed``."""
+        self._require_open()
         if self.state.owed:
             raise errors.CompactionDeclined("a step owes tool results; compact between turns")
         if self.state.turn_open:

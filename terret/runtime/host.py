@@ -94,11 +94,15 @@ class AgentHost:
                 if users[0] == 0:
                     del self._spawn_locks[session_id]
 
+    def refuse_if_releasing(self) -> None:
+        """``RuntimeStopping`` once the host released its sessions: it serves none again."""
+        if self._releasing:
+            raise errors.RuntimeStopping("this worker is stopping: it takes no more sessions")
+
     def _check_free(self, agent_id: str, session_id: UUID) -> None:
         """Under the registry lock: the id and the session are free, the cap not reached, the
         host not releasing its sessions."""
-        if self._releasing:
-            raise errors.RuntimeStopping("this worker is stopping: it takes no more sessions")
+        self.refuse_if_releasing()
         if agent_id in self._agents:
             raise errors.AgentExists(f"agent id {agent_id!r} is taken")
         if session_id in self._by_session:
@@ -153,8 +157,7 @@ class AgentHost:
         # on a spawn (the loser would see AgentExists instead of TurnAlreadyRunning).
         with self._spawning(session_id):
             # Released agents stay registered: after the release none serves (wake included).
-            if self._releasing:
-                raise errors.RuntimeStopping("this worker is stopping: it takes no more sessions")
+            self.refuse_if_releasing()
             return self.agent_for_session(session_id) or self.spawn(
                 session_id, take_idle=take_idle, for_new_turn=for_new_turn)
 

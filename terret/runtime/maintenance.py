@@ -127,6 +127,9 @@ class Compactor:
         if after is not None and session.state.last_compaction_seq > after:
             log.info("session %s was compacted after seq %d already", sid, after)
             return None
+        # Before the summarizer is bound to a role: a closed or mid-step session is declined
+        # whatever the roles, without a model call.
+        session.require_compactable()
         last = session.state.last_compaction_seq
         if session.state.last_visible_seq <= last:
             # Nothing the model sees landed since the last compaction (or at all): a new
@@ -137,9 +140,6 @@ class Compactor:
             since = f"since the compaction at seq {last}" if last else "yet"
             raise errors.CompactionDeclined(
                 f"session {sid}: nothing the model sees is new {since}")
-        # Before the summarizer is bound to a role: a mid-step session is declined whatever the
-        # roles, without a model call.
-        session.require_compactable()
         summarizer = self.summarizer
         if isinstance(summarizer, RoleBound):
             summarizer = summarizer.for_session(session_roles(upkeep, session))

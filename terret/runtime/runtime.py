@@ -337,6 +337,7 @@ class Runtime:
     def resume_turn(self, session_id: UUID) -> TurnResult:
         """Resume the open turn here (``SessionOwned`` while a live worker owns it;
         ``NoOpenTurn``, with nothing written, when no turn is open)."""
+        self.agent_host.refuse_if_releasing()  # a closed runtime says so, turn open or not
         if not self.writer.load(session_id).turn_open:  # before attaching: a refusal writes nothing
             raise errors.NoOpenTurn(f"session {session_id} has no open turn to resume")
         agent = self.agent_for(session_id)
