@@ -24,6 +24,7 @@ import pytest
 
 from terret.domain.events import (
     ApprovalResolved,
+    CancelRequested,
     ContextInjected,
     ToolResult,
     TurnEnded,
@@ -510,3 +511,43 @@ def test_ctrl_c_while_the_answer_streams_shows_no_more_of_it(
         term.kill()
     ends = [e.payload.status for e in target.events(sid) if isinstance(e.payload, TurnEnded)]
     assert ends == ["cancelled"], ends
+
+
+def test_ctrl_c_at_the_prompt_beside_a_woken_turn_only_clears_the_line(
+        target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
+    """A turn woken from another shell runs below the prompt (a tool holding it); Ctrl-C at
+    the prompt clears the half-typed line and leaves that turn alone: nothing is cancelled,
+    the turn completes once its tool returns, and the chat goes on."""
+    release = tmp_path / "release"
+    term = Terminal(target, "chat", "--app", CHAT_APP,
+                    env={**chat_env, "CHAT_RELEASE": str(release)})
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        done = target.run("inject", str(sid), "hold woken", "--wake")
+        assert done.returncode == 0, done.stderr
+        term.expect("inbox> hold woken")
+        _running(release.with_suffix(".started"))
+        term.type("half typed")
+        time.sleep(0.3)
+        term.type("\x03")
+        term.expect("^C (/quit or Ctrl-D to leave)")
+        term.expect("you> ")
+        term.type("fresh\r")  # the new line holds only what follows the Ctrl-C
+        term.expect("(queued: a turn woken from another shell is running")
+        release.touch()
+        term.expect("← hold: released woken")
+        term.expect("(injected: fresh)")  # the woken turn's next step took it
+        term.expect("agent> You said: fresh")
+        term.expect("you> ")
+        term.type("/quit\r")
+        assert term.finish() == 0
+    finally:
+        term.kill()
+    events = target.events(sid)
+    assert not [e for e in events if isinstance(e.payload, CancelRequested)]
+    ends = [e.payload.status for e in events if isinstance(e.payload, TurnEnded)]
+    assert ends and set(ends) == {"completed"}, ends
+    taken = [e.payload.text for e in events
+             if isinstance(e.payload, (UserMessage, ContextInjected))]
+    assert "fresh" in taken and not [t for t in taken if "half" in t], taken
