@@ -128,6 +128,7 @@ class AgentHost:
         """Create this process's agent for the session and take ownership of it (R22, R28)."""
         agent_id = agent_id or f"agent-{uuid4().hex[:12]}"
         with self._spawning(session_id):
+            self.drop_if_moved(session_id)
             with self._lock:
                 self._check_free(agent_id, session_id)  # refused before any read
             session = self._servable(session_id, for_new_turn=for_new_turn)
@@ -158,6 +159,7 @@ class AgentHost:
         with self._spawning(session_id):
             # Released agents stay registered: after the release none serves (wake included).
             self.refuse_if_releasing()
+            self.drop_if_moved(session_id)
             return self.agent_for_session(session_id) or self.spawn(
                 session_id, take_idle=take_idle, for_new_turn=for_new_turn)
 
@@ -201,6 +203,25 @@ class AgentHost:
         except errors.TerretError as exc:
             log.info("session %s: its release was not recorded (%s)", session_id, exc)
         self.forget(agent)
+
+    def drop_if_moved(self, session_id: UUID) -> None:
+        """Drop (writing nothing) this process's idle agent for a session another agent has
+        attached since — an idle session moved to another process: the agent here owns
+        nothing, and kept, it would answer for a turn that runs elsewhere. A busy one finds
+        out at its next write (``LostOwnership``)."""
+        agent = self.agent_for_session(session_id)
+        if agent is None or agent.busy:
+            return
+        try:
+            owner = self.writer.load(session_id).state.owner
+        except errors.TerretError:
+            return  # unreadable (purged): whoever uses the agent next is told why
+        if owner is not None and owner.agent_id != agent.id:
+            log.info("session %s moved to agent %s in worker %s; agent %s here is dropped",
+                     session_id, owner.agent_id, owner.worker, agent.id)
+            with self._spawning(session_id):
+                if self.agent_for_session(session_id) is agent and not agent.busy:
+                    self.forget(agent)
 
     def forget(self, agent: Agent) -> None:
         """Drop the agent from the registry and remove its listeners (nothing is written)."""

@@ -18,7 +18,14 @@ from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent
-from terret.domain.events import Actor, AgentDetached, InboxQueued, SessionClosed, TurnEnded
+from terret.domain.events import (
+    Actor,
+    AgentAttached,
+    AgentDetached,
+    InboxQueued,
+    SessionClosed,
+    TurnEnded,
+)
 from terret.domain.groups import GroupReader
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
@@ -132,6 +139,7 @@ class Runtime:
         r.add_listener(self.supervisor.on_turn_end, {TurnEnded.wire_name})
         r.add_listener(self.supervisor.on_detached, {AgentDetached.wire_name})
         r.add_listener(self._on_closed, {SessionClosed.wire_name})
+        r.add_listener(self._on_attached, {AgentAttached.wire_name})
         r.start()
         self._started = True
         return self
@@ -266,6 +274,14 @@ class Runtime:
         if sid is not None and self.agent_for_session(sid) is not None:
             self.background(partial(self.agent_host.let_go, sid, "session closed",
                                     wait=self.config.wait_timeout))
+
+    def _on_attached(self, event: RecordedEvent) -> None:
+        """Another agent took a session this process holds an idle agent for (the idle
+        session moved): that agent is dropped, off the runner's thread."""
+        sid = event.session_id
+        agent = self.agent_for_session(sid) if sid is not None else None
+        if agent is not None and getattr(event.payload, "agent_id", None) != agent.id:
+            self.background(partial(self.agent_host.drop_if_moved, agent.session_id))
 
     @takes_session
     def purge(self, session_id: UUID, *, by: Actor, reason: str | None = None,

@@ -18,6 +18,9 @@ Actions:
   park SID                       Runtime.run_turn parked on an approval, then the process dies
   die-in-payment SID KEYFILE     Runtime.run_turn whose ``pay`` tool (idempotent=False) writes
                                  its idempotency key to KEYFILE and kills the process
+  hold SID FILE                  Runtime.run_turn (an idle session owned elsewhere moves here)
+                                 whose ``hold`` tool touches FILE.started, then waits until
+                                 FILE exists
   budget SID LIMIT               Runtime.set_budget by an operator (LIMIT ``none``: the default)
   rerun SID CALL_ID              Runtime.rerun by an operator (a call in doubt runs again)
   skip SID CALL_ID REASON        Runtime.skip by an operator (a call in doubt is not run again)
@@ -93,7 +96,7 @@ def main(argv: list[str]) -> dict[str, object]:
             result = store.append(stream, [encode(Flagged(text=rest[0]))],
                                   store.stream_version(stream))
             return {"ok": True, "version": result.version}
-        if action in ("turn", "die-in-tool", "park", "die-in-payment"):
+        if action in ("turn", "die-in-tool", "park", "die-in-payment", "hold"):
             return _turn(store, action, sid, rest)
         rt = Runtime(store, resolver=StaticResolver())
         try:
@@ -156,9 +159,20 @@ def pay(args: _Amount, ctx: CallContext) -> str:
     os._exit(9)
 
 
+@tool(args=_NoArgs)
+def hold(args: _NoArgs, ctx: CallContext) -> str:
+    """Touches ``FILE.started``, then runs until the file ``TERRET_TEST_HOLD`` names exists."""
+    release = os.environ["TERRET_TEST_HOLD"]
+    open(release + ".started", "w").close()
+    while not os.path.exists(release):
+        threading.Event().wait(0.02)
+    return "released"
+
+
 def _turn(store: object, action: str, sid: UUID, rest: list[str]) -> dict[str, object]:
     script = {
         "turn": [],
+        "hold": [Reply(tool_calls=[call("hold", {})])],
         "die-in-tool": [Reply(tool_calls=[call("die", {})], usage=REPORTED)],
         "park": [Reply(tool_calls=[call("deploy", {}, "c-park")], usage=REPORTED)],
         "die-in-payment": [Reply(tool_calls=[call("pay", {"amount": 5}, "c-pay")],
@@ -166,9 +180,12 @@ def _turn(store: object, action: str, sid: UUID, rest: list[str]) -> dict[str, o
     }[action]
     if action == "die-in-payment":
         os.environ["TERRET_TEST_KEYFILE"] = rest.pop(0)
+    if action == "hold":
+        os.environ["TERRET_TEST_HOLD"] = rest.pop(0)
     provider = ScriptedProvider(script, default=Reply(text="ok"))
     rt = Runtime(store, resolver=StaticResolver({"scripted": provider}),  # type: ignore[arg-type]
-                 agents=[AgentDefinition(tools=[die, deploy, pay], allow=["*"])]).start()
+                 agents=[AgentDefinition(tools=[die, deploy, pay, hold],
+                                          allow=["*"])]).start()
     if action == "park":
         threading.Thread(target=rt.run_turn, args=(sid, "go"), daemon=True).start()
         while not rt.pending(sid):
