@@ -27,12 +27,18 @@ def list_approvals(obj: CliContext, session_id: UUID | None) -> None:
 
     if session_id is not None:
         obj.require_session(session_id)
-    found = obj.views(reads=("approvals", "status")).pending(session_id)
+    views = obj.views(reads=("approvals", "status"))
+    found = views.pending(session_id)
+    # A request whose turn's cancel is recorded waits on nothing: closing the turn denies it,
+    # and a verdict is refused.
+    cancelling = {p.session for p in found
+                  if (status := views.status(p.session)) is not None and status.cancel_requested}
+    waits = ["cancel" if p.session in cancelling else "approval" for p in found]
     data = [{"session": p.session.removeprefix("session-"), "call_id": p.call_id,
-             "tool": p.name, "args": p.args, "turn": p.turn, "waiting": "approval"}
-            for p in found]
+             "tool": p.name, "args": p.args, "turn": p.turn, "waiting": waiting}
+            for p, waiting in zip(found, waits, strict=True)]
     rows = [[p.session.removeprefix("session-"), p.call_id, p.name, _cut(as_json(p.args), 60),
-             "approval"] for p in found]
+             waiting] for p, waiting in zip(found, waits, strict=True)]
     doubts = in_doubt_rows(obj, session_id)
     data += doubts
     rows += in_doubt_table_rows(doubts)

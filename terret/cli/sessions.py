@@ -224,8 +224,10 @@ def _waiting_lines(s: _Shown) -> list[str]:
         lines.append(f"owed      {call['id']}: {call['name']} {as_json(call['args'])}")
     if status.inbox:
         lines.append(f"inbox     {status.inbox} queued")
+    waits = ("cancel requested: closing the turn denies it" if status.cancel_requested
+             else "pending")
     for p in s.pending:
-        lines.append(f"approval  {p.call_id}: {p.name} {as_json(p.args)}  (pending)")
+        lines.append(f"approval  {p.call_id}: {p.name} {as_json(p.args)}  ({waits})")
     for c in status.in_doubt:
         lines.append(f"in doubt  {c['id']}: {c['name']} {as_json(c['args'])}  (started, no "
                      f"result: `terret in-doubt rerun|skip {s.summary.id} {c['id']}`)")

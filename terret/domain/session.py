@@ -404,6 +404,12 @@ class Session(Aggregate):
             raise errors.ApprovalNotPending(
                 f"call {shown(call_id)} is not pending in the open turn of session {self.id}"
             )
+        if self.state.cancel_requested:
+            # The turn's cancel denies every standing request when it closes the turn (R13):
+            # an approval accepted now would be reported done and never run.
+            raise errors.ApprovalNotPending(
+                f"call {shown(call_id)} of session {self.id} will not run: turn "
+                f"{self.state.turn}'s cancel is recorded, and closing the turn denies it")
         if name is not None and (request.name != name or
                                  (args is not None and request.args != args)):
             raise errors.ApprovalNotPending(

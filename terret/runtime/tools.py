@@ -222,15 +222,27 @@ class ToolPipeline:
         except ValidationError as exc:
             problems = describe_validation(exc, "arguments")
             return ToolOutcome(f"invalid arguments for {tool.name}: {problems}", is_error=True)
-        for hook in self.context.waterfall():
-            veto = hook(tool, ctx)
-            if veto is not None:
-                return ToolOutcome(f"vetoed: {veto.reason}", is_error=True)
+        vetoed = self._vetoed(tool, ctx)
+        if vetoed is not None:
+            return vetoed
         if self.gate is not None and tool.needs_approval():
             stopped = self.gate(tool, ctx)
             if stopped is not None:
                 return stopped
+            # The call may have waited days for its verdict: a policy set meanwhile (a
+            # deny-all as an emergency stop) applies to it as to any next call (R23).
+            vetoed = self._vetoed(tool, ctx)
+            if vetoed is not None:
+                return vetoed
         return self._execute(tool, parsed, ctx)
+
+    def _vetoed(self, tool: Tool, ctx: CallContext) -> ToolOutcome | None:
+        """The pre-execute waterfall, parent first (R9): the first veto ends the call."""
+        for hook in self.context.waterfall():
+            veto = hook(tool, ctx)
+            if veto is not None:
+                return ToolOutcome(f"vetoed: {veto.reason}", is_error=True)
+        return None
 
     def _execute(self, tool: Tool, parsed: BaseModel, ctx: CallContext) -> ToolOutcome:
         """Run the handler: on the turn's own thread, or — when a timeout applies — on a

@@ -419,3 +419,32 @@ def test_compact_says_why_the_summarizer_declined(target: Target,
             "MORPH_API_KEY)); nothing was compacted") in done.stderr
     assert "not compacted" in done.stdout
     assert target.snapshot() == before
+
+
+def test_a_call_whose_turn_is_being_cancelled_is_not_offered_for_a_verdict(
+        target: Target) -> None:
+    """A parked turn nobody serves, cancelled from another shell: its call waits on the cancel,
+    not on a verdict (`approvals list`, `sessions show` say so), an approval is refused with
+    nothing written — it was accepted, reported done, and never ran — and the next resume
+    closes the turn with the denial."""
+    sid = target.parked()
+    cancelled = target.run("cancel", str(sid), "--reason", "change freeze")  # another process
+    assert cancelled.returncode == 0, cancelled.stderr
+    (listed,) = target.json("approvals", "list", str(sid))
+    assert (listed["call_id"], listed["waiting"]) == ("call-deploy", "cancel")
+    shown = target.invoke("sessions", "show", str(sid))
+    assert "call-deploy" in shown.stdout
+    assert "(cancel requested: closing the turn denies it)" in shown.stdout, shown.stdout
+    before = target.types(sid)
+    for verdict in (["approve", str(sid), "call-deploy"],
+                    ["deny", str(sid), "call-deploy", "--reason", "no"]):
+        refused = target.invoke(*verdict)
+        assert refused.exit_code == 1
+        assert "Error: ApprovalNotPending:" in refused.stderr
+        assert "cancel is recorded" in refused.stderr, refused.stderr
+    assert target.types(sid) == before
+    resumed = target.run("--json", "resume", str(sid), "--app", DEMO_APP)
+    assert json.loads(resumed.stdout)["status"] == "cancelled", resumed.stderr
+    verdicts = [e.payload for e in target.events(sid) if e.payload.wire_name ==
+                "approval/resolved"]
+    assert [v.verdict for v in verdicts] == ["denied"]  # type: ignore[attr-defined]

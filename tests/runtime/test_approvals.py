@@ -357,3 +357,42 @@ def test_r13_a_cancel_from_another_process_stops_a_parked_turn(
             < first_index(log, "turn/end"))
     assert only(log, "turn/end")[0].data["by"] == {"actor": "operator", "id": "proc"}
     assert kit.ran == []
+
+
+def test_r23_a_policy_recorded_while_a_call_waited_applies_once_it_is_approved(
+        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit) -> None:
+    """An operator's emergency stop (deny all, from another process) while a call waits for
+    its verdict: the approval that follows does not run it — the call is vetoed, as the very
+    next call would be — and the model is told why."""
+    provider = ScriptedProvider([calls(("deploy", {"env": "prod"})), final()])
+    rt = make_runtime(provider)
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    (call_id,) = wait_parked(rt, sid)
+    other_process(opened.uri, "policy", str(sid))  # no patterns: deny every tool
+    other_process(opened.uri, "approve", str(sid), call_id)
+    assert job.join().status == "completed"
+    assert kit.ran == []
+    (result,) = only(read_log(opened.store, sid), "tool/result")
+    assert result.data["is_error"] and "not allowed by the session's policy" in \
+        result.data["content"], result.data
+
+
+def test_r11_a_verdict_after_the_turns_cancel_is_refused(
+        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit) -> None:
+    """A parked turn nobody serves (its process died) is cancelled from another process; an
+    approval then would be accepted and never acted on (closing the turn denies the call), so
+    it is refused and nothing is written. The next resume closes the turn with the denial."""
+    sid = make_runtime().create_session()
+    other_process(opened.uri, "park", str(sid))  # parked on c-park, then the process is gone
+    other_process(opened.uri, "cancel", str(sid))
+    before = read_log(opened.store, sid)
+    rt = make_runtime([final()])
+    for verdict in (lambda: rt.approve(sid, "c-park", by=USER),
+                    lambda: rt.deny(sid, "c-park", by=USER, reason="no")):
+        with pytest.raises(ApprovalNotPending, match="cancel is recorded"):
+            verdict()
+    assert read_log(opened.store, sid) == before
+    assert rt.resume_turn(sid).status == "cancelled"
+    (resolved,) = only(read_log(opened.store, sid), "approval/resolved")
+    assert resolved.data["verdict"] == "denied"
