@@ -14,7 +14,7 @@ from terret._lazy import lazy_exports
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from terret.adapters.stores import MemoryStore, SQLiteStore, open_store
+    from terret.adapters.stores import EventStoreDBStore, MemoryStore, SQLiteStore, open_store
     from terret.domain import (
         MAX_STEPS,
         EventPayload,
@@ -35,11 +35,13 @@ if TYPE_CHECKING:
         AgentDefinition,
         CallContext,
         FixedSummarizer,
+        Refusal,
         Reply,
         Runtime,
         RuntimeConfig,
         ScriptedProvider,
         StaticResolver,
+        StepClaim,
         Tool,
         TurnResult,
         call,
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     )
 
 _LAZY: dict[str, str] = {
+    "EventStoreDBStore": "terret.adapters.stores:EventStoreDBStore",
     "MemoryStore": "terret.adapters.stores:MemoryStore",
     "SQLiteStore": "terret.adapters.stores:SQLiteStore",
     "open_store": "terret.adapters.stores:open_store",
@@ -69,11 +72,13 @@ _LAZY: dict[str, str] = {
     "AgentDefinition": "terret.runtime:AgentDefinition",
     "CallContext": "terret.runtime:CallContext",
     "FixedSummarizer": "terret.runtime:FixedSummarizer",
+    "Refusal": "terret.runtime:Refusal",
     "Reply": "terret.runtime:Reply",
     "Runtime": "terret.runtime:Runtime",
     "RuntimeConfig": "terret.runtime:RuntimeConfig",
     "ScriptedProvider": "terret.runtime:ScriptedProvider",
     "StaticResolver": "terret.runtime:StaticResolver",
+    "StepClaim": "terret.runtime:StepClaim",
     "Tool": "terret.runtime:Tool",
     "TurnResult": "terret.runtime:TurnResult",
     "call": "terret.runtime:call",
@@ -83,6 +88,7 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "MAX_STEPS",
+    "EventStoreDBStore",
     "MemoryStore",
     "SQLiteStore",
     "open_store",
@@ -90,11 +96,13 @@ __all__ = [
     "AgentDefinition",
     "CallContext",
     "FixedSummarizer",
+    "Refusal",
     "Reply",
     "Runtime",
     "RuntimeConfig",
     "ScriptedProvider",
     "StaticResolver",
+    "StepClaim",
     "Tool",
     "TurnResult",
     "call",

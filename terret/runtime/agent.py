@@ -440,7 +440,8 @@ class Agent:
             refusal = hook(claim)
             if refusal is not None:
                 return self._end(claim.turn, "rejected", reason=refusal.reason,
-                                 by=Actor(actor=refusal.actor))  # type: ignore[arg-type]
+                                 by=Actor(actor=refusal.actor,  # type: ignore[arg-type]
+                                          id=refusal.id))
         return None
 
     def _messages(self) -> list[Message]:

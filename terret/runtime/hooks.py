@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import get_args
 from uuid import UUID
 
+from terret.domain.errors import ConfigurationError
+from terret.domain.events import ActorKind
 from terret.domain.money import cost_figure
 from terret.domain.session import SessionState
 
 
 @dataclass(frozen=True)
 class StepClaim:
+    """What a pre-step hook is asked about: the step about to start and its model spec."""
+
     session_id: UUID
     turn: int
     step: int
@@ -20,10 +25,20 @@ class StepClaim:
 
 @dataclass(frozen=True)
 class Refusal:
-    """A pre-step hook's refusal: the turn ends ``rejected`` with ``by: {actor}``."""
+    """A pre-step hook's refusal: the turn ends ``rejected`` with ``by: {actor, id}``.
+    ``actor`` is one of the log's actor kinds (``operator``, ``budget``, ``system``, …);
+    another is a ``ConfigurationError`` here, where the hook's author sees it, not a turn
+    that fails on every step."""
 
     actor: str
     reason: str
+    id: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = get_args(ActorKind)
+        if self.actor not in kinds:
+            raise ConfigurationError(f"Refusal actor {self.actor!r} is not one of "
+                                     f"{', '.join(kinds)}; name who refused with id=")
 
 
 PreStepHook = Callable[[StepClaim], Refusal | None]

@@ -15,6 +15,7 @@ from terret import (
     call,
 )
 from terret.domain.errors import (
+    ConfigurationError,
     MaxStepsExceeded,
     ProviderError,
     SessionOwned,
@@ -201,6 +202,21 @@ def test_r3_a_turn_closes_rejected_by_a_pre_step_hook(make_runtime: MakeRuntime,
     assert [c.step for c in claims] == [1, 2]
     assert claims[0].model == "scripted:default" and claims[0].turn == 1
     assert len(provider.requests) == 1
+
+
+def test_r3_a_refusal_names_its_component_by_id_and_a_foreign_actor_kind_is_refused(
+        make_runtime: MakeRuntime, store) -> None:
+    """``Refusal("policy-bot", …)`` failed every turn with a pydantic ValidationError (the
+    log's actor kinds are fixed); now it is a ``ConfigurationError`` where it is made, and
+    ``id`` names the component in ``turn/end``'s ``by``."""
+    with pytest.raises(ConfigurationError, match="'policy-bot' is not one of"):
+        Refusal("policy-bot", "no")
+    rt = make_runtime([final()], pre_step=[
+        lambda claim: Refusal("system", "outside business hours", id="hours-guard")])
+    sid = rt.create_session()
+    assert rt.run_turn(sid, "hello").status == "rejected"
+    (end,) = only(read_log(store, sid), "turn/end")
+    assert end.data["by"] == {"actor": "system", "id": "hours-guard"}
 
 
 def test_r3_an_agent_definition_hook_can_reject_too(make_runtime: MakeRuntime, kit: Kit,
