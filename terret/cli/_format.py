@@ -82,3 +82,10 @@ def plural(count: int, word: str) -> str:
 def as_json(value: Any) -> str:
     """A value shown inline as JSON (arguments of a call), keys sorted."""
     return json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def actor_text(by: dict[str, Any] | None) -> str:
+    """``operator (alice)`` for a recorded ``by``; empty for none."""
+    if not by:
+        return ""
+    return str(by["actor"]) + (f" ({by['id']})" if by.get("id") else "")

@@ -15,7 +15,7 @@ from uuid import UUID
 import click
 
 from terret.cli._context import MODEL_SPEC, SESSION, CliContext, note, operator
-from terret.cli._format import money, table
+from terret.cli._format import actor_text, money, table
 from terret.cli._params import PATTERN, TEXT, Choice
 from terret.domain.errors import shown
 
@@ -78,9 +78,20 @@ def cancel(obj: CliContext, session_id: UUID, reason: str | None) -> None:
     """Cancel the open turn: recorded first; its serving process then denies standing
     approvals and closes the turn (or the next resume does)."""
     obj.require_session(session_id)
-    obj.commands().cancel(session_id, by=operator(), reason=reason)
-    obj.emit({"session": str(session_id), "cancel_requested": True},
-             f"cancel recorded for {session_id}")
+    commands = obj.commands()
+    if commands.cancel(session_id, by=operator(), reason=reason):
+        obj.emit({"session": str(session_id), "cancel_requested": True, "recorded": True},
+                 f"cancel recorded for {session_id}")
+        return
+    state = commands.writer.load(session_id).state
+    first = {"by": state.cancel_by, "reason": state.cancel_reason}
+    by = actor_text(state.cancel_by)
+    obj.emit({"session": str(session_id), "cancel_requested": True, "recorded": False,
+              "cancel": first},
+             f"cancel already recorded for {session_id}"
+             + (f" by {by}" if by else "")
+             + (f": {state.cancel_reason}" if state.cancel_reason else "")
+             + " — nothing recorded")
 
 
 @click.command("resume")

@@ -9,7 +9,16 @@ from uuid import UUID
 import click
 
 from terret.cli._context import MODEL_SPEC, SESSION, WHEN, CliContext, note, operator
-from terret.cli._format import ago, as_json, money, parked_json, plural, table, when
+from terret.cli._format import (
+    actor_text,
+    ago,
+    as_json,
+    money,
+    parked_json,
+    plural,
+    table,
+    when,
+)
 from terret.cli._params import AGENT_NAME, TEXT, Choice, IntRange
 from terret.domain.money import cost_figure
 
@@ -89,19 +98,13 @@ def _turn_cell(last: dict[str, Any] | None) -> str:
     return f"{last['turn']} {last['status']}" + (f" by {by['actor']}" if by else "")
 
 
-def _actor(by: dict[str, Any] | None) -> str:
-    if not by:
-        return ""
-    return by["actor"] + (f" ({by['id']})" if by.get("id") else "")
-
-
 def last_turn_text(last: dict[str, Any] | None, now: float | None = None) -> str:
     """``2 cancelled 3 h ago by operator (alice): change freeze``."""
     if last is None:
         return "none ended yet"
     text = f"{last['turn']} {last['status']} {ago(last.get('ended'), now)}"
     if last.get("by"):
-        text += f" by {_actor(last['by'])}"
+        text += f" by {actor_text(last['by'])}"
     if last.get("reason"):
         text += f": {last['reason']}"
     return text
@@ -223,7 +226,8 @@ def _waiting_lines(s: _Shown) -> list[str]:
     for call in status.owed:
         lines.append(f"owed      {call['id']}: {call['name']} {as_json(call['args'])}")
     if status.inbox:
-        lines.append(f"inbox     {status.inbox} queued")
+        lines.append(f"inbox     {status.inbox} never taken (the session is closed)"
+                     if status.closed else f"inbox     {status.inbox} queued")
     waits = ("cancel requested: closing the turn denies it" if status.cancel_requested
              else "pending")
     for p in s.pending:
@@ -249,7 +253,7 @@ def _turn_lines(s: _Shown, data: dict[str, Any]) -> list[str]:
     """A cancel requested, and whether the open turn can be resumed."""
     lines: list[str] = []
     if s.status.cancel_requested:
-        by = _actor(s.state.cancel_by)
+        by = actor_text(s.state.cancel_by)
         lines.append("cancel    requested" + (f" by {by}" if by else "")
                      + (f": {s.state.cancel_reason}" if s.state.cancel_reason else ""))
     if s.status.resumable and not s.status.closed and _live_owner(s):

@@ -418,10 +418,15 @@ class Session(Aggregate):
         self._record(ApprovalResolved(call_id=call_id, verdict=verdict,  # type: ignore[arg-type]
                                       reason=reason, by=by))
 
-    def request_cancel(self, *, by: Actor, reason: str | None = None) -> None:
+    def request_cancel(self, *, by: Actor, reason: str | None = None) -> bool:
+        """R13: record the cancel (True). A turn whose cancel is recorded already is left as it
+        is (False): the first request's author and reason stand, as ``turn/end`` reports."""
         payload = CancelRequested(by=by, reason=reason)
         self._require_turn()
+        if self.state.cancel_requested:
+            return False
         self._record(payload)
+        return True
 
     def end_turn(self, status: TurnStatus, *, reason: str | None = None,
                  by: Actor | None = None, error: str | None = None,

@@ -90,9 +90,12 @@ class SessionCommands:
         inbox_id, _ = self.writer.execute(session_id, lambda s: s.queue(text, wake=wake))
         return str(inbox_id)
 
-    def cancel(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
-        """Record ``turn/cancel_requested`` (R13); the turn's owner honours it."""
-        self._run(session_id, lambda s: s.request_cancel(by=by, reason=reason))
+    def cancel(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> bool:
+        """Record ``turn/cancel_requested`` (R13); the turn's owner honours it. False, with
+        nothing written, when the turn's cancel is recorded already."""
+        recorded, _ = self.writer.execute(
+            session_id, lambda s: s.request_cancel(by=by, reason=reason))
+        return recorded
 
     def approve(self, session_id: UUID, call_id: str, *, by: Actor,
                 reason: str | None = None) -> None:

@@ -365,14 +365,17 @@ class Runtime:
         return self.writer.load(session_id).turn_open
 
     @takes_session
-    def cancel(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> None:
+    def cancel(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> bool:
         """R13: record the cancel first; the turn's owner then denies standing approvals and
-        closes the turn ``cancelled`` at its next boundary (a parked turn at once)."""
-        self.commands.cancel(session_id, by=by, reason=reason)
+        closes the turn ``cancelled`` at its next boundary (a parked turn at once). False, with
+        nothing written, when the turn's cancel was recorded already (its first author and
+        reason stand); the owner here is nudged either way."""
+        recorded = self.commands.cancel(session_id, by=by, reason=reason)
         agent = self.agent_for_session(session_id)
         if agent is not None:
             agent.cancel_event.set()
         self.signals.signal(session_id)
+        return recorded
 
     # --- approvals -----------------------------------------------------------------------
 

@@ -448,3 +448,32 @@ def test_a_call_whose_turn_is_being_cancelled_is_not_offered_for_a_verdict(
     verdicts = [e.payload for e in target.events(sid) if e.payload.wire_name ==
                 "approval/resolved"]
     assert [v.verdict for v in verdicts] == ["denied"]  # type: ignore[attr-defined]
+
+
+def test_a_second_cancel_writes_nothing_and_the_first_reason_stands(target: Target) -> None:
+    """Two operators cancel the same turn from two shells: the second wrote another
+    ``turn/cancel_requested`` whose reason replaced the first in ``turn/end`` and ``sessions
+    show``; now it writes nothing and says whose cancel stands."""
+    sid = target.parked()
+    first = target.run("cancel", str(sid), "--reason", "change freeze")  # another process
+    assert first.returncode == 0, first.stderr
+    before = target.types(sid)
+    again = target.json("cancel", str(sid), "--reason", "second thoughts")
+    assert again["recorded"] is False and again["cancel"]["reason"] == "change freeze", again
+    text = target.invoke("cancel", str(sid), "--reason", "third")
+    assert text.exit_code == 0
+    assert "cancel already recorded" in text.stdout and "change freeze" in text.stdout
+    assert target.types(sid) == before
+    resumed = target.run("--json", "resume", str(sid), "--app", DEMO_APP)
+    assert json.loads(resumed.stdout)["status"] == "cancelled", resumed.stderr
+    ends = [e.payload for e in target.events(sid) if e.payload.wire_name == "turn/end"]
+    assert ends[-1].reason == "change freeze"  # type: ignore[attr-defined]
+
+
+def test_a_closed_sessions_inbox_is_not_shown_as_queued(target: Target) -> None:
+    sid = target.finished()
+    assert target.run("inject", str(sid), "later, maybe").returncode == 0
+    assert target.run("sessions", "close", str(sid)).returncode == 0
+    shown = target.invoke("sessions", "show", str(sid)).stdout
+    assert "inbox     1 never taken (the session is closed)" in shown, shown
+    assert "queued" not in shown

@@ -6,9 +6,11 @@ session, one executor) — ``SessionOwned``, never ``TurnOpenInLog``'s "resume i
 from __future__ import annotations
 
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
+from terret import Runtime
 from terret.domain.errors import SessionOwned
 from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import (
@@ -23,7 +25,6 @@ from tests.runtime.kit import (
 
 def test_the_former_owner_of_a_moved_session_is_refused_as_any_worker(
         make_runtime: MakeRuntime, opened: OpenedStore, tmp_path: Path) -> None:
-    store = opened.store
     former = make_runtime([final("one"), final("three")])
     sid = former.create_session()
     assert former.run_turn(sid, "one").status == "completed"
@@ -31,6 +32,20 @@ def test_the_former_owner_of_a_moved_session_is_refused_as_any_worker(
 
     release = tmp_path / "release"
     moved = Background(lambda: other_process(opened.uri, "hold", str(sid), str(release)))
+    try:
+        _the_former_owner_is_refused(former, sid, opened, tmp_path)
+    finally:
+        release.touch()  # the other process ends whatever happened here
+    assert moved.join()["status"] == "completed"
+    # Idle again: the caller chose this process, so the session moves back.
+    assert former.run_turn(sid, "three").status == "completed"
+    agent = former.agent_for_session(sid)
+    assert agent is not None and agent.status == "idle"
+
+
+def _the_former_owner_is_refused(former: Runtime, sid: UUID, opened: OpenedStore,
+                                 tmp_path: Path) -> None:
+    store = opened.store
     wait_until((tmp_path / "release.started").exists, what="the held tool")
     owner = former.writer.load(sid).state.owner
     assert owner is not None and owner.worker != former.lease.worker
@@ -45,13 +60,6 @@ def test_the_former_owner_of_a_moved_session_is_refused_as_any_worker(
     assert former.agent_for_session(sid) is None  # dropped: it owns nothing here
     assert read_log(store, sid) == before  # the refusals wrote nothing
 
-    release.touch()
-    assert moved.join()["status"] == "completed"
-    # Idle again: the caller chose this process, so the session moves back.
-    assert former.run_turn(sid, "three").status == "completed"
-    agent = former.agent_for_session(sid)
-    assert agent is not None and agent.status == "idle"
-
 
 def test_the_former_owner_drops_its_agent_when_the_move_reaches_it(
         make_runtime: MakeRuntime, opened: OpenedStore, tmp_path: Path) -> None:
@@ -65,9 +73,12 @@ def test_the_former_owner_drops_its_agent_when_the_move_reaches_it(
     assert stale is not None
     release = tmp_path / "release"
     moved = Background(lambda: other_process(opened.uri, "hold", str(sid), str(release)))
-    wait_until((tmp_path / "release.started").exists, what="the held tool")
-    wait_until(lambda: former.agent_for_session(sid) is None, what="the stale agent dropped")
-    release.touch()
+    try:
+        wait_until((tmp_path / "release.started").exists, what="the held tool")
+        wait_until(lambda: former.agent_for_session(sid) is None,
+                   what="the stale agent dropped")
+    finally:
+        release.touch()
     assert moved.join()["status"] == "completed"
     # Dropped, not released again: the move recorded its detach, once.
     detached = [e.data["agent_id"] for e in only(read_log(store, sid), "agent/detached")]
