@@ -11,6 +11,7 @@ error text may quote it in:
 - raw, and ``repr``-escaped (``\\r``, ``\\n``, ``\\x..``, ``\\\\``), as ``str`` and as
   ``bytes`` (``Illegal header value b'Bearer sk-…\\r'``);
 - JSON-escaped (ASCII-only or not) and URL-encoded (``%XX``, ``+``), in either case;
+- Base64-encoded (standard or URL-safe, at any byte offset), folded like the rest;
 - each of those escaped once more (a repr of a repr), and
 - cut short: any run of :data:`RUN` characters of a spelling is masked, so a key cut by a length
   limit (a 200-character excerpt that ends mid-key) or split by an escape no spelling foresees
@@ -19,6 +20,7 @@ error text may quote it in:
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
@@ -56,7 +58,22 @@ def spellings(value: str) -> set[str]:
         quote_plus(value, safe=""),
     }
     again = {repr(form)[1:-1] for form in forms} | {json.dumps(form)[1:-1] for form in forms}
-    return {form.translate(_FOLD) for form in forms | again if form}
+    return {form.translate(_FOLD) for form in forms | again | _base64(value) if form}
+
+
+def _base64(value: str) -> set[str]:
+    """``value``'s Base64 (standard and URL-safe) at each of the three byte offsets it may
+    start at inside an encoded text (``user:KEY`` in a Basic header, a body echoed encoded):
+    the characters that also encode the bytes around it are left out, and the runs of
+    :data:`RUN` characters in between are masked wherever they show."""
+    raw = value.encode("utf-8", "backslashreplace")
+    forms: set[str] = set()
+    for shift in range(3):
+        encoded = base64.b64encode(b"\0" * shift + raw).decode()
+        inner = encoded[4 if shift else 0 : -4]
+        if len(inner) >= RUN:  # a shorter piece would mask ordinary text
+            forms |= {inner, inner.replace("+", "-").replace("/", "_")}
+    return forms
 
 
 class _Matcher:

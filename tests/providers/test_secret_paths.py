@@ -9,6 +9,7 @@ of every frame of the traceback, this test's own included."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import traceback
@@ -349,6 +350,33 @@ def test_scrub_masks_every_spelling(key: str) -> None:
         scrubbed = secret.scrub(text)
         assert leaks(scrubbed, key.strip()) == [], (text, scrubbed)
         assert "***" in scrubbed and scrubbed.endswith(" end"), scrubbed
+
+
+@pytest.mark.parametrize("prefix", ["", "u:", "ab:", "Bearer "])
+def test_scrub_masks_the_key_base64_encoded_at_any_offset(prefix: str) -> None:
+    """A server may echo a request back Base64-encoded (a Basic header, an encoded body)."""
+    secret = Secret(API_KEY)
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        encoded = encode((prefix + API_KEY + " tail").encode()).decode()
+        scrubbed = secret.scrub(f"echo {encoded} end")
+        assert "***" in scrubbed, scrubbed
+        kept = scrubbed.replace("***", "\n")
+        # What is left of the encoding does not decode to a run of the key.
+        for piece in kept.split("\n"):
+            assert len(piece) < 16 or API_KEY[:8] not in _decoded(piece), (prefix, scrubbed)
+
+
+def _decoded(piece: str) -> str:
+    text = ""
+    for start in range(4):
+        chunk = piece[start:]
+        chunk = chunk[: len(chunk) // 4 * 4]
+        try:
+            text += base64.b64decode(chunk.replace("-", "+").replace("_", "/")).decode(
+                "latin-1")
+        except ValueError:
+            continue
+    return text
 
 
 def test_scrub_leaves_other_text_alone() -> None:
