@@ -44,6 +44,18 @@ class TextType(StringParamType):
         return text
 
 
+class SearchTextType(TextType):
+    """Text to search for: not empty (an empty part would pass every titled session and
+    drop every untitled one, which no one asks for)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        text = super().convert(value, param, ctx)
+        if isinstance(text, str) and not text.strip():
+            self.fail("empty; leave the option out to list every session", param, ctx)
+        return text
+
+
 class AgentNameType(click.ParamType):
     """An agent definition's name, checked as ``session/started`` checks it."""
 
@@ -146,6 +158,7 @@ class Choice(CutQuotes, click.Choice):  # type: ignore[type-arg]
 
 
 TEXT = TextType()
+SEARCH_TEXT = SearchTextType()
 AGENT_NAME = AgentNameType()
 PATTERN = PatternType()
 SECONDS = SecondsType()

@@ -13,10 +13,10 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import SESSION, CliContext
+from terret.cli._context import SESSION, CliContext, note
 from terret.cli._params import JSON_LINES, TEXT, IntRange
 from terret.domain.errors import shown
-from terret.domain.store import StoredRecord, session_stream
+from terret.domain.store import RETENTION_STREAM, StoredRecord, session_stream
 
 if TYPE_CHECKING:  # the payload classes are loaded when a command reads events
     from terret.domain import events as ev
@@ -247,12 +247,30 @@ def _follow(store: Any, stream: str, head: int, last: int, wanted: set[str] | No
     try:
         with store.subscribe(after=head) as sub:
             for item in sub:
-                if isinstance(item, StoredRecord) and item.stream == stream and item.seq > last:
+                if not isinstance(item, StoredRecord):
+                    continue
+                if item.stream == stream and item.seq > last:
                     if wanted is None or item.wire_name in wanted:
                         show(item)
                     last = item.seq
+                elif _purges(item, stream):
+                    # Nothing more can land: the stream is gone (or expiring).
+                    note(f"session {stream.removeprefix('session-')} was purged; "
+                         "nothing more will be logged")
+                    return
     except KeyboardInterrupt:
         pass  # Ctrl-C ends --follow quietly
+
+
+def _purges(record: StoredRecord, stream: str) -> bool:
+    """Whether ``record`` is the retention stream's ``session/purged`` of ``stream``."""
+    if record.stream != RETENTION_STREAM or record.wire_name != "session/purged":
+        return False
+    try:
+        purged = json.loads(record.data).get("session_id")
+    except (ValueError, AttributeError):
+        return False
+    return f"session-{purged}" == stream or purged == stream
 
 
 def _records(store: Any, stream: str, from_seq: int) -> Iterator[StoredRecord]:

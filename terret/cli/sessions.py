@@ -19,7 +19,7 @@ from terret.cli._format import (
     table,
     when,
 )
-from terret.cli._params import AGENT_NAME, TEXT, Choice, IntRange
+from terret.cli._params import AGENT_NAME, SEARCH_TEXT, TEXT, Choice, IntRange
 from terret.domain.money import cost_figure
 
 if TYPE_CHECKING:  # the projections are loaded when a command reads the views
@@ -42,7 +42,7 @@ def sessions() -> None:
 @sessions.command("list")
 @click.option("--status", type=Choice(STATUSES), help="Only sessions in this state.")
 @click.option("--agent", type=AGENT_NAME, default=None, help="Only sessions of this agent.")
-@click.option("--title", "title_part", type=TEXT, default=None, metavar="TEXT",
+@click.option("--title", "title_part", type=SEARCH_TEXT, default=None, metavar="TEXT",
               help="Only sessions whose title holds TEXT (any case).")
 @click.option("--since", type=WHEN, default=None,
               help="Only sessions active since WHEN: a date (2026-12-01, 2026-12-01T09:30) "

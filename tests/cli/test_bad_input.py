@@ -150,6 +150,8 @@ def test_invalid_values_are_usage_errors(target: Target) -> None:
         (["log", sid, "--from", "0"], "--from"),
         (["sessions", "list", "--status", "sleeping"], "'sleeping' is not one of"),
         (["sessions", "list", "--limit", "0"], "--limit"),
+        (["sessions", "list", "--title", ""], "--title"),
+        (["sessions", "list", "--title", "  "], "--title"),
         (["sessions", "new", "--model", "gpt-4o"], "--model"),
         (["sessions", "new", "--agent", ""], "--agent"),
         (["sessions", "purge", sid, "--max-age", "0"], "--max-age"),

@@ -274,3 +274,17 @@ def test_resume_in_one_process_waits_for_approve_from_another(sqlite_target: Tar
     assert out.strip() == "turn 1 completed"
     assert t.types(sid).count("turn/start") == 1
 
+
+
+def test_log_follow_ends_when_another_shell_purges_the_session(target: Target) -> None:
+    """`log --follow` of a closed session that another shell purges: it said nothing and
+    followed a stream that was gone; now it says so on stderr and exits 0."""
+    sid = target.closed()
+    follow = Proc.start(target, "log", str(sid), "--follow")
+    follow.wait_line(lambda line: "session/closed" in line, "the closed session's log",
+                     stream="out")
+    purged = target.run("sessions", "purge", str(sid), "--yes")
+    assert purged.returncode == 0, purged.stderr
+    code, _, err = follow.finish(timeout=30)
+    assert code == 0, err
+    assert f"session {sid} was purged; nothing more will be logged" in err
