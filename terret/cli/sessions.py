@@ -190,7 +190,10 @@ def _head_lines(s: _Shown, now: float) -> list[str]:
         f"agent     {summary.agent}",
         f"status    {summary.status}"
         + (f" (turn {status.turn}, step {status.step}{' open' if status.step_open else ''})"
-           if status.turn_open else ""),
+           if status.turn_open else "")
+        # The log says the turn runs; no live worker does (its process died or left it).
+        + (" — no live worker runs it" if summary.status == "running" and _resumable(s)
+           else ""),
         f"last turn {last_turn_text(last, now)}",
     ]
     if last is not None and last.get("error"):

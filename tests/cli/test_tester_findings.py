@@ -477,3 +477,16 @@ def test_a_closed_sessions_inbox_is_not_shown_as_queued(target: Target) -> None:
     shown = target.invoke("sessions", "show", str(sid)).stdout
     assert "inbox     1 never taken (the session is closed)" in shown, shown
     assert "queued" not in shown
+
+
+def test_a_running_turn_no_live_worker_runs_says_so(target: Target) -> None:
+    """The log says `running` after the process running the turn died mid-step; `sessions
+    show` says that no live worker runs it (the `resumable` line says who may)."""
+    writer = target.writer()
+    sid = target.new_session()
+    writer.execute(sid, lambda s: s.start_turn(trigger="user", text="status please"))
+    writer.execute(sid, lambda s: s.start_step("demo:ops-model-1"))
+    shown = target.invoke("sessions", "show", str(sid)).stdout
+    assert "status    running (turn 1, step 1 open) — no live worker runs it" in shown, shown
+    parked = target.invoke("sessions", "show", str(target.parked())).stdout
+    assert "no live worker runs it" not in parked  # waiting on a verdict, not running
