@@ -264,7 +264,11 @@ def _follow(store: Any, stream: str, head: int, last: int, wanted: set[str] | No
 
 def _purges(record: StoredRecord, stream: str) -> bool:
     """Whether ``record`` is the retention stream's ``session/purged`` of ``stream``."""
-    if record.stream != RETENTION_STREAM or record.wire_name != "session/purged":
+    if record.stream != RETENTION_STREAM:
+        return False
+    from terret.domain.events import SessionPurged
+
+    if record.wire_name != SessionPurged.wire_name:
         return False
     try:
         purged = json.loads(record.data).get("session_id")

@@ -59,9 +59,10 @@ def test_ctrl_c_on_a_resume_parked_on_an_approval_leaves_the_turn_open(target: T
 def test_a_released_parked_turn_cancelled_then_resumed_says_its_call_was_not_run(
         target: Target) -> None:
     """A chat left a turn parked (it released the session: no call was under way). A cancel,
-    then a late approval, from two other processes; the resume closes the turn ``cancelled``
-    and says so first — not "waiting for a verdict" — and the call's result says it was not
-    run (it never was), not that it "may have run", which is for an owner that crashed."""
+    then a late approval (refused: the cancel denies the call), from two other processes; the
+    resume closes the turn ``cancelled`` and says so first — not "waiting for a verdict" —
+    and the call's result says it was not run (it never was), not that it "may have run",
+    which is for an owner that crashed."""
     write_app(target)
     chat = subprocess.run([sys.executable, "-m", "terret",
                            *target.args("chat", "--app", APP, "--agent", "ops")],
@@ -71,7 +72,8 @@ def test_a_released_parked_turn_cancelled_then_resumed_says_its_call_was_not_run
     sid = chat.stdout.rsplit("terret chat ", 1)[1].split()[0]
     assert target.types(sid)[-1] == "agent/detached"
     assert target.invoke("cancel", sid, "--reason", "c1").exit_code == 0
-    assert target.invoke("approve", sid, "call-deploy", "--reason", "late").exit_code == 0
+    late = target.invoke("approve", sid, "call-deploy", "--reason", "late")
+    assert late.exit_code == 1 and "cancel is recorded" in late.stderr  # it would never run
 
     done = run(target, "resume", sid, "--app", APP)
     assert done.returncode == 0, done.stderr
