@@ -396,6 +396,12 @@ class CliContext:
                 store.check_integrity()
             raise SessionNotFound(f"no session {session_id} in {self.masked_uri}")
 
+    def session_state(self, session_id: UUID) -> Any:
+        """The session's ``SessionState`` folded from its log (not a view)."""
+        from terret.domain.repository import SessionRepository
+
+        return SessionRepository(self.store()).get(session_id).state
+
     def sessions_with_prefix(self, prefix: str, *, limit: int) -> list[UUID]:
         """The session ids that start with ``prefix`` (from the sessions view, caught up)."""
         from terret.domain.store import SESSION_PREFIX

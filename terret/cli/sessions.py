@@ -117,15 +117,24 @@ def show(obj: CliContext, session_id: UUID) -> None:
     """Title, status, how its last turn ended, owner, open turn, pending approvals, usage and
     policy of one session."""
     from terret.cli._owners import Liveness
-    from terret.domain.errors import SessionNotFound
+    from terret.domain.errors import ViewsBehind
+    from terret.domain.store import session_stream
+    from terret.projections.status import status_of
 
     obj.require_session(session_id)
     views = obj.views(reads=SHOW_READS)
     summary = views.summary(session_id)
     status = views.status(session_id)
     state = views.state(session_id)
-    if summary is None or status is None or state is None:
-        raise SessionNotFound(f"no session {session_id} in {obj.masked_uri}")
+    if status is None or state is None:
+        # The status view has not reached the session (it halted on an earlier event): the
+        # log's own fold says the same, and the stale warning says why the views are behind.
+        state = obj.session_state(session_id)
+        status = status_of(session_stream(session_id), state)
+    if summary is None:
+        raise ViewsBehind(f"session {session_id} is in the log, but the sessions view has not "
+                          "reached it" + (f" ({obj.stale.line().split(': ', 1)[1]})"
+                                          if obj.stale is not None else ""))
     shown = _Shown(summary, status, state, views.pending(session_id), views.policy(session_id),
                    Liveness(obj.store()).owner(_owner_of(summary)))
     data = _show_data(shown, views.roles(session_id), views.usage_by_model(session_id))

@@ -326,6 +326,11 @@ class ViewsBusy(TerretError):
     when that one ends."""
 
 
+class ViewsBehind(TerretError):
+    """The views have not reached what a command asks about (a projection halted before it):
+    the log has it; ``terret doctor`` says what stopped them."""
+
+
 class ViewsMismatch(TerretError):
     """The views file no longer holds what this process built from its log: another process
     rebuilt it from another store (or from a restored copy). This process stops reading it."""

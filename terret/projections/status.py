@@ -156,7 +156,11 @@ def read_status(db: sqlite3.Connection, stream: str) -> SessionStatus | None:
     row = db.execute("SELECT state FROM status WHERE session = ?", (stream,)).fetchone()
     if row is None:
         return None
-    s = SessionState.from_json(row[0])
+    return status_of(stream, SessionState.from_json(row[0]))
+
+
+def status_of(stream: str, s: SessionState) -> SessionStatus:
+    """The view's status of a session in state ``s`` (as the aggregate evolves it)."""
     return SessionStatus(
         session=stream, status=status_name(s.turn_open, waiting_on(s), s.closed),
         turn=s.turn, turn_open=s.turn_open, step=s.step,

@@ -490,3 +490,44 @@ def test_a_running_turn_no_live_worker_runs_says_so(target: Target) -> None:
     assert "status    running (turn 1, step 1 open) — no live worker runs it" in shown, shown
     parked = target.invoke("sessions", "show", str(target.parked())).stdout
     assert "no live worker runs it" not in parked  # waiting on a verdict, not running
+
+
+def test_show_of_a_session_past_a_halt_shows_it_and_says_the_views_are_behind(
+        target: Target) -> None:
+    """One bad event halts `status` and `title`; a session created after it was 'not found'
+    by `sessions show` (exit 1, no warning) though the log and every other command had it.
+    Now it is shown — its status folded from its log — with the stale warning and field."""
+    broken = target.new_session()
+    stream = session_stream(broken)
+    target.store().append(stream, [NewRecord(uuid4(), "session/titled", b'{"title": 5}')],
+                          target.store().stream_version(stream))
+    made = target.run("--json", "sessions", "new", "--agent", "demo")  # another process
+    assert made.returncode == 0, made.stderr
+    sid = json.loads(made.stdout)["id"]
+    assert target.run("inject", sid, "hello").returncode == 0
+    shown = target.run("sessions", "show", sid)
+    assert shown.returncode == 0, shown.stderr
+    assert f"session   {sid}" in shown.stdout and "status    idle" in shown.stdout
+    assert "inbox     1 queued" in shown.stdout  # from the log: the view never saw it
+    (line,) = _stderr_lines(shown.stderr)
+    assert line.startswith("warning: what follows is behind the log") and "halted" in line
+    data = target.run("--json", "sessions", "show", sid)
+    assert data.returncode == 0, data.stderr
+    loaded = json.loads(data.stdout)
+    assert loaded["status"] == "idle" and loaded["stale"]["projections"]["status"]["halted"]
+
+
+def test_show_says_the_views_are_behind_when_the_sessions_view_never_saw_it(
+        target: Target) -> None:
+    """When the sessions view itself halted before the session: a typed error naming the
+    halt, never 'no session'."""
+    stream = session_stream(uuid4())
+    target.store().append(stream, [NewRecord(uuid4(), "session/started", b"{not json")],
+                          target.store().stream_version(stream))
+    made = target.run("--json", "sessions", "new", "--agent", "demo")
+    sid = json.loads(made.stdout)["id"]
+    shown = target.run("sessions", "show", sid)
+    assert shown.returncode == 1, shown.stdout
+    error = one_line_error(shown.stderr)
+    assert error.startswith(f"Error: ViewsBehind: session {sid} is in the log"), error
+    assert "halted" in error and "SessionNotFound" not in shown.stderr
