@@ -12,6 +12,7 @@ import click
 from terret.cli._context import CliContext, note
 from terret.cli._params import MAX_SECONDS, FloatRange
 from terret.cli.admin import APP_OPTION, app_for, runtime_for
+from terret.domain.errors import RuntimeFault, TerretError
 
 log = logging.getLogger("terret.serve")
 
@@ -62,10 +63,17 @@ def serve(obj: CliContext, app_spec: str | None, grace: float, group: str,
     runtime.serve_start(group=group if pooled else None, on_ready=lambda resumed: note(
         f"serving {obj.masked_uri}; resumed {len(resumed)} open turn(s); pid {os.getpid()}"
         f"{pool}"))
-    while not stop.wait(0.5):
+    while not stop.wait(0.5) and runtime.runner.failure is None:
         pass
+    failure = runtime.runner.failure
+    if failure is not None:
+        log.error("the views stopped following the log; stopping so that another live worker "
+                  "serves these sessions")
     runtime.close(grace=grace)
     log.info("stopped")
+    if failure is not None:  # said as every error is, exit 1: a supervisor restarts it
+        raise failure if isinstance(failure, TerretError) else RuntimeFault(
+            f"the projection runner stopped: {failure}")
 
 
 def register(cli: click.Group) -> None:

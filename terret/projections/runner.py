@@ -193,6 +193,13 @@ class ProjectionRunner:
     def position(self) -> int:
         return self._position
 
+    @property
+    def failure(self) -> BaseException | None:
+        """What stopped the runner for good (the store or the views cannot be used), or None
+        while it runs: a process serving turns on views that no longer follow the log must
+        stop, not carry on as a live worker that serves nothing."""
+        return self._error
+
     def _run(self) -> None:
         delay = 0.05
         while not self._stopping.is_set():

@@ -1,0 +1,53 @@
+"""A `serve` whose views stop following its log (another store's process rebuilt the shared
+views file for its own log: `ViewsMismatch`) stopped its projection runner but stayed up, beating
+as a live worker that served nothing: the sessions it should take over waited forever. It now
+stops — releasing what it holds — and exits 1 with the error, so a supervisor restarts it and
+the other live workers serve its sessions meanwhile. On SQLite and on the EventStoreDB emulator
+(`--no-group`: a pool member's views are its own, in memory)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.cli.conftest import DEMO_APP, Target, subprocess_env
+
+
+def test_serve_stops_when_its_views_follow_another_log(target: Target, tmp_path: Path) -> None:
+    views = str(tmp_path / "shared-views.db")
+    err = tmp_path / "serve.err"
+    extra = ["--no-group"] if target.kind == "esdb" else []
+    with open(err, "w") as sink:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "terret", "--store", target.uri, "--views", views, "serve",
+             "--app", DEMO_APP, "--grace", "5", *extra],
+            cwd=target.cwd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=sink)
+    try:
+        deadline = time.monotonic() + 30
+        while "serving " not in err.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+        # Another store's process takes the views file for its own log.
+        for args in (["sessions", "new"], ["--views", views, "sessions", "list"]):
+            other = subprocess.run(
+                [sys.executable, "-m", "terret", "--store", str(tmp_path / "other.db"), *args],
+                capture_output=True, text=True, timeout=60, cwd=target.cwd,
+                env=subprocess_env())
+            assert other.returncode == 0, other.stderr
+        sid = target.new_session()  # an event in serve's log: its runner's next batch
+        assert target.invoke("inject", str(sid), "hello", "--wake").exit_code == 0
+        code = server.wait(60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+    text = err.read_text()
+    assert code == 1, text
+    (error,) = [line for line in text.splitlines() if line.startswith("Error:")]
+    assert error.startswith("Error: ViewsMismatch:"), text
+    assert "stopping so that another live worker serves these sessions" in text
+    assert "Traceback" not in text
+    workers = target.json("workers")
+    assert not [w for w in workers if w.get("pid") == server.pid and w.get("live")], workers
