@@ -24,7 +24,7 @@ from uuid import UUID
 
 from terret.domain.catalogue import catalogue
 from terret.domain.codec import RecordDecoder
-from terret.domain.errors import CorruptRecord, StoreError
+from terret.domain.errors import CorruptRecord, SessionNotFound, StoreError
 from terret.domain.events import (
     AgentDetached,
     ApprovalResolved,
@@ -95,6 +95,10 @@ class GroupFeed:
             self._stopping.wait(RETRY_AFTER)
             message.retry(f"the store could not be read: {exc}")
             return
+        except SessionNotFound as exc:
+            # A new group replays wakes from the start of the log, sessions purged since
+            # among them: nothing is left to serve.
+            log.info("pool: %s was passed over (%s)", message.record.stream, exc)
         except Exception:
             log.exception("serving a session from the pool failed")
         message.ack()

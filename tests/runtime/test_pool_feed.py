@@ -4,11 +4,14 @@ the events that ask for a worker offered."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from uuid import UUID, uuid4
 
+import pytest
+
 from terret.domain.codec import encode
-from terret.domain.errors import StoreUnavailable
+from terret.domain.errors import SessionNotFound, StoreUnavailable
 from terret.domain.events import AgentDetached, InboxQueued, StepStarted, TurnStarted
 from terret.domain.groups import GroupMessage, GroupReader
 from terret.domain.store import StoredRecord, session_stream
@@ -95,3 +98,20 @@ def test_a_failing_offer_is_logged_and_acked_not_redelivered_forever() -> None:
     message = _message(sid, InboxQueued(inbox_id="i1", text="hi", wake=True))
     _run([message], broken)
     assert message.settled == ["ack"]
+
+
+def test_a_purged_session_is_passed_over_without_a_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A new group replays wakes from the start of the log, those of sessions purged since
+    among them: each is passed over in one INFO line, never an ERROR with a traceback."""
+    sid = uuid4()
+
+    def purged(s: UUID, leaving: str | None) -> None:
+        raise SessionNotFound(f"no session {s}")
+
+    message = _message(sid, InboxQueued(inbox_id="i1", text="hi", wake=True))
+    with caplog.at_level(logging.INFO, logger="terret"):
+        _run([message], purged)
+    assert message.settled == ["ack"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert any("was passed over" in r.getMessage() for r in caplog.records)
