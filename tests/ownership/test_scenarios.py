@@ -148,6 +148,9 @@ def test_a_turn_past_the_grace_keeps_its_session_until_the_lease_expires(pool: P
         pytest.skip("the wake went to the worker with the short tool")
     owner.signal(signal.SIGTERM)
     assert owner.wait(30) == 0, pool.stderr()
+    said = "".join(owner.err)
+    assert f"session {sid}: its turn did not stop within the grace" in said, said
+    assert "a tool call still running may then run again" in said
     assert "agent/detached" not in pool.names(sid)  # not released: its turn was mid-tool
     pool.wait_for(sid, "turn/end", timeout=30)
     assert _owners(pool, sid) == [a.pid, other.pid]
