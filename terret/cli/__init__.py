@@ -302,4 +302,7 @@ def _logging(verbose: bool) -> WarningLines | None:
 
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # gRPC's core logs to stderr on its own (a failed TLS handshake, a server's GOAWAY): the
+    # command says what failed in its one `Error:` line. Set it yourself to see them.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     cli(prog_name="terret")

@@ -5,11 +5,15 @@ unencoded shows in no part."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import invoke_cli, one_line_error
+from tests.cli.conftest import invoke_cli, one_line_error, subprocess_env
+from tests.support.esdb_emulator import EsdbEmulator
 
 BAD_PORTS = [
     ("esdb://host:notaport?Tls=false", "esdb://host:***?Tls=false", "host"),
@@ -54,3 +58,25 @@ def test_no_part_of_an_unencoded_password_is_shown(shape: str, password: str) ->
     for word in re.findall(r"[A-Za-z0-9]{3,}", f"admin:{password}"):
         if word not in rest:
             assert word not in result.stdout + result.stderr, (uri, result.stderr)
+
+
+def test_a_tls_mismatch_is_one_clean_error_line(tmp_path: Path) -> None:
+    """`Tls=true` against a plain-text server: one `Error:` line naming the TLS handshake —
+    no gRPC core log lines (`absl::InitializeLog`, `I0000 … ssl_transport_security`) before it,
+    no `_MultiThreadedRendezvous … debug_error_string` dump in it, no password."""
+    emulator = EsdbEmulator().start(host="127.0.0.1", port=0)
+    try:
+        port = emulator.uri.split(":")[2].split("?")[0]
+        uri = f"esdb://admin:hunter2secret@127.0.0.1:{port}?Tls=true"
+        env = {k: v for k, v in subprocess_env().items() if k != "GRPC_VERBOSITY"}
+        done = subprocess.run([sys.executable, "-m", "terret", "--store", uri,
+                               "--store-timeout", "2", "sessions", "list"], capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path, env=env)
+    finally:
+        emulator.stop()
+    assert done.returncode == 1 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("Error: StoreUnavailable:") and "TLS handshake failed" in lines[0]
+    for noise in ("_MultiThreadedRendezvous", "debug_error_string", "hunter2secret"):
+        assert noise not in done.stderr

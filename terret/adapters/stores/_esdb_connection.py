@@ -78,12 +78,30 @@ class Failure:
     reconnect: bool = False
 
 
+def _details(exc: BaseException) -> str:
+    """What went wrong, without gRPC's dump of the call (``<_MultiThreadedRendezvous …
+    debug_error_string = …>``): the status's details when esdbclient wraps a gRPC error."""
+    for candidate in (exc, *exc.args[:1]):
+        details = getattr(candidate, "details", None)
+        if isinstance(candidate, grpc.RpcError) and callable(details):
+            try:
+                text = details()
+            except Exception:  # noqa: BLE001 - a call that cannot say: its text below
+                continue
+            if text:
+                code = getattr(candidate, "code", None)
+                status = code() if callable(code) else None
+                name = getattr(status, "name", None)
+                return f"{name}: {text}" if name else str(text)
+    return str(exc)
+
+
 def failure(exc: BaseException, uri: Secret) -> Failure | None:  # noqa: C901 - one table
     """How to react to an exception raised by esdbclient (or grpc under it). ``None``: it is
     not a transport or server failure (a refusal, a programming error). One flat table of
     exception types, in the order they must be tried (SSLError is a ServiceUnavailable, which is
     a GrpcError): its branches are its rows."""
-    reason = f"{type(exc).__name__}: {uri.scrub(str(exc)) or 'no details'}"
+    reason = f"{type(exc).__name__}: {uri.scrub(_details(exc)) or 'no details'}"
     if isinstance(exc, SSLError):
         # A TLS handshake that fails will fail again: a wrong CA file or host name.
         return Failure(False, f"TLS handshake failed ({reason}); check TlsCaFile and the host")
