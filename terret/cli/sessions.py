@@ -351,8 +351,9 @@ def purge(obj: CliContext, session_id: UUID, reason: str | None, max_age: int | 
         click.confirm(f"Delete every event of session {session_id}?", abort=True, err=True)
     commands.purge(session_id, by=operator(), reason=reason, max_age=max_age)
     if max_age is not None:
-        note(f"{session_id} expires after {max_age}s on stores with native expiry "
-             "(EventStoreDB); elsewhere purge again without --max-age")
+        # Only a store that expires streams itself gets here (SQLite refused the expiry).
+        note(f"{session_id} expires after {max_age}s: the server drops its events then; the "
+             "views have forgotten it already")
     obj.emit({"id": str(session_id), "purged": max_age is None, "max_age": max_age},
              f"purged {session_id}" if max_age is None else f"retention set on {session_id}")
 
