@@ -38,6 +38,18 @@ def test_a_bad_port_is_a_usage_error_at_once(uri: str, masked: str, host: str) -
     assert "changeit" not in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("uri", ["esdb://admin:changeit@:2113?Tls=false", "esdb://:2113",
+                                 "esdb://a:2113,:2114?Tls=false"])
+def test_a_missing_host_is_a_usage_error_at_once(uri: str) -> None:
+    """It was retried for --store-timeout as an unreachable server, then StoreUnavailable."""
+    started = time.monotonic()
+    result = invoke_cli("--store-timeout", "30", "--store", uri, "sessions", "list")
+    assert result.exit_code == 2, result.stderr
+    assert time.monotonic() - started < 5.0
+    assert "a host name is missing" in one_line_error(result.stderr)
+    assert "changeit" not in result.stdout + result.stderr
+
+
 PASSWORDS = ["hunter2?x=SECRET", "SEC#RET?x=y", "SEC/RET?x=y", "SEC@RET", "123?x=SECRET",
              "2113/SECRET", "a?b@c/d#e=SECRET:f"]
 SHAPES = ["esdb://admin:{pw}@host:2113?Tls=false",

@@ -165,8 +165,8 @@ def secret_uri(uri: str, display: str | None = None) -> Secret:
 def check_esdb_uri(uri: str) -> None:
     """Refuse, with ``InvalidStoreURI`` (credentials masked), an EventStoreDB URI that cannot
     work whatever the server says: credentials holding ``@``, ``/``, ``?`` or ``#`` (esdbclient
-    cannot parse them in any spelling), or a host whose port is not a number from 1 to 65535
-    (which would otherwise be retried as an unreachable server)."""
+    cannot parse them in any spelling), a host left empty, or a host whose port is not a number
+    from 1 to 65535 (either would otherwise be retried as an unreachable server)."""
     masked = mask_credentials(uri)
     bounds = userinfo_bounds(uri)
     bad = sorted(set("@/?#") & set(uri[bounds[0] : bounds[1]])) if bounds else []
@@ -186,6 +186,10 @@ def check_esdb_uri(uri: str) -> None:
     hosts = uri[bounds[1] + 1 if bounds else start : end]
     for target in hosts.split(","):
         host, port = _split_target(target.strip())
+        if not host.strip():
+            raise InvalidStoreURI(
+                f"invalid EventStoreDB URI {shown(masked)}: a host name is missing (write "
+                "host:port, e.g. localhost:2113)")
         if port is not None and not _valid_port(port):
             hidden = "" if bounds else " (not shown: it may be a password, '@host' forgotten)"
             raise InvalidStoreURI(
