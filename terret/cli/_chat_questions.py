@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from terret.cli._chat_terminal import Input, Screen, Withdrawn
 from terret.cli._context import operator
 from terret.cli._format import as_json
+from terret.cli._params import text_problem
 
 if TYPE_CHECKING:
     from uuid import UUID
@@ -89,6 +90,8 @@ class ApprovalQuestions:
         if len(matches) != 1:
             self.screen.line(f"no single pending call {call!r} (pending: "
                              f"{', '.join(pending) or 'nothing'})", fg="red")
+            return
+        if reason is not None and not self._storable(reason):
             return
         self._verdict(matches[0], verdict, reason)
         self.screen.line(f"  {verdict} {matches[0]}", dim=True)
@@ -173,9 +176,11 @@ class ApprovalQuestions:
             verb, _, rest = typed.partition(" ")
             if verb.lower() in ("/approve", "/deny") and rest.strip():
                 call, _, reason = rest.strip().partition(" ")
-                if call_id.startswith(call):
+                if call_id.startswith(call) and self._storable(reason):
                     return verb.lower() == "/approve", reason.strip() or None, typed
-                self.screen.line(f"  (the question is about {call_id}, not {call})", dim=True)
+                if not call_id.startswith(call):
+                    self.screen.line(f"  (the question is about {call_id}, not {call})",
+                                     dim=True)
                 continue
             self.screen.line("  (answer y or n: the call waits for its verdict; messages and "
                              "/commands come after it)", dim=True)
@@ -185,12 +190,22 @@ class ApprovalQuestions:
         while True:
             reason = self.input.ask(self.screen, "  reason (the model sees it) "
                                     "[denied in chat]: ", withdraw).strip()
+            if not self._storable(reason):
+                continue
             if reason.startswith("//"):  # as at the prompt: a text that starts with "/"
                 return reason[1:]
             if not reason.startswith("/"):
                 return reason or "denied in chat"
             self.screen.line("  (a /command is not a reason: type the reason the model will "
                              "see, or nothing)", dim=True)
+
+    def _storable(self, text: str) -> bool:
+        """Whether ``text`` can be recorded as a reason; if not (bytes that are not UTF-8: a
+        paste, a Backspace that took half a character), says so, and it is asked again."""
+        problem = text_problem(text)
+        if problem is not None:
+            self.screen.line(f"  (not recorded: {problem}; type it again)", fg="red")
+        return problem is None
 
     def _verdict(self, call_id: str, verdict: str, reason: str | None, *,
                  typed: str | None = None) -> None:

@@ -8,6 +8,7 @@ import os
 import re
 import select
 import sys
+import termios
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -158,7 +159,15 @@ class Input:
             answer = input()
             screen.at_line_start = True
             return answer
-        answer = self._next_line(self.fd, withdraw)
+        try:
+            answer = self._next_line(self.fd, withdraw)
+        except Withdrawn:
+            if self.tty and self.fd is not None:
+                # What was typed at the withdrawn question (no Enter yet) is for it alone:
+                # left in the terminal's line, it would be read by the next prompt and sent.
+                termios.tcflush(self.fd, termios.TCIFLUSH)
+                self._buffer = b""
+            raise
         if self.tty:
             # Read without readline (it cannot be withdrawn from): the terminal's own editing
             # applies (Backspace, Ctrl-U), and the keys it does not know arrive as escape

@@ -416,14 +416,18 @@ class Chat:
         question) or still closing stops, open and resumable, and the session is released
         (``agent/detached``) so that a running ``serve`` takes it over at once. Without the
         grace the parked turn had not stopped yet and kept the session until its lease
-        expired. Ctrl-C here leaves as a crash would."""
+        expired. Ctrl-C here leaves as a crash would: the tool still running dies with this
+        process, unreleased, and a worker on this host takes the turn over as soon as the
+        process is gone (its call said to have no result, or in doubt)."""
         if self.agent is not None and self.agent.busy:
             self.screen.line("  (leaving: the open turn stops at its step boundary and stays "
                              "open; Ctrl-C to stop waiting)", dim=True)
         try:
             self.runtime.close(grace=LEAVING_GRACE)
         except KeyboardInterrupt:
-            pass
+            self.screen.line("  (stopped waiting: the turn is left as after a crash; a running "
+                             "`terret serve` takes it over once this process is gone)", dim=True)
+            self.runtime.runner.stop(timeout=1.0)  # not left reading a store about to close
 
 
 LEAVING_GRACE = 30.0

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,6 +14,9 @@ from terret.cli._context import CliContext, note
 from terret.cli._params import MAX_SECONDS, FloatRange
 from terret.cli.admin import APP_OPTION, app_for, runtime_for
 from terret.domain.errors import RuntimeFault, TerretError
+
+if TYPE_CHECKING:
+    from terret.runtime.runtime import Runtime
 
 log = logging.getLogger("terret.serve")
 
@@ -63,6 +67,12 @@ def serve(obj: CliContext, app_spec: str | None, grace: float, group: str,
     runtime.serve_start(group=group if pooled else None, on_ready=lambda resumed: note(
         f"serving {obj.masked_uri}; resumed {len(resumed)} open turn(s); pid {os.getpid()}"
         f"{pool}"))
+    _serve_until_stopped(runtime, stop, grace)
+
+
+def _serve_until_stopped(runtime: Runtime, stop: threading.Event, grace: float) -> None:
+    """Until SIGTERM or Ctrl-C — or the views stop following the log for good: a worker
+    serving nothing must not stay up as a live one. Then stop gracefully."""
     while not stop.wait(0.5) and runtime.runner.failure is None:
         pass
     failure = runtime.runner.failure

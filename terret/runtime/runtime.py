@@ -176,15 +176,19 @@ class Runtime:
         self.agent_host.release_all("shutdown")
         # A turn that did not stop within the grace keeps its session (not released): the
         # last beat stays in the registry so that it expires and another worker takes over.
+        self.lease.stop(leave=not self._left_running(grace))
+        self.runner.stop()
+        self.view_store.close()
+
+    def _left_running(self, grace: float) -> bool:
+        """Whether a turn did not stop within the grace; each such is said in one line."""
         held = [a for a in self.agent_host.agents if a.busy]
         for agent in held:
             log.warning("session %s: its turn did not stop within the grace (%gs) and is left "
                         "as it is: not released, it is taken over when this worker's lease "
                         "expires (%gs); a tool call still running may then run again",
                         agent.session_id, grace, self.lease.ttl)
-        self.lease.stop(leave=not held)
-        self.runner.stop()
-        self.view_store.close()
+        return bool(held)
 
     def __enter__(self) -> Runtime:
         return self.start()

@@ -256,3 +256,13 @@ def badfloor_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     return "badfloor_app:app"
+
+
+@pytest.fixture
+def chat_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a `terret chat` on a pty: its own history file, a terminal type."""
+    env = subprocess_env()
+    env["TERRET_CHAT_HISTORY"] = str(tmp_path / "history")
+    env["TERM"] = "xterm"
+    env.pop("NO_COLOR", None)
+    return env

@@ -7,15 +7,9 @@ and on the EventStoreDB emulator."""
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import re
-import select
-import signal
 import subprocess
 import sys
-import termios
 import time
 from pathlib import Path
 from uuid import UUID
@@ -32,97 +26,7 @@ from terret.domain.events import (
 )
 from tests.cli.conftest import DEMO_APP, Target, is_type, subprocess_env
 from tests.cli.docs_app import AppServer
-
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][AB0-2]|\r")
-LEFT, RIGHT, UP = "\x1b[D", "\x1b[C", "\x1b[A"
-
-
-def _controlling_terminal() -> None:
-    """In the child, after its ``setsid``: make the pty its controlling terminal, so that
-    Ctrl-C typed there is a SIGINT to it, as in a shell."""
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-
-class Terminal:
-    """A ``python -m terret …`` process on a pseudo-terminal of its own."""
-
-    def __init__(self, target: Target, *args: str, env: dict[str, str]) -> None:
-        master, slave = os.openpty()
-        self.master = master
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "terret", *target.args(*args)], stdin=slave, stdout=slave,
-            stderr=slave, cwd=target.cwd, env=env, start_new_session=True, close_fds=True,
-            preexec_fn=_controlling_terminal)
-        os.close(slave)
-        self.seen = ""
-        self.mark = 0
-
-    def _read(self, timeout: float) -> None:
-        ready, _, _ = select.select([self.master], [], [], timeout)
-        if ready:
-            try:
-                chunk = os.read(self.master, 65536)
-            except OSError:  # the process ended and closed its side
-                chunk = b""
-            if not chunk:
-                raise EOFError(self.text())
-            self.seen += chunk.decode(errors="replace")
-
-    def text(self) -> str:
-        return ANSI.sub("", self.seen)
-
-    def expect(self, needle: str | tuple[str, ...], timeout: float = 30.0) -> str:
-        """Wait until ``needle`` (or one of them) appears after the last match; returns what
-        came before it."""
-        deadline = time.monotonic() + timeout
-        needles = (needle,) if isinstance(needle, str) else needle
-        while True:
-            plain = self.text()
-            for one in needles:
-                found = plain.find(one, self.mark)
-                if found >= 0:
-                    before = plain[self.mark:found]
-                    self.mark = found + len(one)
-                    return before
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {needle!r} in the terminal:\n{plain[self.mark:]}")
-            try:
-                self._read(0.1)
-            except EOFError:
-                raise AssertionError(f"the chat ended before {needle!r}:\n{self.text()}") \
-                    from None
-
-    def session(self) -> UUID:
-        """The session the chat's banner names (its first line)."""
-        return UUID(self.expect("\n").split("session ")[-1].strip())
-
-    def type(self, keys: str) -> None:
-        os.write(self.master, keys.encode())
-
-    def finish(self, timeout: float = 30.0) -> int:
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None and time.monotonic() < deadline:
-            try:
-                self._read(0.1)
-            except EOFError:
-                break
-        code = self.proc.wait(max(0.1, deadline - time.monotonic()))
-        os.close(self.master)
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-
-@pytest.fixture
-def chat_env(tmp_path: Path) -> dict[str, str]:
-    env = subprocess_env()
-    env["TERRET_CHAT_HISTORY"] = str(tmp_path / "history")
-    env["TERM"] = "xterm"
-    env.pop("NO_COLOR", None)
-    return env
+from tests.cli.pty_terminal import CHAT_APP, LEFT, RIGHT, UP, Terminal, running
 
 
 def test_chat_in_a_terminal(target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
@@ -232,16 +136,6 @@ def test_chat_with_piped_input_reads_each_answer_where_it_is_asked(
     assert said == ["deploy checkout"]  # the answer never reached the model
 
 
-CHAT_APP = "tests.cli.chat_app:app"
-
-
-def _running(started: Path) -> None:
-    deadline = time.monotonic() + 30
-    while not started.exists():
-        assert time.monotonic() < deadline, "the tool never started"
-        time.sleep(0.05)
-
-
 def test_ctrl_c_while_a_tool_runs_waits_for_the_turn_to_close(
         target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
     """Ctrl-C while a tool without a timeout runs: the prompt comes back only once the turn has
@@ -256,7 +150,7 @@ def test_ctrl_c_while_a_tool_runs_waits_for_the_turn_to_close(
         term.expect("you> ")
         term.type("hold one\r")
         term.expect("→ hold(")
-        _running(started)
+        running(started)
         term.type("\x03")
         term.expect("(cancelling the turn…)")
         term.expect("a tool is still running")
@@ -273,7 +167,7 @@ def test_ctrl_c_while_a_tool_runs_waits_for_the_turn_to_close(
 
         term.type("hold two\r")
         term.expect("→ hold(")
-        _running(started)
+        running(started)
         term.type("\x03")
         term.expect("a tool is still running")
         term.type("\x03")
@@ -527,7 +421,7 @@ def test_ctrl_c_at_the_prompt_beside_a_woken_turn_only_clears_the_line(
         done = target.run("inject", str(sid), "hold woken", "--wake")
         assert done.returncode == 0, done.stderr
         term.expect("inbox> hold woken")
-        _running(release.with_suffix(".started"))
+        running(release.with_suffix(".started"))
         term.type("half typed")
         time.sleep(0.3)
         term.type("\x03")

@@ -1,0 +1,100 @@
+"""``terret chat`` on a pty: what is typed at an approval's question and reason stays theirs —
+bytes that are not text are asked for again (they crashed the chat, exit 2, and one path left
+the session unreleased), and a reason half typed when the question is withdrawn is dropped, not
+read by the next prompt and sent to the model. Leaving, Ctrl-C stops the wait for a running
+tool quietly, as a crash. On SQLite and on the EventStoreDB emulator."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from terret.domain.events import ApprovalResolved, UserMessage
+from tests.cli.conftest import DEMO_APP, Target
+from tests.cli.pty_terminal import CHAT_APP, Terminal, running
+
+
+def test_a_reason_that_is_not_text_is_asked_for_again(
+        target: Target, chat_env: dict[str, str]) -> None:
+    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        term.type("deploy checkout v2\r")
+        term.expect("approve deploy(")
+        term.type("n\r")
+        term.expect("reason")
+        os.write(term.master, b"bad \xff reason\r")  # a paste that is not UTF-8
+        term.expect("(not recorded: ")
+        term.expect("reason")
+        term.type("change freeze\r")
+        term.expect("denied by operator: change freeze")
+        term.expect("you> ")
+        # The same for /deny at the prompt, on a second call.
+        term.type("deploy checkout v3\r")
+        term.expect("approve deploy(")
+        os.write(term.master, b"/deny call-deploy caf\xc3\r")  # half a character
+        term.expect("(not recorded: ")
+        term.type("/deny call-deploy not today\r")
+        term.expect("denied by operator: not today")
+        term.expect("you> ")
+        term.type("/quit\r")
+        assert term.finish() == 0
+    finally:
+        term.kill()
+    reasons = [e.payload.reason for e in target.events(sid)
+               if isinstance(e.payload, ApprovalResolved)]
+    assert reasons == ["change freeze", "not today"], reasons
+    assert target.types(sid)[-1] == "agent/detached"
+
+
+def test_a_reason_half_typed_when_the_question_is_withdrawn_is_not_sent(
+        target: Target, chat_env: dict[str, str]) -> None:
+    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        term.type("deploy checkout v2\r")
+        term.expect("approve deploy(")
+        term.type("n\r")
+        term.expect("reason")
+        term.type("wrong version, wait for v3")  # no Enter yet
+        time.sleep(0.3)
+        denied = target.run("deny", str(sid), "call-deploy", "--reason", "shell says no")
+        assert denied.returncode == 0, denied.stderr
+        term.expect("denied elsewhere")
+        time.sleep(0.5)
+        term.type("\r")  # the Enter that would have sent it
+        term.expect("you> ")
+        time.sleep(0.5)
+        term.type("/quit\r")
+        assert term.finish() == 0
+    finally:
+        term.kill()
+    said = [e.payload.text for e in target.events(sid) if isinstance(e.payload, UserMessage)]
+    assert said == ["deploy checkout v2"], said
+
+
+def test_ctrl_c_while_leaving_stops_the_wait_quietly(
+        target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    term = Terminal(target, "chat", "--app", CHAT_APP,
+                    env={**chat_env, "CHAT_RELEASE": str(release)})
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        done = target.run("inject", str(sid), "hold woken", "--wake")
+        assert done.returncode == 0, done.stderr
+        running(release.with_suffix(".started"))
+        term.type("\x04")  # Ctrl-D: leave
+        term.expect("Ctrl-C to stop waiting")
+        term.type("\x03")
+        term.expect("(stopped waiting: the turn is left as after a crash")
+        term.expect("bye")
+        assert term.finish() == 0
+    finally:
+        release.touch()
+        term.kill()
+    assert "warning" not in term.text().split("bye", 1)[1], term.text()
+    assert "agent/detached" not in target.types(sid)[-2:]  # not released: the tool ran on
