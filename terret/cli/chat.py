@@ -24,7 +24,7 @@ from terret.cli._app import check_resolves
 from terret.cli._chat_questions import ApprovalQuestions
 from terret.cli._chat_terminal import Input, Screen
 from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
-from terret.cli._format import as_json, money
+from terret.cli._format import actor_text, as_json, money
 from terret.cli._params import AGENT_NAME
 from terret.cli.admin import APP_OPTION, runtime_for
 from terret.domain.errors import SessionClosed, SessionOwned, TerretError, TurnSuspended
@@ -65,6 +65,8 @@ class Chat:
         shown."""
         self.agent: Agent | None = None
         """This process's agent for the session; None while another worker runs its turn."""
+        self.result: object = None
+        """How the turn this chat drove last ended (its ``TurnResult``), until it is said."""
 
     # --- what the session does, as it happens ------------------------------------------------
 
@@ -161,7 +163,24 @@ class Chat:
                              f"`terret chat {self.sid}` answers it later)", dim=True)
         if done.is_set():
             self._settle()
+            self._say_if_stopped_elsewhere()
         self.screen.fresh_line()
+
+    def _say_if_stopped_elsewhere(self) -> None:
+        """A turn this chat drove that another process cancelled (`terret cancel`) or a hook
+        rejected: one line says who and why — its text just stopped, or its question was
+        taken back as if decided."""
+        result, self.result = self.result, None
+        if getattr(result, "status", None) not in ("cancelled", "rejected") or self.muted:
+            return  # completed, failed (said already), or cancelled by this chat's Ctrl-C
+        summary = self.runtime.views.summary(self.sid)
+        last = summary.last_turn if summary is not None else None
+        if last is None or last.get("turn") != getattr(result, "turn", None):
+            return
+        by = actor_text(last.get("by"))
+        self.screen.line(f"  (turn {last['turn']} {last['status']}" + (f" by {by}" if by else "")
+                         + (f": {_one_line(last['reason'], 200)})" if last.get("reason")
+                            else ")"), dim=True)
 
     def _cancel(self, done: threading.Event) -> None:
         # A second Ctrl-C anywhere in here — the user pressing it as soon as a line shows, or
@@ -213,7 +232,7 @@ class Chat:
     def _guarded(self, fn: Callable[[], object], done: threading.Event) -> Callable[[], None]:
         def run() -> None:
             try:
-                result = fn()
+                result = self.result = fn()
                 if getattr(result, "status", None) == "failed":
                     self.screen.line(f"  (turn {getattr(result, 'turn', '?')} failed: "
                                      f"`terret sessions show {self.sid}` says why)", fg="red")

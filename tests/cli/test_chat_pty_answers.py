@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from terret.domain.events import ApprovalResolved, UserMessage
+from terret.domain.events import ApprovalResolved, TurnEnded, UserMessage
 from tests.cli.conftest import DEMO_APP, Target
 from tests.cli.pty_terminal import CHAT_APP, Terminal, running
 
@@ -98,3 +98,34 @@ def test_ctrl_c_while_leaving_stops_the_wait_quietly(
         term.kill()
     assert "warning" not in term.text().split("bye", 1)[1], term.text()
     assert "agent/detached" not in target.types(sid)[-2:]  # not released: the tool ran on
+
+
+def test_a_turn_cancelled_from_another_shell_says_so(
+        target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
+    """`terret cancel` from another shell while the chat's answer streams: the text stopped
+    mid-word and the prompt came back with no word of why; now one line says who cancelled
+    the turn and why. Its own Ctrl-C says nothing more than '(cancelling the turn…)'."""
+    term = Terminal(target, "chat", "--app", CHAT_APP,
+                    env={**chat_env, "CHAT_RELEASE": str(tmp_path / "release")})
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        term.type("long answer please\r")
+        term.expect("agent> word word ")
+        cancelled = target.run("cancel", str(sid), "--reason", "wrong channel")
+        assert cancelled.returncode == 0, cancelled.stderr
+        term.expect("(turn 1 cancelled by operator")
+        term.expect("wrong channel)")
+        term.expect("you> ")
+        term.type("long again\r")
+        term.expect("agent> word word ")
+        term.type("\x03")
+        term.expect("(cancelling the turn…)")
+        after = term.expect("you> ")
+        assert "(turn 2 cancelled" not in after, after
+        term.type("/quit\r")
+        assert term.finish() == 0
+    finally:
+        term.kill()
+    ends = [e.payload.status for e in target.events(sid) if isinstance(e.payload, TurnEnded)]
+    assert ends == ["cancelled", "cancelled"], ends
