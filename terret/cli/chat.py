@@ -11,6 +11,7 @@ verdict for the call arrives from elsewhere (``terret approve`` in another shell
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -410,6 +411,9 @@ class Chat:
         from terret.domain import events as ev
 
         runtime, sid = self.runtime, self.sid
+        # A woken turn that fails is said by the chat itself ("(turn 3 failed: …)"), below the
+        # prompt: the serving log's line for it would say it twice.
+        logging.getLogger("terret.serving").addFilter(_said_by_chat)
         self.banner(new=new)
         if live is not None:
             self.attach(live)
@@ -447,6 +451,10 @@ class Chat:
             self.screen.line("  (stopped waiting: the turn is left as after a crash; a running "
                              "`terret serve` takes it over once this process is gone)", dim=True)
             self.runtime.runner.stop(timeout=1.0)  # not left reading a store about to close
+
+
+def _said_by_chat(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("session %s: the woken turn failed")
 
 
 LEAVING_GRACE = 30.0

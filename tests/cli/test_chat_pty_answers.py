@@ -129,3 +129,22 @@ def test_a_turn_cancelled_from_another_shell_says_so(
         term.kill()
     ends = [e.payload.status for e in target.events(sid) if isinstance(e.payload, TurnEnded)]
     assert ends == ["cancelled", "cancelled"], ends
+
+
+def test_a_woken_turn_that_fails_is_said_once(
+        target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
+    term = Terminal(target, "chat", "--app", CHAT_APP,
+                    env={**chat_env, "CHAT_RELEASE": str(tmp_path / "release")})
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        done = target.run("inject", str(sid), "explode now", "--wake")
+        assert done.returncode == 0, done.stderr
+        term.expect("(turn 1 failed: RuntimeError: the model blew up")
+        term.expect("you> ")
+        time.sleep(0.5)
+        term.type("/quit\r")
+        assert term.finish() == 0
+    finally:
+        term.kill()
+    assert term.text().count("the model blew up") == 1, term.text()
