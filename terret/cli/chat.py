@@ -367,7 +367,11 @@ class Chat:
         if name in ("/help", "/?"):
             self.screen.line(HELP)
         elif name == "/log":
-            self._log(int(rest) if rest.isdigit() else 10)
+            if rest and not (rest.isdigit() and int(rest) >= 1):
+                self.screen.line("usage: /log [N], N a number of events from 1 (default 10)",
+                                 fg="red")
+            else:
+                self._log(int(rest) if rest else 10)
         elif name == "/usage":
             self._usage()
         elif name == "/approve":

@@ -145,6 +145,15 @@ def test_chat_new_session_echo(target: Target) -> None:
     assert types.count("turn/start") == 1 and "turn/end" in types
 
 
+def test_chat_log_takes_a_count_from_one(target: Target) -> None:
+    """`/log abc`, `/log -3` and `/log 0` said nothing of why they showed 10 events or none."""
+    result = target.invoke("chat", input="hi\n/log abc\n/log 0\n/log -3\n/log 2\n/quit\n")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count("usage: /log [N]") == 3, result.stdout
+    shown = result.stdout.split("/log 2", 1)[1].split("/quit", 1)[0]
+    assert len([line for line in shown.splitlines() if line.strip()[:1].isdigit()]) == 2, shown
+
+
 def test_chat_approves_and_denies(target: Target) -> None:
     result = target.invoke("chat", "--app", DEMO_APP,
                            input="Check the checkout service and deploy v2\ny\n"
