@@ -106,8 +106,10 @@ class Input:
         try:
             self.history.parent.mkdir(parents=True, exist_ok=True)
             readline.write_history_file(self.history)
-        except OSError:
-            pass
+        except OSError as exc:  # the chat is over: said, not an error
+            click.echo(f"warning: the chat's history was not saved to {self.history} "
+                       f"({exc.strerror or exc}); set {HISTORY_ENV} to a file you can write",
+                       err=True)
 
     def prompt(self, screen: Screen, text: str) -> str:
         """The chat's prompt; EOFError at Ctrl-D."""

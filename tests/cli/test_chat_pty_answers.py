@@ -148,3 +148,18 @@ def test_a_woken_turn_that_fails_is_said_once(
     finally:
         term.kill()
     assert term.text().count("the model blew up") == 1, term.text()
+
+
+def test_a_history_file_that_cannot_be_written_is_said(
+        target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "a-directory").mkdir()
+    env = {**chat_env, "TERRET_CHAT_HISTORY": str(tmp_path / "a-directory")}
+    term = Terminal(target, "chat", "--app", DEMO_APP, env=env)
+    try:
+        term.session()
+        term.expect("you> ")
+        term.type("/quit\r")
+        term.expect("warning: the chat's history was not saved to")
+        assert term.finish() == 0
+    finally:
+        term.kill()
