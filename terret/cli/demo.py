@@ -186,11 +186,9 @@ def _remove_store_files(path: Path) -> None:
 
 
 def _start(run: Demo, path: Path) -> UUID:
-    from terret.runtime.commands import SessionCommands
-
     run.say(f"A session starts in {path} (SQLite, WAL, synchronous=FULL)")
-    sid = SessionCommands.on(run.store).create(agent="demo", roles={"main": "demo:ops-model-1"})
-    click.echo(f"  session {sid}")
+    sid = UUID(run.terret("sessions", "new", "--agent", "demo", "--model",
+                          "demo:ops-model-1").strip())
 
     run.say("A serving process starts (it runs the session's agent)")
     run.start_server()

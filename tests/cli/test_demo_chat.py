@@ -94,6 +94,8 @@ def assert_narrated_in_order(out: str) -> None:
         assert found, (needle, lines)
         return found[0]
 
+    started = stage("A session starts")
+    assert started[0].startswith("$ terret --store ") and " sessions new " in started[0], started
     serving = [int(line.split("]")[0].split()[1]) for lines in stages.values()
                for line in lines if line.startswith("[serve ")]
     first, second = serving[0], serving[-1]
