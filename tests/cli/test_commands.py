@@ -218,7 +218,7 @@ def test_inject_queues_durably(target: Target) -> None:
 def test_cancel_records_the_request_and_resume_closes_the_turn(target: Target) -> None:
     sid = target.parked()
     cancelled = target.json("cancel", str(sid), "--reason", "wrong service")
-    assert cancelled == {"session": str(sid), "cancel_requested": True}
+    assert cancelled == {"session": str(sid), "cancel_requested": True, "recorded": True}
     assert target.types(sid)[-1] == "turn/cancel_requested"
     assert target.json("sessions", "show", str(sid))["cancel_requested"] is True
 
