@@ -401,3 +401,17 @@ def test_retry_after_forms() -> None:
     assert parse_retry_after({"retry-after": "soon"}) is None
     assert parse_retry_after({}) is None
     assert policy_for(RetryConfig(retry_after_cap=3.0)).delay(0, retry_after=100.0) == 3.0
+
+
+def test_a_cancel_during_a_stall_after_tokens_is_a_cancel(
+    server: ScriptedServer, make_provider: ProviderFactory
+) -> None:
+    """docs/providers.md: the cancel is noticed at the next chunk or at the read timeout, and
+    raises ``ModelCancelled`` — it raised ``StreamBroken`` when the stream had begun."""
+    provider = make_provider(timeouts=TimeoutConfig(read=0.5))
+    server.script(CHAT, Reply.sse(text_stream(["start ", "more"])[:4], stall=2.0))
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    with pytest.raises(ModelCancelled):
+        provider.complete(HELLO, cancel=cancel)
+    assert len(server.requests) == 1

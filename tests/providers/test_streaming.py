@@ -312,6 +312,19 @@ def test_a_tool_call_without_an_id_gets_one(
     assert call.name == "f" and call.id.startswith("call_") and call.args == {}
 
 
+def test_tool_calls_given_one_id_twice_get_ids_of_their_own(
+    server: ScriptedServer, provider: OpenAICompatibleProvider
+) -> None:
+    """A provider's bug: two calls of one reply with the same id. The turn failed with the
+    log's ``InvalidPayload`` (duplicate call ids) and the reply and its usage were lost."""
+    server.script(CHAT, Reply.sse(tool_call_stream([("same", "f", "{}"), ("same", "g", "{}"),
+                                                    ("same", "h", "{}")])))
+
+    calls = provider.complete(HELLO).tool_calls
+
+    assert [(c.id, c.name) for c in calls] == [("same", "f"), ("same-2", "g"), ("same-3", "h")]
+
+
 def test_connections_are_reused_across_requests(
     server: ScriptedServer, provider: OpenAICompatibleProvider
 ) -> None:

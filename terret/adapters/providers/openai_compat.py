@@ -239,6 +239,10 @@ class OpenAICompatibleProvider:
                 return self._read_stream(response, assembler, cancel)
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             detail = self._scrub(f"{type(exc).__name__}: {exc}")
+            if cancel is not None and cancel.is_set() and assembler.finish_reason is None:
+                # Cancelled while the stream stalled (noticed at the read timeout), or the
+                # stream closed under the cancel: the caller asked for this, nothing broke.
+                raise ModelCancelled(f"{self.name}: request cancelled") from None
             if assembler.finish_reason is not None:
                 # The message was complete (finish_reason comes after the last delta); only
                 # the usage chunk or [DONE] was lost. Failing the step would throw away a

@@ -134,7 +134,19 @@ class ChunkAssembler:
                         slot.arguments.append(json.dumps(arguments))
 
     def tool_calls(self) -> tuple[ToolCall, ...]:
-        return tuple(self._complete_call(index) for index in sorted(self._calls))
+        """The reply's calls, each with an id of its own: one the provider gave twice (a
+        provider's bug) is told apart (``-2``, ``-3``), since a result answers a call by id
+        and the log refuses a reply whose calls share one."""
+        calls = [self._complete_call(index) for index in sorted(self._calls)]
+        seen: set[str] = set()
+        for n, call in enumerate(calls):
+            if call.id in seen:
+                suffix = 2
+                while f"{call.id}-{suffix}" in seen:
+                    suffix += 1
+                calls[n] = ToolCall(id=f"{call.id}-{suffix}", name=call.name, args=call.args)
+            seen.add(calls[n].id)
+        return tuple(calls)
 
     def _complete_call(self, index: int) -> ToolCall:
         slot = self._calls[index]
