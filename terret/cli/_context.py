@@ -121,7 +121,10 @@ class ModelSpecType(click.ParamType):
         try:
             return validate_model_spec(str(value))
         except ValueError as exc:
-            self.fail(f"{cut(value)}: {exc}", param, ctx)
+            text = str(value)
+            # A spec whose URL holds credentials is not quoted: they would be on the screen.
+            shown = text.split("://", 1)[0] + "://…" if "://" in text else cut(value)
+            self.fail(f"{shown}: {exc}", param, ctx)
 
 
 MODEL_SPEC = ModelSpecType()

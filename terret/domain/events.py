@@ -22,6 +22,7 @@ _PROVIDER = r"[a-z][a-z0-9_-]*"
 #: a trailing newline through.
 PROVIDER_NAME = re.compile(rf"^{_PROVIDER}\Z")
 _SPEC = re.compile(rf"^{_PROVIDER}:\S+\Z")
+_URL_CREDENTIALS = re.compile(r"://[^/]*@|://[^#?]*[?#]")
 _ROLE = r"[a-z][a-z0-9_-]*"
 #: A model role, as ``model/set`` and ``session/started``'s ``roles`` name it.
 ROLE_NAME = re.compile(rf"^{_ROLE}\Z")
@@ -69,6 +70,11 @@ def validate_text(text: str) -> str:
 def validate_model_spec(spec: str) -> str:
     if not _SPEC.match(validate_text(spec)):
         raise ValueError("a model spec is 'provider:model', e.g. 'openrouter:openai/gpt-4o'")
+    if _URL_CREDENTIALS.search(spec):
+        # The spec is recorded (model/set, step/start, session/started) and shown: a key in
+        # it would be in the log for good. Not quoted here either.
+        raise ValueError("a model spec's base URL may not hold credentials (user:password@) "
+                         "or a query: put the key in the endpoint's api_key_env variable")
     return spec
 
 

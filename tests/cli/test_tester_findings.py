@@ -531,3 +531,28 @@ def test_show_says_the_views_are_behind_when_the_sessions_view_never_saw_it(
     error = one_line_error(shown.stderr)
     assert error.startswith(f"Error: ViewsBehind: session {sid} is in the log"), error
     assert "halted" in error and "SessionNotFound" not in shown.stderr
+
+
+def test_a_model_spec_with_credentials_in_its_url_is_refused_unquoted(target: Target) -> None:
+    """`model set` took `openai-compatible:m@http://bob:KEY@host/v1` and wrote the key into the
+    log (model/set, then step/start) and `sessions show`. Refused now, the key not echoed, and
+    through the Python API too (another process's runtime), nothing written."""
+    sid = target.finished()
+    before = target.types(sid)
+    spec = "openai-compatible:text@http://bob:sk-live-TOPSECRET99@127.0.0.1:18431/v1"
+    refused = target.run("model", "set", str(sid), "main", spec)
+    assert refused.returncode == 2, refused.stderr
+    assert "credentials" in refused.stderr and "TOPSECRET99" not in refused.stderr
+    code = ("import sys; from terret import Actor, Runtime, StaticResolver, open_store\n"
+            "from terret.domain.errors import InvalidPayload\n"
+            "rt = Runtime(open_store(sys.argv[1]), resolver=StaticResolver())\n"
+            "try:\n"
+            "    rt.set_model(sys.argv[2], 'main', sys.argv[3], by=Actor(actor='operator'))\n"
+            "except InvalidPayload as exc:\n"
+            "    print('refused', 'TOPSECRET99' in str(exc))\n"
+            "rt.close()\n")
+    done = subprocess.run([sys.executable, "-c", code, target.uri, str(sid), spec],
+                          capture_output=True, text=True, timeout=60, cwd=target.cwd,
+                          env=subprocess_env())
+    assert done.stdout.strip() == "refused False", done.stderr
+    assert target.types(sid) == before

@@ -264,3 +264,34 @@ def test_a_scripted_reply_that_is_not_a_reply_is_refused_when_scripted() -> None
         with pytest.raises(TypeError, match="a scripted reply is a terret.Reply"):
             build()
     assert ScriptedProvider([ScriptedReply(text="ok")]).remaining == 1
+
+
+@pytest.mark.parametrize("text", [
+    "openai-compatible:m@http://bob:sk-live-SECRET99@127.0.0.1:1/v1",
+    "openai-compatible:m@https://h.example/v1?api_key=sk-live-SECRET99",
+    "openai-compatible:m@http://h.example/v1#sk-live-SECRET99",
+])
+def test_a_spec_whose_url_holds_credentials_is_refused_without_quoting_them(text: str) -> None:
+    """A spec is written to the log (model/set, step/start): a key in its base URL would be
+    there for good. Refused by the provider's parser and by the log's own check, unquoted."""
+    with pytest.raises(ConfigurationError) as parsed:
+        ModelSpec.parse(text)
+    with pytest.raises(ValueError) as checked:
+        validate_model_spec(text)
+    for caught in (parsed, checked):
+        assert "SECRET99" not in str(caught.value) and "credentials" in str(caught.value)
+
+
+def test_a_spec_with_a_trailing_newline_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="whitespace"):
+        ModelSpec.parse("openai:gpt\n")
+
+
+def test_an_endpoint_url_with_credentials_is_refused_and_headers_are_not_shown() -> None:
+    with pytest.raises(ValueError) as caught:
+        ProvidersConfig.model_validate(
+            {"endpoints": {"vllm": {"base_url": "http://u:sk-live-SECRET99@h/v1"}}})
+    assert "SECRET99" not in str(caught.value)
+    config = ProvidersConfig.model_validate({"endpoints": {"vllm": {
+        "base_url": "http://h/v1", "headers": {"Authorization": "Bearer sk-live-SECRET99"}}}})
+    assert "SECRET99" not in repr(config) and "SECRET99" not in str(config)

@@ -77,7 +77,8 @@ class EndpointConfig(BaseModel):
     #: (a local vLLM or Ollama).
     api_key_env: str | None = None
     #: Extra request headers, e.g. OpenRouter's ``HTTP-Referer`` / ``X-Title`` attribution.
-    headers: dict[str, str] = Field(default_factory=dict)
+    #: Left out of the repr: a header may carry a credential.
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
     #: Extra top-level body fields merged into every request (``temperature``, ``max_tokens``,
     #: OpenRouter's ``provider`` routing, ...).
     extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -108,6 +109,12 @@ def check_base_url(value: str) -> str:
     scheme, sep, rest = text.partition("://")
     if not sep or scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
         raise ValueError("a base URL must be an absolute http:// or https:// URL")
+    if "@" in rest.split("/", 1)[0] or "?" in rest or "#" in rest:
+        # A spec is written to the event log (model/set, step/start) and shown by the CLI:
+        # credentials in it would be too. A key goes in its environment variable.
+        raise ValueError("a base URL may not hold credentials (user:password@), a query or a "
+                         "fragment: it is written to the event log; put the key in the "
+                         "endpoint's api_key_env variable")
     return text
 
 

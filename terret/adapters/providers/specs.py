@@ -51,7 +51,7 @@ class ModelSpec:
                 f"bad model spec {text!r}: expected 'provider:model', e.g. "
                 f"'openrouter:anthropic/claude-sonnet-4' or 'openai-compatible:<model>@<base_url>'"
             )
-        if any(ch.isspace() for ch in spec):
+        if any(ch.isspace() for ch in text):  # a trailing newline too: no whitespace at all
             raise ConfigurationError(f"bad model spec {text!r}: it contains whitespace")
         if not PROVIDER_NAME.match(provider):
             raise ConfigurationError(
@@ -68,8 +68,9 @@ class ModelSpec:
             )
         try:
             base_url = check_base_url(model[cut + 1 :])
-        except ValueError as exc:
-            raise ConfigurationError(f"bad model spec {text!r}: {exc}") from None
+        except ValueError as exc:  # the URL is not quoted: what is wrong in it may be a key
+            raise ConfigurationError(
+                f"bad model spec '{provider}:{model[:cut]}@…': {exc}") from None
         return cls(provider, model[:cut], base_url)
 
     def __str__(self) -> str:
