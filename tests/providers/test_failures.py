@@ -129,6 +129,20 @@ def test_an_upstream_error_chunk_before_any_token_is_retried(
     assert provider.complete(HELLO).text == "ok"
 
 
+def test_an_error_carried_with_a_client_status_code_is_not_retried(
+    server: ScriptedServer, provider: OpenAICompatibleProvider
+) -> None:
+    """OpenRouter answers 200 and puts ``{"error": {"code": 404, "message": "No endpoints
+    found"}}`` in the body: it was retried four times, as if the upstream were failing."""
+    error_chunk = {**chunk({}, finish_reason="error"),
+                   "error": {"message": "No endpoints found for x/y", "code": 404}}
+    server.repeat(CHAT, Reply.sse([event(error_chunk), DONE]))
+
+    with pytest.raises(UpstreamError, match="No endpoints found"):
+        provider.complete(HELLO)
+    assert len(server.requests) == 1
+
+
 def test_a_read_timeout_before_the_first_byte_is_retried(
     server: ScriptedServer, make_provider: ProviderFactory
 ) -> None:

@@ -264,7 +264,7 @@ class OpenAICompatibleProvider:
         except httpx.HTTPError as exc:  # bad URL, unsupported protocol: retrying cannot help
             raise ProviderError(self.name, self._scrub(f"{type(exc).__name__}: {exc}")) from exc
         except UpstreamError as exc:
-            if assembler.progressed:
+            if assembler.progressed or not _retryable_code(exc.code):
                 raise
             raise _Retry(exc) from None
 
@@ -437,3 +437,14 @@ def _error_detail(body: str) -> str:
         if isinstance(error, str):
             return error[:500]
     return text[:500]
+
+
+def _retryable_code(code: object) -> bool:
+    """Whether an error the stream carried may pass on retry: one whose code is an HTTP status
+    is retried as that status would be (``404 No endpoints found`` would fail every attempt);
+    one without a status code (an upstream provider failing) is."""
+    try:
+        status = int(str(code))
+    except ValueError:
+        return True
+    return not 400 <= status < 500 or is_retryable_status(status)
