@@ -238,35 +238,37 @@ class OpenAICompatibleProvider:
                     return self._read_completion(response, assembler)
                 return self._read_stream(response, assembler, cancel)
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-            detail = self._scrub(f"{type(exc).__name__}: {exc}")
-            if cancel is not None and cancel.is_set() and assembler.finish_reason is None:
-                # Cancelled while the stream stalled (noticed at the read timeout), or the
-                # stream closed under the cancel: the caller asked for this, nothing broke.
-                raise ModelCancelled(f"{self.name}: request cancelled") from None
-            if assembler.finish_reason is not None:
-                # The message was complete (finish_reason comes after the last delta); only
-                # the usage chunk or [DONE] was lost. Failing the step would throw away a
-                # whole, paid-for reply.
-                logger.warning(
-                    "%s: the connection dropped after the reply finished (%s); usage may be "
-                    "missing",
-                    self.name,
-                    detail,
-                )
-                return assembler.reply()
-            if assembler.progressed:
-                raise StreamBroken(
-                    self.name,
-                    f"the stream broke after the reply began "
-                    f"({assembler.text_length} characters received): {detail}",
-                ) from exc
-            raise _Retry(ProviderError(self.name, f"request failed: {detail}"), cause=exc) from None
+            return self._transport_failed(exc, assembler, cancel)
         except httpx.HTTPError as exc:  # bad URL, unsupported protocol: retrying cannot help
             raise ProviderError(self.name, self._scrub(f"{type(exc).__name__}: {exc}")) from exc
         except UpstreamError as exc:
             if assembler.progressed or not _retryable_code(exc.code):
                 raise
             raise _Retry(exc) from None
+
+    def _transport_failed(self, exc: httpx.HTTPError, assembler: ChunkAssembler,
+                          cancel: threading.Event | None) -> ModelReply:
+        """A timeout or a dropped connection: the reply if it was complete, else what it
+        means — a cancel, a broken stream (the reply had begun) or another attempt's turn."""
+        detail = self._scrub(f"{type(exc).__name__}: {exc}")
+        if cancel is not None and cancel.is_set() and assembler.finish_reason is None:
+            # Cancelled while the stream stalled (noticed at the read timeout), or the
+            # stream closed under the cancel: the caller asked for this, nothing broke.
+            raise ModelCancelled(f"{self.name}: request cancelled") from None
+        if assembler.finish_reason is not None:
+            # The message was complete (finish_reason comes after the last delta); only the
+            # usage chunk or [DONE] was lost. Failing the step would throw away a whole,
+            # paid-for reply.
+            logger.warning("%s: the connection dropped after the reply finished (%s); usage "
+                           "may be missing", self.name, detail)
+            return assembler.reply()
+        if assembler.progressed:
+            raise StreamBroken(
+                self.name,
+                f"the stream broke after the reply began "
+                f"({assembler.text_length} characters received): {detail}",
+            ) from exc
+        raise _Retry(ProviderError(self.name, f"request failed: {detail}"), cause=exc) from None
 
     def _read_stream(
         self,
