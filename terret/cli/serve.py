@@ -74,7 +74,7 @@ def _serve_until_stopped(runtime: Runtime, stop: threading.Event, grace: float) 
     """Until SIGTERM or Ctrl-C — or the views stop following the log for good: a worker
     serving nothing must not stay up as a live one. Then stop gracefully."""
     while not stop.wait(0.5) and runtime.runner.failure is None:
-        pass
+        runtime.runner.check_views_kept()
     failure = runtime.runner.failure
     if failure is not None:
         log.error("the views stopped following the log; stopping so that another live worker "

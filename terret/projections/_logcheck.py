@@ -96,7 +96,18 @@ class LogCheck:
     def guard(self, db: sqlite3.Connection) -> None:
         """Inside a batch's transaction: refuse to write views another process reset."""
         if self.generation is not None and self.views.generation_in(db) != self.generation:
-            raise ViewsMismatch(
-                f"the views in {self.views.path} were reset by another process (built from "
-                "another store, or from a restored copy of this one); this process stops "
-                "using them: restart it")
+            raise self.reset_elsewhere()
+
+    def reset_elsewhere(self) -> ViewsMismatch:
+        return ViewsMismatch(
+            f"the views in {self.views.path} were reset by another process (built from "
+            "another store, or from a restored copy of this one); this process stops using "
+            "them: restart it")
+
+    def kept(self) -> bool:
+        """Whether the views are still the ones this runner checked (one read, outside any
+        batch): a quiet store brings no batch to find out at."""
+        if self.generation is None:
+            return True
+        mark = self.views.log_mark()
+        return mark is None or mark.generation == self.generation

@@ -193,6 +193,14 @@ class ProjectionRunner:
     def position(self) -> int:
         return self._position
 
+    def check_views_kept(self) -> None:
+        """Fail for good (``failure``) if another process reset the views since this runner
+        checked them — as its next batch would, but without waiting for an event to land."""
+        if self._error is None and not self._log.kept():
+            exc = self._log.reset_elsewhere()
+            log.error("projection runner stopped: %s", exc)
+            self._fail(exc)
+
     @property
     def failure(self) -> BaseException | None:
         """What stopped the runner for good (the store or the views cannot be used), or None

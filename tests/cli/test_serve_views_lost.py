@@ -36,8 +36,7 @@ def test_serve_stops_when_its_views_follow_another_log(target: Target, tmp_path:
                 capture_output=True, text=True, timeout=60, cwd=target.cwd,
                 env=subprocess_env())
             assert other.returncode == 0, other.stderr
-        sid = target.new_session()  # an event in serve's log: its runner's next batch
-        assert target.invoke("inject", str(sid), "hello", "--wake").exit_code == 0
+        # Nothing lands in serve's own log: a quiet store brings no batch to find out at.
         code = server.wait(60)
     finally:
         if server.poll() is None:
