@@ -367,9 +367,10 @@ class Chat:
         if name in ("/help", "/?"):
             self.screen.line(HELP)
         elif name == "/log":
-            if rest and not (rest.isdigit() and int(rest) >= 1):
-                self.screen.line("usage: /log [N], N a number of events from 1 (default 10)",
-                                 fg="red")
+            if rest and not (rest.isascii() and rest.isdigit()
+                             and 1 <= int(rest) <= MAX_LOG_LINES):
+                self.screen.line(f"usage: /log [N], N a number of events from 1 to "
+                                 f"{MAX_LOG_LINES:,} (default 10)", fg="red")
             else:
                 self._log(int(rest) if rest else 10)
         elif name == "/usage":
@@ -460,6 +461,10 @@ class Chat:
 def _said_by_chat(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("session %s: the woken turn failed")
 
+
+MAX_LOG_LINES = 100_000
+"""The most events ``/log N`` shows (a larger N is refused, as ``terret log --tail`` refuses
+a number its store cannot take)."""
 
 LEAVING_GRACE = 30.0
 """How long leaving waits for a turn of this chat to reach a step boundary (a parked one

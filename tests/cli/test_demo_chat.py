@@ -149,9 +149,10 @@ def test_chat_new_session_echo(target: Target) -> None:
 
 def test_chat_log_takes_a_count_from_one(target: Target) -> None:
     """`/log abc`, `/log -3` and `/log 0` said nothing of why they showed 10 events or none."""
-    result = target.invoke("chat", input="hi\n/log abc\n/log 0\n/log -3\n/log 2\n/quit\n")
+    result = target.invoke("chat", input="hi\n/log abc\n/log 0\n/log -3\n/log \u00b2\n"
+                           "/log 99999999999999999999999\n/log 2\n/quit\n")
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.count("usage: /log [N]") == 3, result.stdout
+    assert result.stdout.count("usage: /log [N]") == 5, result.stdout
     shown = result.stdout.split("/log 2", 1)[1].split("/quit", 1)[0]
     assert len([line for line in shown.splitlines() if line.strip()[:1].isdigit()]) == 2, shown
 
