@@ -59,8 +59,23 @@ class ApprovalQuestions:
         """A verdict recorded (the log's listener, on the runner's thread)."""
         if p.call_id == self.asking:  # a verdict from elsewhere: take the question back
             who = p.by.actor + (f" ({p.by.id})" if p.by.id else "")
-            self.withdrawn = f"{p.call_id} was {p.verdict} elsewhere by {who}"
+            if p.verdict == "denied" and self._cancelled():
+                # The turn's cancel denied it (R13): nobody decided the call.
+                self.withdrawn = f"{p.call_id} will not run: the turn was cancelled"
+            else:
+                self.withdrawn = f"{p.call_id} was {p.verdict} elsewhere by {who}"
             self.screen.line(f"  ({self.withdrawn})", dim=True)
+
+    def _cancelled(self) -> bool:
+        """Whether the session's turn is being, or was just, cancelled (from its log)."""
+        from terret.domain.errors import TerretError
+
+        try:
+            state = self.runtime.writer.load(self.sid).state
+        except TerretError:
+            return False
+        return state.cancel_requested or (not state.turn_open
+                                          and state.last_turn_status == "cancelled")
 
     def needs_approval(self, call_id: str, name: str, args: dict[str, Any]) -> None:
         self.screen.line(f"  approval needed: {name}({as_json(args)}) — /approve {call_id} "

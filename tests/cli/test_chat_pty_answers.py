@@ -163,3 +163,25 @@ def test_a_history_file_that_cannot_be_written_is_said(
         assert term.finish() == 0
     finally:
         term.kill()
+
+
+def test_a_cancel_from_another_shell_at_a_question_is_not_called_a_denial(
+        target: Target, chat_env: dict[str, str]) -> None:
+    """The turn's cancel denies the pending call (R13); the chat said '(call-deploy was denied
+    elsewhere by operator)', as if someone had decided it."""
+    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        term.type("deploy checkout v2\r")
+        term.expect("approve deploy(")
+        cancelled = target.run("cancel", str(sid), "--reason", "wrong channel")
+        assert cancelled.returncode == 0, cancelled.stderr
+        said = term.expect("(turn 1 cancelled by operator")
+        assert "call-deploy will not run: the turn was cancelled" in said, said
+        assert "denied elsewhere" not in said, said
+        term.expect("you> ")
+        term.type("/quit\r")
+        assert term.finish() == 0
+    finally:
+        term.kill()
