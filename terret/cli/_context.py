@@ -23,7 +23,7 @@ from uuid import UUID
 import click
 from click.shell_completion import CompletionItem
 
-from terret.domain.errors import SessionNotFound, StoreUnavailable, ViewsBusy
+from terret.domain.errors import SessionNotFound, StoreUnavailable, ViewsBehind, ViewsBusy
 from terret.domain.errors import shown as cut
 
 if TYPE_CHECKING:
@@ -82,6 +82,10 @@ class SessionIdType(click.ParamType):
             self.fail(f"{cut(value)} is not a session id (expected a UUID)", param, ctx)
         found = obj.sessions_with_prefix(_dashed(text), limit=6)
         if not found:
+            behind = obj.sessions_view_behind()
+            if behind is not None:  # the log may hold it past where the view stopped
+                raise ViewsBehind(f"no session id starts with {text} in the sessions view, "
+                                  f"which is behind the log ({behind}): give the whole id")
             raise SessionNotFound(f"no session id starts with {text} in {obj.masked_uri}")
         if len(found) > 1:
             shown = ", ".join(str(s) for s in found[:5]) + (", …" if len(found) > 5 else "")
@@ -398,6 +402,12 @@ class CliContext:
                 # the file is sound before saying the session does not exist.
                 store.check_integrity()
             raise SessionNotFound(f"no session {session_id} in {self.masked_uri}")
+
+    def sessions_view_behind(self) -> str | None:
+        """How the sessions view (what prefixes are looked up in) is behind the log, or None
+        when it is at its head."""
+        stale = self._staleness(["sessions"])
+        return stale.line().split(": ", 1)[1] if stale is not None else None
 
     def session_state(self, session_id: UUID) -> Any:
         """The session's ``SessionState`` folded from its log (not a view)."""

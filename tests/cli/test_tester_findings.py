@@ -531,6 +531,12 @@ def test_show_says_the_views_are_behind_when_the_sessions_view_never_saw_it(
     error = one_line_error(shown.stderr)
     assert error.startswith(f"Error: ViewsBehind: session {sid} is in the log"), error
     assert "halted" in error and "SessionNotFound" not in shown.stderr
+    # By a prefix too: the view it is looked up in never saw it.
+    by_prefix = target.run("sessions", "show", sid[:8])
+    assert by_prefix.returncode == 1, by_prefix.stdout
+    error = one_line_error(by_prefix.stderr)
+    assert error.startswith(f"Error: ViewsBehind: no session id starts with {sid[:8]}"), error
+    assert "give the whole id" in error
 
 
 def test_a_model_spec_with_credentials_in_its_url_is_refused_unquoted(target: Target) -> None:
