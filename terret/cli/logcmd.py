@@ -253,28 +253,32 @@ def _follow(store: Any, stream: str, head: int, last: int, wanted: set[str] | No
                     if wanted is None or item.wire_name in wanted:
                         show(item)
                     last = item.seq
-                elif _purges(item, stream):
+                elif (purge := _purge_of(item, stream)) is not None:
                     # Nothing more can land: the stream is gone (or expiring).
-                    note(f"session {stream.removeprefix('session-')} was purged; "
+                    expiry = purge.get("max_age_seconds")
+                    how = f" (its events expire after {expiry}s)" if expiry else ""
+                    note(f"session {stream.removeprefix('session-')} was purged{how}; "
                          "nothing more will be logged")
                     return
     except KeyboardInterrupt:
         pass  # Ctrl-C ends --follow quietly
 
 
-def _purges(record: StoredRecord, stream: str) -> bool:
-    """Whether ``record`` is the retention stream's ``session/purged`` of ``stream``."""
+def _purge_of(record: StoredRecord, stream: str) -> dict[str, Any] | None:
+    """The data of ``record`` if it is the retention stream's ``session/purged`` of
+    ``stream``."""
     if record.stream != RETENTION_STREAM:
-        return False
+        return None
     from terret.domain.events import SessionPurged
 
     if record.wire_name != SessionPurged.wire_name:
-        return False
+        return None
     try:
-        purged = json.loads(record.data).get("session_id")
+        data = json.loads(record.data)
+        purged = data.get("session_id")
     except (ValueError, AttributeError):
-        return False
-    return f"session-{purged}" == stream or purged == stream
+        return None
+    return data if f"session-{purged}" == stream or purged == stream else None
 
 
 def _records(store: Any, stream: str, from_seq: int) -> Iterator[StoredRecord]:

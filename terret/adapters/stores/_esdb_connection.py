@@ -104,7 +104,8 @@ def failure(exc: BaseException, uri: Secret) -> Failure | None:  # noqa: C901 - 
     reason = f"{type(exc).__name__}: {uri.scrub(_details(exc)) or 'no details'}"
     if isinstance(exc, SSLError):
         # A TLS handshake that fails will fail again: a wrong CA file or host name.
-        return Failure(False, f"TLS handshake failed ({reason}); check TlsCaFile and the host")
+        return Failure(False, f"TLS handshake failed ({reason}); check that the server speaks TLS "
+                       "(Tls=false if it does not), TlsCaFile and the host")
     if isinstance(exc, AccessDeniedError):
         return Failure(False, f"access denied ({reason}); check the user's ACLs")
     if isinstance(exc, NodeIsNotLeader):
