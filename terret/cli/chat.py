@@ -103,6 +103,7 @@ class Chat:
         answers, and — at the prompt, where no question is asked — its end or its approval
         (then the prompt again). False for the events shown the same for every turn."""
         from terret.domain.events import (
+            AgentAttached,
             ApprovalRequested,
             ContextInjected,
             TurnEnded,
@@ -110,9 +111,15 @@ class Chat:
         )
 
         at_prompt = self.screen.waiting is not None
-        if isinstance(p, UserMessage):
+        if isinstance(p, AgentAttached):
+            self._attached(p)
+        elif isinstance(p, UserMessage):
             if p.inbox_id is not None:  # queued by another process: not the user's own line
                 self.screen.line(f"inbox> {_one_line(p.text, 300)}", dim=True)
+                self.screen.agent_prefix = True
+            elif self.agent is None:  # a turn another process started (its run_turn)
+                self.screen.line(f"user> {_one_line(p.text, 300)}  (from another process)",
+                                 dim=True)
                 self.screen.agent_prefix = True
         elif isinstance(p, ContextInjected):
             self.screen.line(f"  (injected: {_one_line(p.text, 200)})", dim=True)
@@ -128,6 +135,16 @@ class Chat:
         else:
             return isinstance(p, (TurnEnded, ApprovalRequested))
         return True
+
+    def _attached(self, p: Any) -> None:
+        """Another process took the session (its ``run_turn`` moved the idle session there):
+        its turns show here as they are recorded, as a followed turn's do."""
+        if p.worker == self.runtime.lease.worker or self.agent is None:
+            return  # this process's own claim, or already following another's
+        self.agent = None
+        self.screen.line(f"  (another process took the session: worker {p.worker} runs its "
+                         "turns; they show here as they are recorded, a message you type is "
+                         "queued for it)", dim=True)
 
     def on_text(self, agent: Agent, chunk: str) -> None:
         """The model's streamed text, after what the turn recorded before it is shown (the
@@ -335,6 +352,9 @@ class Chat:
         if not self._closed("this message is sent"):
             self.screen.line("  (not sent)", dim=True)
             return
+        # An agent here whose session another process took since holds nothing: dropped
+        # before it is attached again (it would stream nothing of the turn run anew).
+        self.runtime.agent_host.drop_if_moved(self.sid)
         here = self.runtime.agent_for_session(self.sid)
         if here is not None and here.busy:  # a turn woken from another shell runs here
             self.runtime.inject(self.sid, text, wake=True)
@@ -425,7 +445,7 @@ class Chat:
         runtime.runner.add_listener(self.on_event, {
             c.wire_name for c in (ev.AssistantMessage, ev.ToolResult, ev.SessionCompacted,
                                   ev.ApprovalResolved, ev.ApprovalRequested, ev.UserMessage,
-                                  ev.ContextInjected, ev.TurnEnded)})
+                                  ev.ContextInjected, ev.TurnEnded, ev.AgentAttached)})
         if not new:
             self.recap()
         if held is not None:

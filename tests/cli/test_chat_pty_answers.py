@@ -7,11 +7,13 @@ tool quietly, as a crash. On SQLite and on the EventStoreDB emulator."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from terret.domain.events import ApprovalResolved, TurnEnded, UserMessage
-from tests.cli.conftest import DEMO_APP, Target
+from tests.cli.conftest import DEMO_APP, Target, subprocess_env
 from tests.cli.pty_terminal import CHAT_APP, Terminal, running
 
 
@@ -180,6 +182,45 @@ def test_a_cancel_from_another_shell_at_a_question_is_not_called_a_denial(
         said = term.expect("(turn 1 cancelled by operator")
         assert "call-deploy will not run: the turn was cancelled" in said, said
         assert "denied elsewhere" not in said, said
+        term.expect("you> ")
+        term.type("/quit\r")
+        assert term.finish() == 0
+    finally:
+        term.kill()
+
+
+MOVE = """import sys
+from terret import Runtime, open_store
+from terret.cli.demo_app import demo_app
+app = demo_app()
+rt = Runtime(open_store(sys.argv[1]), resolver=app.resolver, agents=app.agents,
+             config=app.config, summarizer=app.summarizer).start()
+print(rt.run_turn(sys.argv[2], "hello from B").status)
+rt.close()
+"""
+
+
+def test_a_turn_another_process_runs_on_the_idle_session_shows_in_the_chat(
+        target: Target, chat_env: dict[str, str]) -> None:
+    """Another process's ``run_turn`` moves the chat's idle session there (its caller chose
+    it): the chat said nothing of that turn — not its message, not its answer. Now it says the
+    session moved, shows both as they are recorded, and the next message takes it back."""
+    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        term.type("hi\r")
+        term.expect("agent> You said: hi")
+        term.expect("you> ")
+        moved = subprocess.run([sys.executable, "-c", MOVE, target.uri, str(sid)],
+                               capture_output=True, text=True, timeout=60, cwd=target.cwd,
+                               env=subprocess_env())
+        assert moved.stdout.strip() == "completed", moved.stderr
+        term.expect("(another process took the session")
+        term.expect("user> hello from B  (from another process)")
+        term.expect("agent> You said: hello from B")
+        term.type("back here\r")
+        term.expect("agent> You said: back here")
         term.expect("you> ")
         term.type("/quit\r")
         assert term.finish() == 0
