@@ -315,6 +315,11 @@ class Runtime:
 
     @takes_session
     def agent_for_session(self, session_id: UUID) -> Agent | None:
+        """This process's agent for the session, or None. A started runtime drops an agent
+        whose session moved to another process when the move arrives; one never started has
+        no subscription to bring it, so it looks in the log first."""
+        if not self._started and self.agent_host.agent_for_session(session_id) is not None:
+            self.agent_host.drop_if_moved(session_id)
         return self.agent_host.agent_for_session(session_id)
 
     @property

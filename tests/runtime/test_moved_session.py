@@ -83,3 +83,20 @@ def test_the_former_owner_drops_its_agent_when_the_move_reaches_it(
     # Dropped, not released again: the move recorded its detach, once.
     detached = [e.data["agent_id"] for e in only(read_log(store, sid), "agent/detached")]
     assert detached.count(stale.id) == 1, detached
+
+
+def test_a_runtime_never_started_does_not_show_an_agent_for_a_moved_session(
+        make_runtime: MakeRuntime, opened: OpenedStore, tmp_path: Path) -> None:
+    """No subscription brings it the move: it looks in the log when asked."""
+    former = make_runtime([final("one")], start=False)
+    sid = former.create_session()
+    former.run_turn(sid, "one")
+    assert former.agent_for_session(sid) is not None
+    release = tmp_path / "release"
+    moved = Background(lambda: other_process(opened.uri, "hold", str(sid), str(release)))
+    try:
+        wait_until((tmp_path / "release.started").exists, what="the held tool")
+        assert former.agent_for_session(sid) is None
+    finally:
+        release.touch()
+    assert moved.join()["status"] == "completed"
