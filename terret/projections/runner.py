@@ -196,7 +196,15 @@ class ProjectionRunner:
     def check_views_kept(self) -> None:
         """Fail for good (``failure``) if another process reset the views since this runner
         checked them — as its next batch would, but without waiting for an event to land."""
-        if self._error is None and not self._log.kept():
+        if self._error is not None or self.views.rebuild_lock.holder() is not None:
+            return  # a rebuild elsewhere holds the views: the batch after it checks
+        if not self.views.lock.acquire(blocking=False):
+            return  # this runner is in a batch (or waiting for one): it checks there
+        try:
+            kept = self._log.kept()
+        finally:
+            self.views.lock.release()
+        if not kept:
             exc = self._log.reset_elsewhere()
             log.error("projection runner stopped: %s", exc)
             self._fail(exc)
