@@ -12,6 +12,8 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from uuid import UUID
 
@@ -99,10 +101,32 @@ class Terminal:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
+    def say(self, line: str, then: str) -> str:
+        """Type ``line`` and Enter; what came before ``then``, once it shows."""
+        self.type(line + "\r")
+        return self.expect(then)
 
+    def leave(self) -> None:
+        """``/quit``: the chat ends, exit 0."""
+        self.type("/quit\r")
+        assert self.finish() == 0, self.text()
 
 
 CHAT_APP = "tests.cli.chat_app:app"
+
+
+@contextmanager
+def chatting(target: Target, env: dict[str, str], app: str, *args: str
+             ) -> Iterator[tuple[Terminal, UUID]]:
+    """``terret chat ARGS --app APP`` on a pty, at its first prompt: the terminal and the
+    session its banner names. Killed afterwards, whatever happened in the block."""
+    term = Terminal(target, "chat", *args, "--app", app, env=env)
+    try:
+        sid = term.session()
+        term.expect("you> ")
+        yield term, sid
+    finally:
+        term.kill()
 
 
 def running(started: Path) -> None:

@@ -26,7 +26,7 @@ from terret.domain.events import (
 )
 from tests.cli.conftest import DEMO_APP, Target, is_type, subprocess_env
 from tests.cli.docs_app import AppServer
-from tests.cli.pty_terminal import CHAT_APP, LEFT, RIGHT, UP, Terminal, running
+from tests.cli.pty_terminal import CHAT_APP, LEFT, RIGHT, UP, Terminal, chatting, running
 
 
 def test_chat_in_a_terminal(target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
@@ -413,31 +413,28 @@ def test_ctrl_c_at_the_prompt_beside_a_woken_turn_only_clears_the_line(
     the prompt clears the half-typed line and leaves that turn alone: nothing is cancelled,
     the turn completes once its tool returns, and the chat goes on."""
     release = tmp_path / "release"
-    term = Terminal(target, "chat", "--app", CHAT_APP,
-                    env={**chat_env, "CHAT_RELEASE": str(release)})
     try:
-        sid = term.session()
-        term.expect("you> ")
-        done = target.run("inject", str(sid), "hold woken", "--wake")
-        assert done.returncode == 0, done.stderr
-        term.expect("inbox> hold woken")
-        running(release.with_suffix(".started"))
-        term.type("half typed")
-        time.sleep(0.3)
-        term.type("\x03")
-        term.expect("^C (/quit or Ctrl-D to leave)")
-        term.expect("you> ")
-        term.type("fresh\r")  # the new line holds only what follows the Ctrl-C
-        term.expect("(queued: a turn woken from another shell is running")
-        release.touch()
-        term.expect("← hold: released woken")
-        term.expect("(injected: fresh)")  # the woken turn's next step took it
-        term.expect("agent> You said: fresh")
-        term.expect("you> ")
-        term.type("/quit\r")
-        assert term.finish() == 0
+        with chatting(target, {**chat_env, "CHAT_RELEASE": str(release)}, CHAT_APP) \
+                as (term, sid):
+            done = target.run("inject", str(sid), "hold woken", "--wake")
+            assert done.returncode == 0, done.stderr
+            term.expect("inbox> hold woken")
+            running(release.with_suffix(".started"))
+            term.type("half typed")
+            time.sleep(0.3)
+            term.type("\x03")
+            term.expect("^C (/quit or Ctrl-D to leave)")
+            term.expect("you> ")
+            # The new line holds only what follows the Ctrl-C.
+            term.say("fresh", "(queued: a turn woken from another shell is running")
+            release.touch()
+            term.expect("← hold: released woken")
+            term.expect("(injected: fresh)")  # the woken turn's next step took it
+            term.expect("agent> You said: fresh")
+            term.expect("you> ")
+            term.leave()
     finally:
-        term.kill()
+        release.touch()
     events = target.events(sid)
     assert not [e for e in events if isinstance(e.payload, CancelRequested)]
     ends = [e.payload.status for e in events if isinstance(e.payload, TurnEnded)]

@@ -2,7 +2,8 @@
 bytes that are not text are asked for again (they crashed the chat, exit 2, and one path left
 the session unreleased), and a reason half typed when the question is withdrawn is dropped, not
 read by the next prompt and sent to the model. Leaving, Ctrl-C stops the wait for a running
-tool quietly, as a crash. On SQLite and on the EventStoreDB emulator."""
+tool quietly, as a crash. What another process does to the chat's session — a cancel, a turn
+run there — is said. On SQLite and on the EventStoreDB emulator."""
 
 from __future__ import annotations
 
@@ -14,37 +15,31 @@ from pathlib import Path
 
 from terret.domain.events import ApprovalResolved, TurnEnded, UserMessage
 from tests.cli.conftest import DEMO_APP, Target, subprocess_env
-from tests.cli.pty_terminal import CHAT_APP, Terminal, running
+from tests.cli.pty_terminal import CHAT_APP, chatting, running
+
+
+def _other_shell(target: Target, *args: str) -> None:
+    done = target.run(*args)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_reason_that_is_not_text_is_asked_for_again(
         target: Target, chat_env: dict[str, str]) -> None:
-    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
-    try:
-        sid = term.session()
-        term.expect("you> ")
-        term.type("deploy checkout v2\r")
-        term.expect("approve deploy(")
-        term.type("n\r")
-        term.expect("reason")
+    with chatting(target, chat_env, DEMO_APP) as (term, sid):
+        term.say("deploy checkout v2", "approve deploy(")
+        term.say("n", "reason")
         os.write(term.master, b"bad \xff reason\r")  # a paste that is not UTF-8
         term.expect("(not recorded: ")
         term.expect("reason")
-        term.type("change freeze\r")
-        term.expect("denied by operator: change freeze")
+        term.say("change freeze", "denied by operator: change freeze")
         term.expect("you> ")
         # The same for /deny at the prompt, on a second call.
-        term.type("deploy checkout v3\r")
-        term.expect("approve deploy(")
+        term.say("deploy checkout v3", "approve deploy(")
         os.write(term.master, b"/deny call-deploy caf\xc3\r")  # half a character
         term.expect("(not recorded: ")
-        term.type("/deny call-deploy not today\r")
-        term.expect("denied by operator: not today")
+        term.say("/deny call-deploy not today", "denied by operator: not today")
         term.expect("you> ")
-        term.type("/quit\r")
-        assert term.finish() == 0
-    finally:
-        term.kill()
+        term.leave()
     reasons = [e.payload.reason for e in target.events(sid)
                if isinstance(e.payload, ApprovalResolved)]
     assert reasons == ["change freeze", "not today"], reasons
@@ -53,27 +48,17 @@ def test_a_reason_that_is_not_text_is_asked_for_again(
 
 def test_a_reason_half_typed_when_the_question_is_withdrawn_is_not_sent(
         target: Target, chat_env: dict[str, str]) -> None:
-    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
-    try:
-        sid = term.session()
-        term.expect("you> ")
-        term.type("deploy checkout v2\r")
-        term.expect("approve deploy(")
-        term.type("n\r")
-        term.expect("reason")
+    with chatting(target, chat_env, DEMO_APP) as (term, sid):
+        term.say("deploy checkout v2", "approve deploy(")
+        term.say("n", "reason")
         term.type("wrong version, wait for v3")  # no Enter yet
         time.sleep(0.3)
-        denied = target.run("deny", str(sid), "call-deploy", "--reason", "shell says no")
-        assert denied.returncode == 0, denied.stderr
+        _other_shell(target, "deny", str(sid), "call-deploy", "--reason", "shell says no")
         term.expect("denied elsewhere")
         time.sleep(0.5)
-        term.type("\r")  # the Enter that would have sent it
-        term.expect("you> ")
+        term.say("", "you> ")  # the Enter that would have sent it
         time.sleep(0.5)
-        term.type("/quit\r")
-        assert term.finish() == 0
-    finally:
-        term.kill()
+        term.leave()
     said = [e.payload.text for e in target.events(sid) if isinstance(e.payload, UserMessage)]
     assert said == ["deploy checkout v2"], said
 
@@ -81,23 +66,19 @@ def test_a_reason_half_typed_when_the_question_is_withdrawn_is_not_sent(
 def test_ctrl_c_while_leaving_stops_the_wait_quietly(
         target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
     release = tmp_path / "release"
-    term = Terminal(target, "chat", "--app", CHAT_APP,
-                    env={**chat_env, "CHAT_RELEASE": str(release)})
+    env = {**chat_env, "CHAT_RELEASE": str(release)}
     try:
-        sid = term.session()
-        term.expect("you> ")
-        done = target.run("inject", str(sid), "hold woken", "--wake")
-        assert done.returncode == 0, done.stderr
-        running(release.with_suffix(".started"))
-        term.type("\x04")  # Ctrl-D: leave
-        term.expect("Ctrl-C to stop waiting")
-        term.type("\x03")
-        term.expect("(stopped waiting: the turn is left as after a crash")
-        term.expect("bye")
-        assert term.finish() == 0
+        with chatting(target, env, CHAT_APP) as (term, sid):
+            _other_shell(target, "inject", str(sid), "hold woken", "--wake")
+            running(release.with_suffix(".started"))
+            term.type("\x04")  # Ctrl-D: leave
+            term.expect("Ctrl-C to stop waiting")
+            term.type("\x03")
+            term.expect("(stopped waiting: the turn is left as after a crash")
+            term.expect("bye")
+            assert term.finish() == 0
     finally:
         release.touch()
-        term.kill()
     assert "warning" not in term.text().split("bye", 1)[1], term.text()
     assert "agent/detached" not in target.types(sid)[-2:]  # not released: the tool ran on
 
@@ -107,48 +88,46 @@ def test_a_turn_cancelled_from_another_shell_says_so(
     """`terret cancel` from another shell while the chat's answer streams: the text stopped
     mid-word and the prompt came back with no word of why; now one line says who cancelled
     the turn and why. Its own Ctrl-C says nothing more than '(cancelling the turn…)'."""
-    term = Terminal(target, "chat", "--app", CHAT_APP,
-                    env={**chat_env, "CHAT_RELEASE": str(tmp_path / "release")})
-    try:
-        sid = term.session()
-        term.expect("you> ")
-        term.type("long answer please\r")
-        term.expect("agent> word word ")
-        cancelled = target.run("cancel", str(sid), "--reason", "wrong channel")
-        assert cancelled.returncode == 0, cancelled.stderr
+    env = {**chat_env, "CHAT_RELEASE": str(tmp_path / "release")}
+    with chatting(target, env, CHAT_APP) as (term, sid):
+        term.say("long answer please", "agent> word word ")
+        _other_shell(target, "cancel", str(sid), "--reason", "wrong channel")
         term.expect("(turn 1 cancelled by operator")
         term.expect("wrong channel)")
         term.expect("you> ")
-        term.type("long again\r")
-        term.expect("agent> word word ")
+        term.say("long again", "agent> word word ")
         term.type("\x03")
         term.expect("(cancelling the turn…)")
         after = term.expect("you> ")
         assert "(turn 2 cancelled" not in after, after
-        term.type("/quit\r")
-        assert term.finish() == 0
-    finally:
-        term.kill()
+        term.leave()
     ends = [e.payload.status for e in target.events(sid) if isinstance(e.payload, TurnEnded)]
     assert ends == ["cancelled", "cancelled"], ends
 
 
+def test_a_cancel_from_another_shell_at_a_question_is_not_called_a_denial(
+        target: Target, chat_env: dict[str, str]) -> None:
+    """The turn's cancel denies the pending call (R13); the chat said '(call-deploy was denied
+    elsewhere by operator)', as if someone had decided it."""
+    with chatting(target, chat_env, DEMO_APP) as (term, sid):
+        term.say("deploy checkout v2", "approve deploy(")
+        _other_shell(target, "cancel", str(sid), "--reason", "wrong channel")
+        said = term.expect("(turn 1 cancelled by operator")
+        assert "call-deploy will not run: the turn was cancelled" in said, said
+        assert "denied elsewhere" not in said, said
+        term.expect("you> ")
+        term.leave()
+
+
 def test_a_woken_turn_that_fails_is_said_once(
         target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
-    term = Terminal(target, "chat", "--app", CHAT_APP,
-                    env={**chat_env, "CHAT_RELEASE": str(tmp_path / "release")})
-    try:
-        sid = term.session()
-        term.expect("you> ")
-        done = target.run("inject", str(sid), "explode now", "--wake")
-        assert done.returncode == 0, done.stderr
+    env = {**chat_env, "CHAT_RELEASE": str(tmp_path / "release")}
+    with chatting(target, env, CHAT_APP) as (term, sid):
+        _other_shell(target, "inject", str(sid), "explode now", "--wake")
         term.expect("(turn 1 failed: RuntimeError: the model blew up")
         term.expect("you> ")
         time.sleep(0.5)
-        term.type("/quit\r")
-        assert term.finish() == 0
-    finally:
-        term.kill()
+        term.leave()
     assert term.text().count("the model blew up") == 1, term.text()
 
 
@@ -156,37 +135,9 @@ def test_a_history_file_that_cannot_be_written_is_said(
         target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
     (tmp_path / "a-directory").mkdir()
     env = {**chat_env, "TERRET_CHAT_HISTORY": str(tmp_path / "a-directory")}
-    term = Terminal(target, "chat", "--app", DEMO_APP, env=env)
-    try:
-        term.session()
-        term.expect("you> ")
-        term.type("/quit\r")
-        term.expect("warning: the chat's history was not saved to")
+    with chatting(target, env, DEMO_APP) as (term, _):
+        term.say("/quit", "warning: the chat's history was not saved to")
         assert term.finish() == 0
-    finally:
-        term.kill()
-
-
-def test_a_cancel_from_another_shell_at_a_question_is_not_called_a_denial(
-        target: Target, chat_env: dict[str, str]) -> None:
-    """The turn's cancel denies the pending call (R13); the chat said '(call-deploy was denied
-    elsewhere by operator)', as if someone had decided it."""
-    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
-    try:
-        sid = term.session()
-        term.expect("you> ")
-        term.type("deploy checkout v2\r")
-        term.expect("approve deploy(")
-        cancelled = target.run("cancel", str(sid), "--reason", "wrong channel")
-        assert cancelled.returncode == 0, cancelled.stderr
-        said = term.expect("(turn 1 cancelled by operator")
-        assert "call-deploy will not run: the turn was cancelled" in said, said
-        assert "denied elsewhere" not in said, said
-        term.expect("you> ")
-        term.type("/quit\r")
-        assert term.finish() == 0
-    finally:
-        term.kill()
 
 
 MOVE = """import sys
@@ -205,12 +156,8 @@ def test_a_turn_another_process_runs_on_the_idle_session_shows_in_the_chat(
     """Another process's ``run_turn`` moves the chat's idle session there (its caller chose
     it): the chat said nothing of that turn — not its message, not its answer. Now it says the
     session moved, shows both as they are recorded, and the next message takes it back."""
-    term = Terminal(target, "chat", "--app", DEMO_APP, env=chat_env)
-    try:
-        sid = term.session()
-        term.expect("you> ")
-        term.type("hi\r")
-        term.expect("agent> You said: hi")
+    with chatting(target, chat_env, DEMO_APP) as (term, sid):
+        term.say("hi", "agent> You said: hi")
         term.expect("you> ")
         moved = subprocess.run([sys.executable, "-c", MOVE, target.uri, str(sid)],
                                capture_output=True, text=True, timeout=60, cwd=target.cwd,
@@ -219,10 +166,6 @@ def test_a_turn_another_process_runs_on_the_idle_session_shows_in_the_chat(
         term.expect("(another process took the session")
         term.expect("user> hello from B  (from another process)")
         term.expect("agent> You said: hello from B")
-        term.type("back here\r")
-        term.expect("agent> You said: back here")
+        term.say("back here", "agent> You said: back here")
         term.expect("you> ")
-        term.type("/quit\r")
-        assert term.finish() == 0
-    finally:
-        term.kill()
+        term.leave()
