@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from terret.cli._chat_terminal import Input, Screen, Withdrawn
 from terret.cli._context import operator
-from terret.cli._format import as_json
+from terret.cli._format import actor_text, as_json
 from terret.cli._params import text_problem
 
 if TYPE_CHECKING:
@@ -58,11 +58,11 @@ class ApprovalQuestions:
     def resolved(self, p: ApprovalResolved) -> None:
         """A verdict recorded (the log's listener, on the runner's thread)."""
         if p.call_id == self.asking:  # a verdict from elsewhere: take the question back
-            who = p.by.actor + (f" ({p.by.id})" if p.by.id else "")
             if p.verdict == "denied" and self._cancelled():
                 # The turn's cancel denied it (R13): nobody decided the call.
                 self.withdrawn = f"{p.call_id} will not run: the turn was cancelled"
             else:
+                who = actor_text(p.by.model_dump())
                 self.withdrawn = f"{p.call_id} was {p.verdict} elsewhere by {who}"
             self.screen.line(f"  ({self.withdrawn})", dim=True)
 

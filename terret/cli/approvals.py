@@ -31,8 +31,8 @@ def list_approvals(obj: CliContext, session_id: UUID | None) -> None:
     found = views.pending(session_id)
     # A request whose turn's cancel is recorded waits on nothing: closing the turn denies it,
     # and a verdict is refused.
-    cancelling = {p.session for p in found
-                  if (status := views.status(p.session)) is not None and status.cancel_requested}
+    cancelling = {session for session in {p.session for p in found}
+                  if (status := views.status(session)) is not None and status.cancel_requested}
     waits = ["cancel" if p.session in cancelling else "approval" for p in found]
     data = [{"session": p.session.removeprefix("session-"), "call_id": p.call_id,
              "tool": p.name, "args": p.args, "turn": p.turn, "waiting": waiting}

@@ -479,7 +479,9 @@ class Chat:
 
 
 def _said_by_chat(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("session %s: the woken turn failed")
+    from terret.runtime.serving import WOKEN_TURN_FAILED
+
+    return not getattr(record, WOKEN_TURN_FAILED, False)
 
 
 MAX_LOG_LINES = 100_000

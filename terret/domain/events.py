@@ -70,12 +70,22 @@ def validate_text(text: str) -> str:
 def validate_model_spec(spec: str) -> str:
     if not _SPEC.match(validate_text(spec)):
         raise ValueError("a model spec is 'provider:model', e.g. 'openrouter:openai/gpt-4o'")
-    if _URL_CREDENTIALS.search(spec):
+    if url_holds_secrets(spec):
         # The spec is recorded (model/set, step/start, session/started) and shown: a key in
         # it would be in the log for good. Not quoted here either.
-        raise ValueError("a model spec's base URL may not hold credentials (user:password@) "
-                         "or a query: put the key in the endpoint's api_key_env variable")
+        raise ValueError(URL_SECRETS_REFUSED)
     return spec
+
+
+URL_SECRETS_REFUSED = ("a base URL may not hold credentials (user:password@), a query or a "
+                       "fragment: it is written to the event log; put the key in the "
+                       "endpoint's api_key_env variable")
+
+
+def url_holds_secrets(text: str) -> bool:
+    """Whether a URL (or a spec holding one) carries what may be a credential: user-info, a
+    query or a fragment. Specs and base URLs are recorded and shown, so none may."""
+    return _URL_CREDENTIALS.search(text) is not None
 
 
 def validate_role(role: str) -> str:

@@ -53,6 +53,10 @@ from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.serving")
 
+WOKEN_TURN_FAILED = "terret_woken_turn_failed"
+"""Set on the record of a woken turn that failed: a process that says so itself (chat) leaves
+the record out."""
+
 
 @dataclass(frozen=True)
 class ServingServices:
@@ -377,7 +381,8 @@ class Supervisor:
                 # One line per record, as serve promises: the traceback only at DEBUG.
                 log.error("session %s: the woken turn failed: %s: %s", session_id,
                           type(exc).__name__, " ".join(str(exc).split()),
-                          exc_info=log.isEnabledFor(logging.DEBUG))
+                          exc_info=log.isEnabledFor(logging.DEBUG),
+                          extra={WOKEN_TURN_FAILED: True})
 
         if rt.stopping.is_set():
             return

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from terret.domain.errors import ConfigurationError
-from terret.domain.events import PROVIDER_NAME
+from terret.domain.events import PROVIDER_NAME, URL_SECRETS_REFUSED, url_holds_secrets
 from terret.domain.payloads import describe_validation
 
 #: The spec prefix for an ad-hoc endpoint given inline: ``openai-compatible:<model>@<base_url>``.
@@ -109,12 +109,8 @@ def check_base_url(value: str) -> str:
     scheme, sep, rest = text.partition("://")
     if not sep or scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
         raise ValueError("a base URL must be an absolute http:// or https:// URL")
-    if "@" in rest.split("/", 1)[0] or "?" in rest or "#" in rest:
-        # A spec is written to the event log (model/set, step/start) and shown by the CLI:
-        # credentials in it would be too. A key goes in its environment variable.
-        raise ValueError("a base URL may not hold credentials (user:password@), a query or a "
-                         "fragment: it is written to the event log; put the key in the "
-                         "endpoint's api_key_env variable")
+    if url_holds_secrets(text):  # the log's own rule for a spec's URL
+        raise ValueError(URL_SECRETS_REFUSED)
     return text
 
 
