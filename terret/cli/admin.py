@@ -76,7 +76,8 @@ def inject(obj: CliContext, session_id: UUID, text: str, wake: bool) -> None:
 @click.pass_obj
 def cancel(obj: CliContext, session_id: UUID, reason: str | None) -> None:
     """Cancel the open turn: recorded first; its serving process then denies standing
-    approvals and closes the turn (or the next resume does)."""
+    approvals and closes the turn (or the next resume does). A turn whose cancel is recorded
+    already is left as it is: the first cancel's author and reason stand."""
     obj.require_session(session_id)
     commands = obj.commands()
     if commands.cancel(session_id, by=operator(), reason=reason):

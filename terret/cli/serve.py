@@ -41,7 +41,8 @@ def serve(obj: CliContext, app_spec: str | None, grace: float, group: str,
     are left to their owner: the rolling-deploy case), wake sessions on `inject --wake`, resume
     parked turns when verdicts arrive, take over sessions whose owner's lease expired. SIGTERM
     stops gracefully: running turns stop at a step boundary, stay resumable, and are released
-    to another live worker."""
+    to another live worker. If its views stop following the log (another store's process
+    rebuilt a shared views file), it stops the same way and exits 1."""
     if not group.strip():
         raise click.BadParameter("the group name cannot be empty", param_hint="'--group'")
     logging.getLogger("terret").setLevel(logging.INFO)
