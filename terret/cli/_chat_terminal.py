@@ -164,11 +164,12 @@ class Input:
         try:
             answer = self._next_line(self.fd, withdraw)
         except Withdrawn:
-            if self.tty and self.fd is not None:
-                # What was typed at the withdrawn question (no Enter yet) is for it alone:
+            if self.tty and self.fd is not None and not self.typed_ahead():
+                # What was typed at the withdrawn question with no Enter yet is for it alone:
                 # left in the terminal's line, it would be read by the next prompt and sent.
+                # A whole line already typed (the terminal makes a line readable at its Enter)
+                # stays: the next prompt reports it as the question's late answer.
                 termios.tcflush(self.fd, termios.TCIFLUSH)
-                self._buffer = b""
             raise
         if self.tty:
             # Read without readline (it cannot be withdrawn from): the terminal's own editing
