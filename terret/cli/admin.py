@@ -21,6 +21,7 @@ from terret.domain.errors import shown
 
 if TYPE_CHECKING:
     from terret.cli._app import App
+    from terret.projections.usage import UsageTotals
     from terret.runtime.definition import TurnResult
     from terret.runtime.runtime import Runtime
 
@@ -352,11 +353,16 @@ def title(obj: CliContext, session_id: UUID, new_title: str | None) -> None:
 
 @click.command("usage")
 @click.argument("session_id", type=SESSION, required=False)
-@click.option("--by", "by", type=Choice(["model", "turn"]), default=None,
-              help="Break the figures down by model or by turn.")
+@click.option("--by", "by", type=Choice(["model", "turn", "purpose"]), default=None,
+              help="Break the figures down by model or by turn (the steps), or by purpose: "
+                   "the steps beside the upkeep's own model calls (compaction, title).")
 @click.pass_obj
 def usage(obj: CliContext, session_id: UUID | None, by: str | None) -> None:
-    """Tokens and cost, for one session or all."""
+    """Tokens and cost of the steps' model calls, for one session or all.
+
+    The summarizer's and titler's calls are apart from these figures: `--by purpose` shows
+    them beside the steps (STEPS counts their calls), and a session's budget counts them.
+    """
     if by == "turn" and session_id is None:
         raise click.UsageError("--by turn needs a SESSION_ID")
     if session_id is not None:
@@ -369,15 +375,31 @@ def usage(obj: CliContext, session_id: UUID | None, by: str | None) -> None:
         rows = {str(k): v.as_dict() for k, v in views.usage_by_turn(session_id).items()}
     elif by == "model":
         rows = {k: v.as_dict() for k, v in views.usage_by_model(session_id).items()}
+    elif by == "purpose":
+        steps = (views.usage(session_id) if session_id is not None
+                 else _summed(views.usage_by_model()))
+        rows = {"steps": steps.as_dict(),
+                **{k: v.as_dict() for k, v in views.upkeep_usage(session_id).items()}}
     elif session_id is not None:
         rows = {str(session_id): views.usage(session_id).as_dict()}
     else:
         rows = {s.id: s.usage.as_dict() for s in views.sessions()}
-    key = {"turn": "TURN", "model": "MODEL"}.get(by or "", "SESSION")
+    key = {"turn": "TURN", "model": "MODEL", "purpose": "PURPOSE"}.get(by or "", "SESSION")
     text = table([[k, str(v["prompt_tokens"]), str(v["completion_tokens"]), money(v["cost"]),
                    str(v["steps"])] for k, v in rows.items()],
                  [key, "PROMPT", "COMPLETION", "COST", "STEPS"])
     obj.emit(rows, text, rows=True)
+
+
+def _summed(totals: dict[str, UsageTotals]) -> UsageTotals:
+    """Totals added up (every model's, for every session's steps)."""
+    from terret.domain.money import cost_figure
+    from terret.projections.usage import UsageTotals
+
+    return UsageTotals(sum(t.prompt_tokens for t in totals.values()),
+                       sum(t.completion_tokens for t in totals.values()),
+                       cost_figure(sum(t.cost for t in totals.values())),
+                       sum(t.steps for t in totals.values()))
 
 
 @click.command("events")

@@ -120,6 +120,10 @@ def _titled(p: ev.SessionTitled) -> str:
     return repr(p.title)
 
 
+def _upkeep_usage(p: ev.UsageRecorded) -> str:
+    return f"{p.purpose} [{p.model} {_tokens(p.usage)}]"
+
+
 def _policy(p: ev.PolicyUpdated) -> str:
     return ", ".join(p.patterns) or "(deny all)"
 
@@ -146,7 +150,7 @@ def _summaries() -> dict[type[Any], Callable[[Any], str]]:
         e.BudgetExceeded: _budget_exceeded, e.ApprovalRequested: _approval_requested,
         e.ApprovalResolved: _verdict, e.SessionCompacted: _compacted,
         e.SessionTitled: _titled, e.PolicyUpdated: _policy, e.ModelSet: _model_set,
-        e.InboxQueued: _inbox,
+        e.InboxQueued: _inbox, e.UsageRecorded: _upkeep_usage,
     }
 
 

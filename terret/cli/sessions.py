@@ -137,7 +137,8 @@ def show(obj: CliContext, session_id: UUID) -> None:
                                           if obj.stale is not None else ""))
     shown = _Shown(summary, status, state, views.pending(session_id), views.policy(session_id),
                    Liveness(obj.store()).owner(_owner_of(summary)))
-    data = _show_data(shown, views.roles(session_id), views.usage_by_model(session_id))
+    data = _show_data(shown, views.roles(session_id), views.usage_by_model(session_id),
+                      views.upkeep_usage(session_id))
     now = time.time()
     lines = [*_head_lines(shown, now), *_activity_lines(shown, data, now),
              *_waiting_lines(shown), *_budget_lines(shown), *_turn_lines(shown, data)]
@@ -155,8 +156,8 @@ class _Shown(NamedTuple):
     owner: dict[str, Any] | None
 
 
-def _show_data(s: _Shown, roles: dict[str, str],
-               usage_by_model: dict[str, UsageTotals]) -> dict[str, Any]:
+def _show_data(s: _Shown, roles: dict[str, str], usage_by_model: dict[str, UsageTotals],
+               upkeep: dict[str, UsageTotals]) -> dict[str, Any]:
     """The session as ``sessions show --json`` prints it."""
     status = s.status
     return {
@@ -172,6 +173,7 @@ def _show_data(s: _Shown, roles: dict[str, str],
                               for p in s.pending],
         "policy": s.policy, "models": roles,
         "usage_by_model": {k: v.as_dict() for k, v in usage_by_model.items()},
+        "upkeep_usage": {k: v.as_dict() for k, v in upkeep.items()},
         "in_doubt_calls": [{"call_id": c["id"], "tool": c["name"], "args": c["args"]}
                            for c in status.in_doubt],
         "budget": {"limit": status.budget, "spent": cost_figure(status.cost),
@@ -228,6 +230,8 @@ def _activity_lines(s: _Shown, data: dict[str, Any], now: float) -> list[str]:
     ]
     for model_spec, used in sorted(data["usage_by_model"].items()):
         lines.append(f"  {model_spec}: {usage_text(used)}")
+    for purpose, used in sorted(data["upkeep_usage"].items()):
+        lines.append(f"upkeep    {purpose}: {usage_text(used, 'call')}")
     return lines
 
 
@@ -294,10 +298,10 @@ def policy_text(policy: list[str] | None) -> str:
     return ", ".join(policy) if policy else "(deny all)"
 
 
-def usage_text(used: dict[str, Any]) -> str:
+def usage_text(used: dict[str, Any], unit: str = "step") -> str:
     """``300 prompt + 30 completion tokens, $0.750000, 2 steps``."""
     return (f"{used['prompt_tokens']} prompt + {used['completion_tokens']} completion tokens, "
-            f"{money(used['cost'])}, {plural(used['steps'], 'step')}")
+            f"{money(used['cost'])}, {plural(used['steps'], unit)}")
 
 
 @sessions.command("new")

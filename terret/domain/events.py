@@ -381,6 +381,31 @@ class SessionTitled(EventPayload):
     by: Actor | None = None
 
 
+UpkeepPurpose = Literal["compaction", "title"]
+
+
+@event_type
+class UsageRecorded(EventPayload):
+    """A metered model call the session paid for outside its steps (R21, R31): the
+    summarizer's request for a compaction or the titler's for a title, recorded with what it
+    produced (``session/compacted``, ``session/titled``) in one append, or alone when nothing
+    came of it (the summary was declined, a title landed meanwhile, the request failed after
+    the provider reported its usage). ``turn`` is the session's turn when it was recorded (the
+    turn whose end asked for it, between turns); ``model`` the ``provider:model`` spec asked."""
+
+    wire_name = "usage/recorded"
+    commutative = True
+    purpose: UpkeepPurpose
+    turn: int = Field(ge=0)
+    model: str
+    usage: UsageData
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, spec: str, info: ValidationInfo) -> str:
+        return validate_model_spec(spec) if creating(info) else spec
+
+
 @event_type
 class PolicyUpdated(EventPayload):
     wire_name = "policy/updated"

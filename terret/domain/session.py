@@ -48,7 +48,9 @@ from terret.domain.events import (
     TurnEnded,
     TurnStarted,
     TurnStatus,
+    UpkeepPurpose,
     UsageData,
+    UsageRecorded,
     UserMessage,
 )
 from terret.domain.state import (
@@ -494,6 +496,13 @@ class Session(Aggregate):
         title = " ".join(title.split())[:TITLE_MAX].strip()
         self._record(SessionTitled(title=title, by=by))
         return title
+
+    def record_usage(self, purpose: UpkeepPurpose, model: str, usage: UsageData) -> None:
+        """A metered model call made for the session outside its steps (a summarizer's or a
+        titler's), in the current turn. Recorded on a closed session too: the call was paid
+        for while it was open (a title's request races the close)."""
+        self._record(UsageRecorded(purpose=purpose, turn=self.state.turn, model=model,
+                                   usage=usage))
 
     def update_policy(self, patterns: Sequence[str], *, by: Actor | None = None) -> None:
         """Malformed patterns (see ``validate_pattern``) are refused with ``InvalidPayload``, and

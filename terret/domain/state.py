@@ -45,6 +45,7 @@ from terret.domain.events import (
     TurnEnded,
     TurnStarted,
     UsageData,
+    UsageRecorded,
     UserMessage,
 )
 from terret.domain.payloads import EventPayload, OpaquePayload
@@ -471,6 +472,17 @@ def _on_cancel(s: SessionState, p: CancelRequested, seq: int) -> None:
 @_on(SessionTitled)
 def _on_titled(s: SessionState, p: SessionTitled, seq: int) -> None:
     s.titled = True
+
+
+@_on(UsageRecorded)
+def _on_usage(s: SessionState, p: UsageRecorded, seq: int) -> None:
+    # Counted where the usage view counts it, in the turn it names; not a candidate for the
+    # dearest call, which estimates the next step's request (R21 budget), not an upkeep's.
+    cost = p.usage.cost or 0.0
+    if p.turn == s.turn:
+        s.turn_cost += cost
+    else:
+        s.spent += cost
 
 
 @_on(SessionClosed)

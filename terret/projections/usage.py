@@ -19,7 +19,13 @@ from terret.projections.base import TypedProjection
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
-    from terret.domain.events import AssistantMessage, StepEnded, StepStarted, UsageData
+    from terret.domain.events import (
+        AssistantMessage,
+        StepEnded,
+        StepStarted,
+        UsageData,
+        UsageRecorded,
+    )
 
 
 @dataclass(frozen=True)
@@ -40,8 +46,10 @@ class UsageTotals:
 
 class UsageProjection(TypedProjection):
     name = "usage"
-    version = 2  # 2: usage from metered replies; usage_steps knows whether the step was metered
-    tables = ("usage_steps", "usage_turns", "usage_models")
+    # 2: usage from metered replies; usage_steps knows whether the step was metered.
+    # 3: upkeep calls (usage/recorded) in usage_upkeep.
+    version = 3
+    tables = ("usage_steps", "usage_turns", "usage_models", "usage_upkeep")
     schema = """
     CREATE TABLE IF NOT EXISTS usage_steps (
         session TEXT NOT NULL, turn INTEGER NOT NULL, step INTEGER NOT NULL, model TEXT NOT NULL,
@@ -57,6 +65,11 @@ class UsageProjection(TypedProjection):
         completion_tokens INTEGER NOT NULL, cost REAL NOT NULL, steps INTEGER NOT NULL,
         PRIMARY KEY (session, model)
     ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS usage_upkeep (
+        session TEXT NOT NULL, purpose TEXT NOT NULL, model TEXT NOT NULL,
+        prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, cost REAL NOT NULL,
+        calls INTEGER NOT NULL, PRIMARY KEY (session, purpose, model)
+    ) WITHOUT ROWID;
     """
 
     def __init__(self) -> None:
@@ -68,9 +81,10 @@ class UsageProjection(TypedProjection):
         self._turns: dict[tuple[str, int], list[Any]] = {}
         self._models: dict[tuple[str, str], list[Any]] = {}
         self._last_turn: dict[str, int] = {}
+        self._upkeep: dict[tuple[str, str, str], list[Any]] = {}
 
     def begin(self) -> None:
-        self._steps, self._turns, self._models = {}, {}, {}
+        self._steps, self._turns, self._models, self._upkeep = {}, {}, {}, {}
         self._last_turn = {}  # the highest turn the view held, per session, at first touch
 
     # A model call counts once: with its reply when the reply is metered (version 2 of
@@ -104,6 +118,20 @@ class UsageProjection(TypedProjection):
         else:
             model = "unknown"
         self._count(db, event.stream, p.turn, model, p.usage)
+
+    @handler
+    def _on_upkeep(self, db: sqlite3.Connection, event: RecordedEvent, p: UsageRecorded
+                   ) -> None:
+        # Apart from the steps' figures (R21 sums the steps): a summary's request would also
+        # set its turn's last prompt size, which is what asks for a compaction.
+        key = (event.stream, p.purpose, p.model)
+        totals = self._upkeep.get(key)
+        if totals is None:
+            found = db.execute(
+                "SELECT prompt_tokens, completion_tokens, cost, calls FROM usage_upkeep"
+                " WHERE session = ? AND purpose = ? AND model = ?", key).fetchone()
+            totals = self._upkeep[key] = list(found) if found else [0, 0, 0.0, 0]
+        _add(totals, p.usage.prompt_tokens, p.usage.completion_tokens, p.usage.cost or 0.0)
 
     def _open_step(self, db: sqlite3.Connection, session: str
                    ) -> tuple[int, int, str, bool] | None:
@@ -168,6 +196,10 @@ class UsageProjection(TypedProjection):
         if models:
             db.executemany("INSERT OR REPLACE INTO usage_models VALUES (?, ?, ?, ?, ?, ?)",
                            models)
+        upkeep = [(*key, *totals) for key, totals in self._upkeep.items()]
+        if upkeep:
+            db.executemany("INSERT OR REPLACE INTO usage_upkeep VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           upkeep)
         self.begin()
 
 
@@ -200,6 +232,19 @@ def usage_by_model(db: sqlite3.Connection, stream: str | None = None) -> dict[st
         sql += " WHERE session = ?"
         params = (stream,)
     return {row[0]: _totals(row[1:]) for row in db.execute(sql + " GROUP BY model", params)}
+
+
+def upkeep_usage(db: sqlite3.Connection, stream: str | None = None
+                 ) -> dict[str, UsageTotals]:
+    """The upkeep calls' totals by purpose (``compaction``, ``title``), of one session or all;
+    ``steps`` counts the calls."""
+    sql = ("SELECT purpose, sum(prompt_tokens), sum(completion_tokens), sum(cost), sum(calls)"
+           " FROM usage_upkeep")
+    params: tuple[str, ...] = ()
+    if stream is not None:
+        sql += " WHERE session = ?"
+        params = (stream,)
+    return {row[0]: _totals(row[1:]) for row in db.execute(sql + " GROUP BY purpose", params)}
 
 
 def last_prompt_tokens(db: sqlite3.Connection, stream: str, turn: int) -> int | None:

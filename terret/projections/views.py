@@ -57,6 +57,13 @@ class Views:
         with self.store.reading() as db:
             return usage.usage_by_model(db, _stream(session) if session else None)
 
+    def upkeep_usage(self, session: UUID | str | None = None) -> dict[str, UsageTotals]:
+        """What the upkeep's model calls cost (``usage/recorded``), by purpose
+        (``compaction``, ``title``), of one session or all; ``steps`` counts the calls. Apart
+        from :meth:`usage`, which sums the steps (R21)."""
+        with self.store.reading() as db:
+            return usage.upkeep_usage(db, _stream(session) if session else None)
+
     def last_prompt_tokens(self, session: UUID | str, turn: int) -> int | None:
         with self.store.reading() as db:
             return usage.last_prompt_tokens(db, _stream(session), turn)

@@ -22,7 +22,7 @@ from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent, decode
-from terret.domain.events import TITLE_MAX, Actor, ContextInjected, UserMessage
+from terret.domain.events import TITLE_MAX, Actor, ContextInjected, UpkeepPurpose, UserMessage
 from terret.domain.messages import Message
 from terret.domain.session import Session
 from terret.domain.store import EventStore, session_stream
@@ -36,6 +36,7 @@ from terret.runtime.summarizer import (
     Summarizer,
     render_history,
 )
+from terret.runtime.usage_meter import UsageMeter
 from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.maintenance")
@@ -72,15 +73,32 @@ class UpkeepServices:
     upkeep writes only to those, and leaves the others to the processes that do."""
 
 
-def session_roles(upkeep: UpkeepServices, session: Session) -> RoleResolver:
+def session_roles(upkeep: UpkeepServices, session: Session,
+                  meter: UsageMeter | None = None) -> RoleResolver:
     """Resolves a role the way the session's own steps do: its recorded spec
     (``Runtime.model_spec``: ``session/started`` and ``model/set``, else the runtime's
-    configuration) through the runtime's resolver."""
+    configuration) through the runtime's resolver. With ``meter``, the providers it hands out
+    report each reply's usage to it."""
 
     def resolve(role: str) -> tuple[ModelProvider, str]:
-        return upkeep.resolver.resolve(upkeep.model_spec(session, role))
+        spec = upkeep.model_spec(session, role)
+        provider, model = upkeep.resolver.resolve(spec)
+        return (meter.metered(provider, spec) if meter is not None else provider), model
 
     return resolve
+
+
+def record_usage(upkeep: UpkeepServices, sid: UUID, purpose: UpkeepPurpose,
+                 meter: UsageMeter) -> None:
+    """The metered calls of an upkeep that recorded nothing else (declined, refused, failed):
+    paid for all the same. Never raises: the upkeep's own outcome is what its caller reports."""
+    if not meter.calls:
+        return
+    try:
+        upkeep.writer.execute(sid, meter.record_on(purpose))
+    except Exception as exc:  # noqa: BLE001 - e.g. purged meanwhile: nothing left to count on
+        log.warning("the usage of the %s request for %s was not recorded: %s",
+                    purpose, sid, exc)
 
 
 class Compactor:
@@ -140,16 +158,34 @@ class Compactor:
             since = f"since the compaction at seq {last}" if last else "yet"
             raise errors.CompactionDeclined(
                 f"session {sid}: nothing the model sees is new {since}")
+        meter = UsageMeter()
+        try:
+            return self._summarize(session, mark, meter)
+        except BaseException:
+            record_usage(upkeep, sid, "compaction", meter)  # nothing was appended: alone
+            raise
+
+    def _summarize(self, session: Session, mark: int, meter: UsageMeter) -> int | None:
+        """Ask the summarizer (its role's calls metered by ``meter``) and record the summary
+        with what it cost; None when it declined (its cost recorded alone)."""
+        upkeep, sid = self.upkeep, session.id
         summarizer = self.summarizer
         if isinstance(summarizer, RoleBound):
-            summarizer = summarizer.for_session(session_roles(upkeep, session))
+            summarizer = summarizer.for_session(session_roles(upkeep, session, meter))
         upkeep.catch_up_views(sid)  # the views now hold at least everything up to the mark
-        messages = upkeep.views.messages(sid)
-        summary = summarizer.summarize(messages)
+        summary = summarizer.summarize(upkeep.views.messages(sid))
         if summary is None:
             log.warning("compaction of %s declined by the summarizer", sid)
+            record_usage(upkeep, sid, "compaction", meter)
             return None
-        upto, _ = upkeep.writer.execute(sid, lambda s: s.compact(summary, mark=mark))
+        record = meter.record_on("compaction")
+
+        def compact(s: Session) -> int:
+            upto = s.compact(summary, mark=mark)
+            record(s)  # in the same append: the summary and what it cost
+            return upto
+
+        upto, _ = upkeep.writer.execute(sid, compact)
         log.info("session %s compacted up to seq %d", sid, upto)
         return int(upto)
 
@@ -181,7 +217,8 @@ class AutoTitler:
             # message titles it — a placeholder now would be the one automatic title for good.
             return
         title = None
-        titler = self._titler_for(session)
+        meter = UsageMeter()
+        titler = self._titler_for(session, meter)
         if titler is not None:
             try:
                 title = titler.title(self.upkeep.views.messages(sid))
@@ -189,19 +226,27 @@ class AutoTitler:
                 log.warning("titler failed for %s, using the first message: %s", sid, exc)
         if not title or not title.strip():
             title = first[:FALLBACK_TITLE_CHARS]
-        try:
-            self.upkeep.writer.execute(
-                sid, lambda s: s.title(title, by=Actor(actor="agent"), automatic=True))
-        except (errors.AlreadyTitled, errors.SessionClosed):
-            pass  # titled meanwhile (another process), or closed: nothing to do
+        record = meter.record_on("title")
 
-    def _titler_for(self, session: Session) -> Titler | None:
-        """The titler bound to the session's roles; None when it would ask a role the session
-        does not configure (the first message is then the title, with no warning)."""
+        def entitle(s: Session) -> None:
+            s.title(title, by=Actor(actor="agent"), automatic=True)
+            record(s)  # in the same append: the title and what it cost
+
+        try:
+            self.upkeep.writer.execute(sid, entitle)
+        except (errors.AlreadyTitled, errors.SessionClosed):
+            # Titled meanwhile (another process), or closed: the request was paid for all
+            # the same.
+            record_usage(self.upkeep, sid, "title", meter)
+
+    def _titler_for(self, session: Session, meter: UsageMeter) -> Titler | None:
+        """The titler bound to the session's roles (its calls metered by ``meter``); None when
+        it would ask a role the session does not configure (the first message is then the
+        title, with no warning)."""
         titler = self.titler
         if not isinstance(titler, RoleBound):
             return titler
-        bound: Titler = titler.for_session(session_roles(self.upkeep, session))
+        bound: Titler = titler.for_session(session_roles(self.upkeep, session, meter))
         if bound is titler:
             return titler  # it brought its own resolver
         try:

@@ -486,6 +486,16 @@ class Runtime:
         return self._views_of(session_id).usage(session_id).as_dict()
 
     @takes_session
+    def upkeep_usage(self, session_id: UUID) -> dict[str, dict[str, Any]]:
+        """What the session's upkeep paid for apart from its steps (``usage``): the
+        summarizer's and titler's metered model calls, by purpose (``compaction``, ``title``),
+        each ``{prompt_tokens, completion_tokens, cost, steps}`` with ``steps`` counting the
+        calls. Its budget counts them."""
+        self.writer.load(session_id)  # SessionNotFound for a session no log holds
+        return {purpose: totals.as_dict()
+                for purpose, totals in self._views_of(session_id).upkeep_usage(session_id).items()}
+
+    @takes_session
     def title(self, session_id: UUID) -> str | None:
         self.writer.load(session_id)  # SessionNotFound for a session no log holds
         return self._views_of(session_id).title(session_id)

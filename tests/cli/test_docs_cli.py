@@ -17,6 +17,7 @@ import pytest
 
 from terret.adapters.stores.uri import open_store
 from terret.cli import cli
+from terret.domain.events import UsageData
 from terret.domain.store import NewRecord, session_stream
 from terret.runtime.ownership import WorkerLease
 from tests.cli.conftest import DEMO_APP, MISSING, ROOT, Target, invoke_cli, one_line_error
@@ -214,6 +215,7 @@ def test_json_examples_have_the_real_shapes(target: Target) -> None:
         "usage": ["usage"],
         "usage --by model": ["usage", "--by", "model"],
         "usage --by turn": ["usage", f, "--by", "turn"],
+        "usage --by purpose": ["usage", "--by", "purpose"],
         "title": ["title", f],
         "log": ["log", f],
         "events": ["events"],
@@ -526,6 +528,9 @@ def test_sessions_show_text_shows_what_the_page_lists(target: Target) -> None:
     target.writer().execute(sid, lambda s: s.end_turn(
         "failed", error="ProviderError: openrouter: HTTP 503\nretry later"))
     target.parked(sid)
+    target.writer().execute(sid, lambda s: s.record_usage(  # the titler's request, say
+        "title", "demo:ops-model-1", UsageData(prompt_tokens=40, completion_tokens=6,
+                                               cost=0.0004)))
     assert target.invoke("inject", str(sid), "also check payments").exit_code == 0
     assert target.invoke("cancel", str(sid)).exit_code == 0
     data = target.json("sessions", "show", str(sid))
@@ -534,6 +539,10 @@ def test_sessions_show_text_shows_what_the_page_lists(target: Target) -> None:
         assert any(line.startswith(f"  {spec}: {used['prompt_tokens']} prompt + ")
                    for line in text_out), (spec, text_out)
     assert len(data["usage_by_model"]) == 2
+    assert data["upkeep_usage"] == {"title": {"prompt_tokens": 40, "completion_tokens": 6,
+                                              "cost": 0.0004, "steps": 1}}
+    assert ("upkeep    title: 40 prompt + 6 completion tokens, $0.000400, 1 call"
+            in text_out), text_out
     for owed in data["owed_calls"]:
         assert (f"owed      {owed['id']}: {owed['name']} {json.dumps(owed['args'])}"
                 in text_out), text_out

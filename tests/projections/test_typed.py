@@ -36,7 +36,7 @@ def test_the_default_projections_handle_what_they_handled() -> None:
                                    ev.AssistantMessage.wire_name, ev.ToolResult.wire_name,
                                    ev.SessionCompacted.wire_name}
     assert handles["usage"] == {ev.StepStarted.wire_name, ev.AssistantMessage.wire_name,
-                                ev.StepEnded.wire_name}
+                                ev.StepEnded.wire_name, ev.UsageRecorded.wire_name}
     assert handles["title"] == {ev.SessionTitled.wire_name}
     assert handles["policy"] == {ev.PolicyUpdated.wire_name}
     assert handles["models"] == {ev.SessionStarted.wire_name, ev.ModelSet.wire_name}

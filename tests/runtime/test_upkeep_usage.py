@@ -1,0 +1,171 @@
+"""The upkeep's model calls are paid for and recorded (R21, R31): the titler's and the
+summarizer's requests leave a ``usage/recorded`` — with the title or summary they produced, in
+the same append, or alone when nothing came of them — kept apart from the steps' usage
+(``usage``), shown by ``upkeep_usage`` and the CLI, and counted by the session's budget.
+
+Every test runs on SQLite and on the EventStoreDB emulator; the CLI that reads the figures back
+runs as a second OS process on the same store.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from terret import Actor, Reply, RuntimeConfig, ScriptedProvider, Usage, open_store
+from terret.domain.store import EventStore
+from terret.runtime.model import ModelReply, ModelRequest, TextSink
+from tests.cli.conftest import subprocess_env
+from tests.runtime.conftest import MakeRuntime, OpenedStore
+from tests.runtime.kit import drain_upkeep, final, only, read_log, wait_for_event
+
+OPERATOR = Actor(actor="operator", id="test")
+STEP = Usage(100, 10, 0.01)
+TITLE = Usage(40, 6, 0.0004)
+SUMMARY = Usage(900, 50, 0.02)
+
+
+def cli(opened: OpenedStore, views: Path, *args: str) -> Any:
+    """``terret --json ARGS`` in a second OS process on the store under test."""
+    done = subprocess.run(
+        [sys.executable, "-m", "terret", "--store", opened.uri, "--views", str(views), "--json",
+         *args], capture_output=True, text=True, timeout=60, env=subprocess_env())
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def totals(usage: Usage, calls: int = 1) -> dict[str, Any]:
+    return {"prompt_tokens": usage.prompt_tokens * calls,
+            "completion_tokens": usage.completion_tokens * calls,
+            "cost": round((usage.cost or 0.0) * calls, 10), "steps": calls}
+
+
+@pytest.fixture
+def other_store(opened: OpenedStore) -> Iterator[EventStore]:
+    second = open_store(opened.uri)
+    yield second
+    second.close()
+
+
+def test_a_titles_request_is_recorded_with_the_title_apart_from_the_steps_and_budgeted(
+        opened: OpenedStore, make_runtime: MakeRuntime, store: EventStore,
+        tmp_path: Path) -> None:
+    tiny = ScriptedProvider([Reply(text="Checkout rollout", usage=TITLE)], name="tiny")
+    rt = make_runtime([final("rolled out", usage=STEP)],
+                      config=RuntimeConfig(roles={"main": "scripted:default",
+                                                  "titler": "tiny:t1"}))
+    rt.resolver.add(tiny)  # type: ignore[attr-defined]
+    sid = rt.create_session()
+    rt.set_budget(sid, 1.0, by=OPERATOR)
+    rt.run_turn(sid, "roll out checkout v2")
+    log = wait_for_event(store, sid, "usage/recorded")
+
+    (titled,) = only(log, "session/titled")
+    (metered,) = only(log, "usage/recorded")
+    assert metered.seq == titled.seq + 1  # one append: the title and what it cost
+    assert metered.data == {"purpose": "title", "turn": 1, "model": "tiny:t1",
+                            "usage": {"prompt_tokens": 40, "completion_tokens": 6,
+                                      "cost": 0.0004}}
+    assert rt.usage(sid) == totals(STEP)  # R21: the steps, as before
+    assert rt.upkeep_usage(sid) == {"title": totals(TITLE)}
+    check = rt.budget(sid)
+    assert check is not None and check.spent == pytest.approx(0.0104)
+
+    views = tmp_path / "cli-views.db"
+    by_purpose = cli(opened, views, "usage", str(sid), "--by", "purpose")
+    assert by_purpose == {"steps": totals(STEP), "title": totals(TITLE)}
+    shown = cli(opened, views, "sessions", "show", str(sid))
+    assert shown["usage"] == totals(STEP)
+    assert shown["upkeep_usage"] == {"title": totals(TITLE)}
+    assert shown["budget"]["spent"] == pytest.approx(0.0104)
+    everyone = cli(opened, views, "usage", "--by", "purpose")
+    assert everyone == {"steps": totals(STEP), "title": totals(TITLE)}
+
+    cli(opened, views, "projections", "rebuild")  # replayed from scratch: the same figures
+    assert cli(opened, views, "usage", str(sid), "--by", "purpose") == by_purpose
+
+
+def test_a_summarys_request_is_recorded_with_the_compaction_and_asks_for_no_second_one(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    cheap = ScriptedProvider(default=Reply(text="they asked, we answered", usage=SUMMARY),
+                             name="cheap")
+    rt = make_runtime([final("heavy", usage=Usage(500, 5, 0.01))],
+                      config=RuntimeConfig(compaction_budget=100,
+                                           roles={"main": "scripted:default",
+                                                  "compactor": "cheap:mini"}))
+    rt.resolver.add(cheap)  # type: ignore[attr-defined]
+    sid = rt.create_session()
+    rt.run_turn(sid, "a heavy question")
+    log = wait_for_event(store, sid, "usage/recorded")
+    drain_upkeep(rt)
+
+    (compacted,) = only(read_log(store, sid), "session/compacted")
+    (metered,) = only(log, "usage/recorded")
+    assert metered.seq == compacted.seq + 1
+    assert metered.data["purpose"] == "compaction" and metered.data["model"] == "cheap:mini"
+    assert len(cheap.requests) == 1  # the summary's own large prompt asks for no compaction
+    assert rt.usage(sid) == totals(Usage(500, 5, 0.01))
+    assert rt.upkeep_usage(sid) == {"compaction": totals(SUMMARY)}
+
+
+def test_a_declined_summary_is_paid_for_all_the_same(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    cheap = ScriptedProvider([Reply(text="   ", usage=SUMMARY)], name="cheap")
+    rt = make_runtime([final("answer", usage=STEP)])
+    rt.resolver.add(cheap)  # type: ignore[attr-defined]
+    sid = rt.create_session(roles={"compactor": "cheap:mini"})
+    rt.run_turn(sid, "question")
+
+    assert rt.compact(sid) is None  # an empty summary declines
+
+    log = read_log(store, sid)
+    assert not only(log, "session/compacted")
+    (metered,) = only(log, "usage/recorded")
+    assert metered.data["purpose"] == "compaction"
+    assert rt.upkeep_usage(sid) == {"compaction": totals(SUMMARY)}
+
+
+class TitledMeanwhile:
+    """A titler model during whose request an operator in another process titles the
+    session."""
+
+    name = "tiny"
+
+    def __init__(self) -> None:
+        self.elsewhere: Any = None
+        self.session: UUID | None = None
+        self.asked = threading.Event()
+
+    def complete(self, request: ModelRequest, *, on_text: TextSink | None = None,
+                 cancel: threading.Event | None = None) -> ModelReply:
+        self.elsewhere.set_title(self.session, "Named by the operator", by=OPERATOR)
+        self.asked.set()
+        return ModelReply(text="The model's title", usage=TITLE)
+
+
+def test_a_title_request_overtaken_by_an_operators_title_is_recorded_alone(
+        make_runtime: MakeRuntime, store: EventStore, other_store: EventStore) -> None:
+    tiny = TitledMeanwhile()
+    rt = make_runtime([final("done", usage=STEP)])
+    rt.resolver.add(tiny)  # type: ignore[attr-defined]
+    tiny.elsewhere = make_runtime(on_store=other_store, start=False)
+    sid = tiny.session = rt.create_session(roles={"titler": "tiny:t1"})
+    rt.run_turn(sid, "please name this")
+    log = wait_for_event(store, sid, "usage/recorded")
+    drain_upkeep(rt)
+
+    assert tiny.asked.is_set()
+    assert [e.data["title"] for e in only(read_log(store, sid), "session/titled")] == [
+        "Named by the operator"]
+    (metered,) = only(log, "usage/recorded")
+    assert metered.data["purpose"] == "title"
+    assert rt.title(sid) == "Named by the operator"
+    assert rt.upkeep_usage(sid) == {"title": totals(TITLE)}
