@@ -429,6 +429,9 @@ class Chat:
         for spec, used in sorted(self.runtime.views.usage_by_model(self.sid).items()):
             self.screen.line(f"  {spec}: {used.prompt_tokens} + {used.completion_tokens} "
                              f"tokens, {money(used.cost)}")
+        for purpose, upkeep in sorted(self.runtime.upkeep_usage(self.sid).items()):
+            self.screen.line(f"  upkeep, {purpose}: {upkeep['prompt_tokens']} + "
+                             f"{upkeep['completion_tokens']} tokens, {money(upkeep['cost'])}")
 
     def run(self, *, new: bool, live: Agent | None, held: SessionOwned | None) -> None:
         """The whole conversation: banner, recap, the open turn (followed when another worker

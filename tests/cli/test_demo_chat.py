@@ -9,7 +9,13 @@ from pathlib import Path
 from uuid import UUID
 
 from terret.adapters.stores.sqlite import SQLiteStore
-from terret.domain.events import ApprovalResolved, ToolResult, TurnEnded, UserMessage
+from terret.domain.events import (
+    ApprovalResolved,
+    ToolResult,
+    TurnEnded,
+    UsageData,
+    UserMessage,
+)
 from terret.runtime.commands import SessionCommands
 from tests.cli.conftest import (
     DEMO_APP,
@@ -257,3 +263,17 @@ def test_a_turn_that_fails_on_an_error_not_terret_s_is_one_line_in_chat(target: 
     assert "Traceback" not in done.stderr + done.stdout, done.stderr
     assert "Error: RuntimeError: the model blew up while answering" in done.stdout + done.stderr
     assert "still here?" in done.stdout  # the chat went on
+
+
+def test_chat_usage_shows_the_upkeeps_model_calls_beside_the_steps(target: Target) -> None:
+    """docs/cli.md: ``/usage`` gives the total and per model, then the upkeep's own model calls
+    by purpose (recorded here as another process's titler would)."""
+    sid = target.finished()
+    target.writer().execute(sid, lambda s: s.record_usage(
+        "title", "demo:ops-model-1", UsageData(prompt_tokens=40, completion_tokens=6,
+                                               cost=0.0004)))
+    result = target.invoke("chat", str(sid), "--app", DEMO_APP, input="/usage\n/quit\n")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("usage: "))
+    assert "  upkeep, title: 40 + 6 tokens, $0.000400" in lines[at:], lines[at:]
