@@ -163,7 +163,13 @@ def _line(event: RecordedEvent, record: StoredRecord, *, full: bool, stamps: boo
     stamp = f"{_stamp(record.recorded_at)}  " if stamps else ""
     body = (json.dumps(json.loads(record.data), sort_keys=True, ensure_ascii=False)
             if full else summarize(event))
-    return f"{event.seq:>6}  {stamp}{event.wire_name:<22} {body}"
+    from terret.domain.payloads import wire_name_problem
+
+    # Any client may append a record: a wire name no class could have is shown quoted, so it
+    # cannot pass for more of the log.
+    name = event.wire_name if wire_name_problem(event.wire_name) is None else json.dumps(
+        event.wire_name)
+    return f"{event.seq:>6}  {stamp}{name:<22} {body}"
 
 
 def _stamp(ts: float) -> str:

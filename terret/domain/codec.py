@@ -77,6 +77,16 @@ def decode(record: StoredRecord, registry: EventCatalogue = catalogue) -> Record
     return decoder(record)
 
 
+def schema_version(meta: dict[str, Any]) -> int:
+    """The schema version a record's metadata names (1 when it names none). Anything but a
+    whole number — ``"2"``, ``1.5``, ``true``, ``null`` — is refused (``ValueError``), as a
+    class's ``version`` is: guessing would run the wrong upcasters on the data."""
+    version = meta.get("schema_version", 1)
+    if type(version) is not int:
+        raise ValueError(f"schema_version is not a whole number: {json.dumps(version)}")
+    return version
+
+
 class RecordDecoder:
     """Decodes records, with a cheap path for the common one: metadata seen before (parsed once
     and remembered) and data at its class's current version (parsed and validated by pydantic
@@ -115,7 +125,7 @@ class RecordDecoder:
     def _remember(self, metadata: bytes) -> tuple[int, Any, Any] | None:
         try:
             meta = json.loads(metadata) if metadata else {}
-            parsed = (int(meta.get("schema_version", 1)), meta.get("correlation_id"),
+            parsed = (schema_version(meta), meta.get("correlation_id"),
                       meta.get("causation_id")) if isinstance(meta, dict) else None
         except (ValueError, TypeError):
             parsed = None
@@ -153,7 +163,7 @@ class RecordDecoder:
             data = json.loads(record.data)
             if not isinstance(data, dict):
                 raise ValueError("data is not a JSON object")
-            version = int(meta.get("schema_version", 1))
+            version = schema_version(meta)
             payload = self.registry.decode(record.wire_name, version, data)
         except (ValueError, TypeError, InvalidPayload) as exc:
             raise CorruptRecord(record.position, f"{record.wire_name}: {exc}") from None

@@ -90,6 +90,19 @@ def _clean_json(value: Any) -> bool:
     return "{" not in text or bool(json.loads(text) == value)
 
 
+def wire_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a wire name, or None. Shown in every log line and matched
+    exactly by readers: printable, without whitespace (a newline would forge a line of
+    ``terret log``), 1 to 200 characters."""
+    if not 1 <= len(name) <= 200:
+        return "1 to 200 characters"
+    if not name.isprintable() or any(c.isspace() for c in name):
+        return "printable characters without whitespace"
+    return None
+
+
+_CLASS_SETTINGS = frozenset({"wire_name", "version", "model_visible", "commutative"})
+
 MAX_VERSION = 2**31 - 1
 """The highest schema version: every store keeps it in a 32-bit field or less."""
 
@@ -274,10 +287,24 @@ class EventCatalogue:
         name = cls.wire_name
         if not name or not isinstance(name, str):
             raise UnknownEventType(f"{cls.__name__} has no wire_name")
+        problem = wire_name_problem(name)
+        if problem is not None:
+            raise ConfigurationError(f"{cls.__name__}: wire_name {name[:200]!r} is not a wire "
+                                     f"name: {problem} (e.g. 'acme.bookmark/saved')")
         version = cls.__dict__.get("version", cls.version)
         if type(version) is not int or not 1 <= version <= MAX_VERSION:
             raise ConfigurationError(f"{cls.__name__}: version is a whole number from 1 to "
                                      f"{MAX_VERSION}, not {version!r}")
+        for flag in ("model_visible", "commutative"):
+            if type(getattr(cls, flag)) is not bool:
+                raise ConfigurationError(f"{cls.__name__}: {flag} is True or False, not "
+                                         f"{getattr(cls, flag)!r}")
+        shadowing = sorted(set(cls.__pydantic_fields__) & _CLASS_SETTINGS)
+        if shadowing:
+            raise ConfigurationError(
+                f"{cls.__name__}: a payload field may not be named {shadowing[0]!r}: it is "
+                "the event class's own setting (the field would replace it when the event is "
+                "written)")
         existing = self._types.get(name)
         if existing is not None and existing is not cls:
             if existing.__qualname__ != cls.__qualname__ or existing.__module__ != cls.__module__:

@@ -289,3 +289,22 @@ def test_a_skip_whose_replay_halts_again_says_so_and_exits_1(target: Target) -> 
     with sqlite3.connect(target.views) as db:
         rows = db.execute("SELECT url FROM acme_marks ORDER BY seq").fetchall()
     assert rows == [("https://example.org/c",)]
+
+
+def test_log_quotes_a_wire_name_no_class_could_have(target: Target) -> None:
+    """Any client may append a record; a wire name holding a newline printed a forged line
+    (`99  turn/end  turn 1 completed`) in `terret log`. Classes may not take such names."""
+    from uuid import uuid4
+
+    from terret.domain.store import NewRecord, session_stream
+
+    sid = target.new_session()
+    stream = session_stream(sid)
+    forged = "acme.nl/ev\n    99  turn/end               turn 1 completed"
+    target.store().append(stream, [NewRecord(uuid4(), forged, b'{"x": 1}',
+                                             b'{"schema_version": 1}')],
+                          target.store().stream_version(stream))
+    result = target.invoke("log", str(sid))
+    assert result.exit_code == 0, result.stderr
+    assert not any(line.lstrip().startswith("99") for line in result.stdout.splitlines())
+    assert json.dumps(forged) in result.stdout

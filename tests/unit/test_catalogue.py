@@ -151,6 +151,62 @@ def test_a_version_is_a_whole_number_from_one(version: object) -> None:
         local.upcaster("acme/odd", version)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("wire_name", ["acme/bad name", "acme/two\nlines", "acme/\ttab",
+                                       "acme/" + "x" * 200])
+def test_a_wire_name_is_printable_without_whitespace(wire_name: str) -> None:
+    """A newline in a wire name forged a line of ``terret log``."""
+    local = EventCatalogue()
+    odd = type("Odd", (EventPayload,), {"__annotations__": {"wire_name": ClassVar[str]},
+                                        "wire_name": wire_name})
+    with pytest.raises(errors.ConfigurationError, match="is not a wire name"):
+        local.register(odd)
+    fine = type("Fine", (EventPayload,), {"__annotations__": {"wire_name": ClassVar[str]},
+                                          "wire_name": "Acme.Bookmark/Saved:v"})
+    assert local.register(fine) is fine
+
+
+@pytest.mark.parametrize("flag", ["commutative", "model_visible"])
+@pytest.mark.parametrize("value", ["no", 1, None])
+def test_the_class_flags_are_true_or_false(flag: str, value: object) -> None:
+    """``commutative = "no"`` registered as commutative, folding the event into a running
+    turn (R5)."""
+    local = EventCatalogue()
+    odd = type("Odd", (EventPayload,), {"__annotations__": {"wire_name": ClassVar[str]},
+                                        "wire_name": "acme/odd", flag: value})
+    with pytest.raises(errors.ConfigurationError, match=f"{flag} is True or False"):
+        local.register(odd)
+
+
+@pytest.mark.parametrize("name", ["version", "wire_name", "commutative", "model_visible"])
+def test_a_field_may_not_take_a_class_settings_name(name: str) -> None:
+    """A field ``version: int = 3`` was written as schema version 3: the process that wrote
+    the event read it back as opaque."""
+    import warnings
+
+    local = EventCatalogue()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pydantic's "shadows an attribute in parent"
+        odd = type("Odd", (EventPayload,), {
+            "__annotations__": {"wire_name": ClassVar[str], name: int},
+            "wire_name": "acme/odd", **({} if name == "wire_name" else {name: 3})})
+        if name == "wire_name":
+            odd.wire_name = "acme/odd"  # type: ignore[attr-defined]
+    with pytest.raises(errors.ConfigurationError):
+        local.register(odd)
+
+
+@pytest.mark.parametrize("version", ['"2"', "1.5", "true", "null", "[1]"])
+def test_a_stored_schema_version_that_is_no_whole_number_is_a_corrupt_record(
+        store: EventStore, version: str) -> None:
+    """``"2"`` read as 2, ``1.5`` and ``true`` as 1 (running the wrong upcasters)."""
+    stream = session_stream(uuid4())
+    record = NewRecord(uuid4(), "turn/start", b'{"turn": 1}',
+                       b'{"schema_version": ' + version.encode() + b'}')
+    store.append(stream, [record], StreamState.NO_STREAM)
+    with pytest.raises(errors.CorruptRecord, match="schema_version is not a whole number"):
+        decode(store.read_stream(stream)[0])
+
+
 def test_an_upcaster_is_one_per_step_and_terret_s_own_stay() -> None:
     """An app's upcaster for ``step/end`` replaced Terret's own (usage then decoded as None);
     a second one for the same step replaced the first, silently."""
