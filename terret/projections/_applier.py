@@ -63,6 +63,7 @@ class BatchApplier:
         self.registry = registry
         self._decode = RecordDecoder(registry)
         self._guard = guard
+        self._warned: set[str] = set()
 
     def apply(self, records: Sequence[StoredRecord], upto: int,
               projections: Sequence[Projection]) -> list[RecordedEvent]:
@@ -105,7 +106,7 @@ class BatchApplier:
     def _moves(self, upto: int, projections: Sequence[Projection]) -> bool:
         with self.views.reading() as db:
             tracked = self.views.positions(db, [p.name for p in projections])
-            halted = self.views.halted(db)
+            halted = self.views.halted(db) | self._superseded(db, projections)
         return any(tracked[p.name] < upto for p in projections if p.name not in halted)
 
     def _begin(self, db: sqlite3.Connection, projections: Sequence[Projection], *,
@@ -116,7 +117,27 @@ class BatchApplier:
         self._guard(db)
         names = [p.name for p in projections]
         tracked = dict.fromkeys(names, -1) if history else self.views.positions(db, names)
-        return _Batch(tracked, self.views.halted(db), self.views.skips(db))
+        halted = self.views.halted(db) | self._superseded(db, projections)
+        return _Batch(tracked, halted, self.views.skips(db))
+
+    def _superseded(self, db: sqlite3.Connection, projections: Sequence[Projection]
+                    ) -> set[str]:
+        """The projections whose view another process sharing the file has re-versioned since
+        this one opened it (a rolling deploy: the other release's ``ensure`` dropped and
+        recreated it). This process leaves them alone — rows of its version in tables of
+        another would be neither's view — and says so once; the process of the recorded
+        version maintains them."""
+        recorded = self.views.versions(db)
+        superseded = {p.name for p in projections
+                      if recorded.get(p.name, p.version) != p.version}
+        for p in projections:
+            if p.name in superseded and p.name not in self._warned:
+                self._warned.add(p.name)
+                log.warning("projection %s: the views file holds version %d of it, this "
+                            "process has version %d (another release opened the file): this "
+                            "process no longer maintains it; restart it on the views' release",
+                            p.name, recorded[p.name], p.version)
+        return superseded
 
     def _track(self, db: sqlite3.Connection, projections: Sequence[Projection], batch: _Batch,
                records: Sequence[StoredRecord]) -> None:

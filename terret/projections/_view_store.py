@@ -442,6 +442,11 @@ class ViewStore(TrackingRecorder):
         return {row[0] for row in db.execute("SELECT projection FROM projection_faults")}
 
     @staticmethod
+    def versions(db: sqlite3.Connection) -> dict[str, int]:
+        """The version each projection's view was written by (``ensure`` records it)."""
+        return dict(db.execute("SELECT projection, version FROM projection_versions"))
+
+    @staticmethod
     def record_fault(db: sqlite3.Connection, name: str, position: int, error: str) -> None:
         db.execute(
             "INSERT OR REPLACE INTO projection_faults VALUES (?, ?, ?, ?)",

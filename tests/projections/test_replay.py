@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -169,3 +170,65 @@ def test_a_view_written_by_another_version_of_its_projection_is_rebuilt_on_open(
     runner.catch_up()
     assert [m.text for m in Views(views).messages(session.id)] == ["hello"]
     views.close()
+
+
+class _Said:
+    """A custom projection of what users said; version 2 keeps it upper-cased."""
+
+    @staticmethod
+    def make(version: int) -> Any:
+        from terret.projections import Projection
+
+        class Said(Projection):
+            name = "acme.said"
+            handles = frozenset({"user/message"})
+            tables = ("acme_said",)
+            schema = ("CREATE TABLE IF NOT EXISTS acme_said (stream TEXT, seq INTEGER, "
+                      "text TEXT, PRIMARY KEY (stream, seq))")
+
+            def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+                text = event.payload.text  # type: ignore[union-attr]
+                db.execute("INSERT INTO acme_said VALUES (?, ?, ?)",
+                           (event.stream, event.seq, text.upper() if version == 2 else text))
+
+        Said.version = version
+        return Said()
+
+
+def test_a_process_on_another_version_of_a_projection_leaves_its_view_alone(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A rolling deploy: release 1 keeps running while release 2, which re-versioned the
+    projection, opens the shared views file. Release 1 went on writing its rows into release
+    2's view (`verify` then found rows of both meanings); now it leaves the view to release 2,
+    saying so once, and the view is what a rebuild by release 2 gives."""
+    from terret.adapters.stores.memory import MemoryStore
+    from terret.domain import SessionRepository
+
+    store = MemoryStore()
+    repo = SessionRepository(store)
+
+    def said(text: str) -> None:
+        session = Session.start()
+        session.start_turn(text=text)
+        repo.save(session)
+
+    path = str(tmp_path / "views.db")
+    said("a")
+    old_views = ViewStore(path)
+    old = ProjectionRunner(store, old_views, [_Said.make(1)])
+    old.catch_up()
+    new_views = ViewStore(path)  # release 2 opens the file: its view replays from 0
+    new = ProjectionRunner(store, new_views, [_Said.make(2)])
+    said("b")
+    with caplog.at_level("WARNING", logger="terret.projections"):
+        old.catch_up()  # release 1 comes first to the new event
+        old.catch_up()
+    new.catch_up()
+
+    rows = sorted(r[2] for r in new_views.db.execute("SELECT * FROM acme_said"))
+    assert rows == ["A", "B"]
+    assert new.verify("acme.said") == []
+    warned = [r for r in caplog.records if "holds version 2" in r.getMessage()]
+    assert len(warned) == 1
+    old_views.close()
+    new_views.close()
