@@ -14,6 +14,7 @@ from uuid import UUID
 import click
 
 from terret.cli._context import SESSION, CliContext, note
+from terret.cli._format import money
 from terret.cli._params import JSON_LINES, TEXT, IntRange
 from terret.domain.errors import shown
 from terret.domain.store import RETENTION_STREAM, StoredRecord, session_stream
@@ -99,13 +100,13 @@ def _verdict(p: ev.InDoubtResolved | ev.ApprovalResolved) -> str:
 
 
 def _budget_set(p: ev.BudgetSet) -> str:
-    limit = f"${p.limit:.6f}" if p.limit is not None else "the deployment's default"
+    limit = money(p.limit) if p.limit is not None else "the deployment's default"
     return f"{limit} by {p.by.actor}" + (f": {p.reason}" if p.reason else "")
 
 
 def _budget_exceeded(p: ev.BudgetExceeded) -> str:
-    return (f"turn {p.turn} parked: spent ${p.spent:.6f} of ${p.limit:.6f}, next call "
-            f"estimated at ${p.estimate:.6f}")
+    return (f"turn {p.turn} parked: spent {money(p.spent)} of {money(p.limit)}, next call "
+            f"estimated at {money(p.estimate)}")
 
 
 def _approval_requested(p: ev.ApprovalRequested) -> str:
@@ -156,7 +157,7 @@ def _summaries() -> dict[type[Any], Callable[[Any], str]]:
 
 def _tokens(usage: Any) -> str:
     return (f"{usage.prompt_tokens}+{usage.completion_tokens} tokens"
-            + (f" cost {usage.cost}" if usage.cost is not None else ""))
+            + (f" {money(usage.cost)}" if usage.cost is not None else ""))
 
 
 def _line(event: RecordedEvent, record: StoredRecord, *, full: bool, stamps: bool) -> str:

@@ -82,4 +82,5 @@ class BudgetGuard:
         limit = self.limit(state)
         if limit is None:
             return None
-        return BudgetCheck(limit, state.total_cost, state.dearest_call)
+        # Figures as every other reading shows them: 0.2 + 0.1 spent is 0.3.
+        return BudgetCheck(limit, cost_figure(state.total_cost), cost_figure(state.dearest_call))

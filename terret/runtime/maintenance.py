@@ -24,6 +24,7 @@ from terret.domain import errors
 from terret.domain.codec import RecordedEvent, decode
 from terret.domain.events import TITLE_MAX, Actor, ContextInjected, UpkeepPurpose, UserMessage
 from terret.domain.messages import Message
+from terret.domain.payloads import text_problem
 from terret.domain.session import Session
 from terret.domain.store import EventStore, session_stream
 from terret.projections.views import Views
@@ -216,16 +217,8 @@ class AutoTitler:
             # Nothing said yet (a first turn that ended empty): the first turn/end after a user
             # message titles it — a placeholder now would be the one automatic title for good.
             return
-        title = None
         meter = UsageMeter()
-        titler = self._titler_for(session, meter)
-        if titler is not None:
-            try:
-                title = titler.title(self.upkeep.views.messages(sid))
-            except Exception as exc:
-                log.warning("titler failed for %s, using the first message: %s", sid, exc)
-        if not title or not title.strip():
-            title = first[:FALLBACK_TITLE_CHARS]
+        title = self._asked(session, meter) or first[:FALLBACK_TITLE_CHARS]
         record = meter.record_on("title")
 
         def entitle(s: Session) -> None:
@@ -238,6 +231,30 @@ class AutoTitler:
             # Titled meanwhile (another process), or closed: the request was paid for all
             # the same.
             record_usage(self.upkeep, sid, "title", meter)
+        except Exception as exc:  # noqa: BLE001 - upkeep: said, never fatal, cost kept
+            log.warning("the automatic title of %s was not recorded: %s", sid, exc)
+            record_usage(self.upkeep, sid, "title", meter)
+
+    def _asked(self, session: Session, meter: UsageMeter) -> str | None:
+        """The titler's title, or None when there is none to record (no titler for the
+        session, a failure, a blank answer or text that cannot be stored): the first message
+        is the title then."""
+        titler = self._titler_for(session, meter)
+        if titler is None:
+            return None
+        try:
+            title = titler.title(self.upkeep.views.messages(session.id))
+        except Exception as exc:
+            log.warning("titler failed for %s, using the first message: %s", session.id, exc)
+            return None
+        if not isinstance(title, str) or not title.strip():
+            return None
+        problem = text_problem(title)
+        if problem is not None:  # a lone surrogate, say: a JSON escape in the reply
+            log.warning("the titler's title for %s cannot be stored (%s), using the first "
+                        "message", session.id, problem)
+            return None
+        return title
 
     def _titler_for(self, session: Session, meter: UsageMeter) -> Titler | None:
         """The titler bound to the session's roles (its calls metered by ``meter``); None when

@@ -197,8 +197,14 @@ class Runtime:
         self.close()
 
     def background(self, task: Callable[[], object]) -> None:
+        def run() -> None:
+            try:
+                task()
+            except Exception:  # a pool's future keeps it unseen: said here instead
+                log.exception("a between-turn task failed")
+
         try:
-            self._pool.submit(task)
+            self._pool.submit(run)
         except RuntimeError:
             pass  # shutting down
 

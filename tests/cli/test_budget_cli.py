@@ -164,7 +164,7 @@ def test_the_log_shows_each_model_call_with_its_reply_and_labels_only_real_resum
     lines = target.invoke("log", str(sid)).stdout.splitlines()
     replies = [line for line in lines if "assistant/message" in line]
     ends = [line for line in lines if "step/end" in line]
-    assert replies[0].endswith(f"[{model} 111+13 tokens cost 0.01]")
+    assert replies[0].endswith(f"[{model} 111+13 tokens $0.010000]")
     assert replies[1].endswith(f"[{model} no usage reported]")
     assert ends[0].endswith("turn 1 step 1 (resumed: no usage of its own)")
     assert ends[1].endswith("turn 1 step 2")  # not resumed: no such label

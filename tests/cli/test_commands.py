@@ -46,7 +46,7 @@ def test_sessions_new_list_show(target: Target) -> None:
     assert shown["resumable"] is False
     assert set(shown) == SUMMARY_KEYS | {
         "open_turn", "step", "step_open", "owed_calls", "cancel_requested", "cancel", "inbox",
-        "resumable", "pending_approvals", "policy", "models", "usage_by_model",
+        "resumable", "pending_approvals", "policy", "models", "usage_by_model", "upkeep_usage",
         "in_doubt_calls", "budget"}
 
     # `session-<uuid>` is accepted wherever a session id is.
@@ -179,7 +179,7 @@ def test_log_text_json_from_and_type(target: Target) -> None:
     assert len(lines) == 12
     assert lines[0].split()[:2] == ["1", "session/started"]
     assert "tool/result" in lines[5] and "service_status#c1 'ok'" in lines[5]
-    assert "turn 1 step 1 100+10 tokens cost 0.5" in lines[6]
+    assert "turn 1 step 1 100+10 tokens $0.500000" in lines[6]
 
     records = [json.loads(line) for line in
                target.invoke("--json", "log", str(sid)).stdout.splitlines()]

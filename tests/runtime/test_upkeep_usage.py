@@ -169,3 +169,21 @@ def test_a_title_request_overtaken_by_an_operators_title_is_recorded_alone(
     assert metered.data["purpose"] == "title"
     assert rt.title(sid) == "Named by the operator"
     assert rt.upkeep_usage(sid) == {"title": totals(TITLE)}
+
+
+def test_a_title_that_cannot_be_stored_falls_back_to_the_first_message_and_is_paid_for(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    """A titler reply with a lone surrogate (what a JSON ``\\ud800`` escape decodes to) failed
+    the title's append: no title, no cost, nothing said — and every later turn asked again."""
+    tiny = ScriptedProvider(default=Reply(text="Deploy \ud800 plan", usage=TITLE), name="tiny")
+    rt = make_runtime([final("one", usage=STEP), final("two", usage=STEP)])
+    rt.resolver.add(tiny)  # type: ignore[attr-defined]
+    sid = rt.create_session(roles={"titler": "tiny:t1"})
+    rt.run_turn(sid, "please deploy the plan")
+    wait_for_event(store, sid, "session/titled")
+    rt.run_turn(sid, "and again")
+    drain_upkeep(rt)
+
+    assert rt.title(sid) == "please deploy the plan"
+    assert len(tiny.requests) == 1  # titled: not asked again
+    assert rt.upkeep_usage(sid) == {"title": totals(TITLE)}
