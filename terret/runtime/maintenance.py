@@ -72,6 +72,16 @@ class UpkeepServices:
     serves: Callable[[str], bool] = lambda agent: True
     """Whether this process serves sessions of that agent (it defines it): the automatic
     upkeep writes only to those, and leaves the others to the processes that do."""
+    owner_upkeeps: Callable[[Session], bool] = lambda session: False
+    """Whether the session's owner is another live process that does the upkeep of the turns
+    it runs: the automatic upkeep then leaves the session to it, so that one request is made
+    (and paid for) per title or compaction, not one per serving process."""
+
+    def leaves(self, session: Session) -> bool:
+        """Whether this process's automatic upkeep leaves the session alone: another app's
+        agent (its own processes do it, with their summarizer and titler), or an owner that
+        does its own."""
+        return not self.serves(session.state.agent) or self.owner_upkeeps(session)
 
 
 def session_roles(upkeep: UpkeepServices, session: Session,
@@ -124,8 +134,8 @@ class Compactor:
         prompt = self.upkeep.views.last_prompt_tokens(sid, turn)
         if prompt is None or self.budget is None or prompt < self.budget:
             return
-        if not self.upkeep.serves(self.upkeep.writer.refresh(sid).state.agent):
-            return  # another app's agent: its own processes compact it, with their summarizer
+        if self.upkeep.leaves(self.upkeep.writer.refresh(sid)):
+            return  # another app's agent, or its owner compacts it
         try:
             self._compact(sid, after=end_seq)
         except Exception as exc:  # a decline or a summarizer error is never fatal here
@@ -210,8 +220,8 @@ class AutoTitler:
         if self.upkeep.views.title(sid) is not None:
             return  # titled already: a local view read; a title once projected stays until a purge
         session = self.upkeep.writer.refresh(sid)
-        if session.state.titled or not self.upkeep.serves(session.state.agent):
-            return  # titled already, or another app's agent: its own processes title it
+        if session.state.titled or self.upkeep.leaves(session):
+            return  # titled already, or another app's agent, or its owner titles it
         first = self._first_user_message(sid)
         if not first.strip():
             # Nothing said yet (a first turn that ended empty): the first turn/end after a user

@@ -96,7 +96,7 @@ class Runtime:
         agent host with its turn drivers, serving."""
         upkeep = UpkeepServices(self.store, self.writer, self.views, self.resolver,
                                 self.model_spec, self.background, self.catch_up_views,
-                                self.defines)
+                                self.defines, self._owner_upkeeps)
         # Defaults: the role summarizer and role titler on the session's roles (R19, R20).
         self.compactor = Compactor(upkeep, summarizer, self.config.compaction_budget)
         self.titler = AutoTitler(upkeep, titler)
@@ -140,9 +140,14 @@ class Runtime:
         r.add_listener(self.supervisor.on_detached, {AgentDetached.wire_name})
         r.add_listener(self._on_closed, {SessionClosed.wire_name})
         r.add_listener(self._on_attached, {AgentAttached.wire_name})
+        self.lease.upkeep = True  # its beats say so from now on
         r.start()
         self._started = True
         return self
+
+    def _owner_upkeeps(self, session: Session) -> bool:
+        owner = session.state.owner
+        return owner is not None and self.lease.upkeeps(owner.worker)
 
     def close(self, *, grace: float = 10.0) -> None:
         """Stop: running turns stop at their next step boundary (parked ones at once) and stay

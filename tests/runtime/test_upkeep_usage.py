@@ -187,3 +187,30 @@ def test_a_title_that_cannot_be_stored_falls_back_to_the_first_message_and_is_pa
     assert rt.title(sid) == "please deploy the plan"
     assert len(tiny.requests) == 1  # titled: not asked again
     assert rt.upkeep_usage(sid) == {"title": totals(TITLE)}
+
+
+def test_a_turns_title_and_compaction_are_asked_for_once_however_many_processes_serve(
+        make_runtime: MakeRuntime, store: EventStore, other_store: EventStore) -> None:
+    """Every started runtime whose app defined the agent asked the titler and the summarizer
+    on every turn/end it saw (the aggregate kept the title single, but each request was paid
+    for). The owner that ran the turn, live and doing upkeep, does it; the others leave it."""
+    config = RuntimeConfig(compaction_budget=100,
+                           roles={"main": "scripted:default", "titler": "tiny:t1",
+                                  "compactor": "tiny:c1"})
+    mine = ScriptedProvider(default=Reply(text="Heavy work", usage=TITLE), name="tiny")
+    theirs = ScriptedProvider(default=Reply(text="Heavy work", usage=TITLE), name="tiny")
+    here = make_runtime([final("heavy", usage=Usage(500, 5, 0.01))], config=config)
+    here.resolver.add(mine)  # type: ignore[attr-defined]
+    there = make_runtime(config=config, on_store=other_store)
+    there.resolver.add(theirs)  # type: ignore[attr-defined]
+    sid = here.create_session()
+    here.run_turn(sid, "a heavy question")
+    wait_for_event(store, sid, "usage/recorded", count=2)
+    drain_upkeep(here)
+    drain_upkeep(there)
+
+    assert (len(mine.requests), len(theirs.requests)) == (2, 0)  # the title and the summary
+    log = read_log(store, sid)
+    assert sorted(e.data["purpose"] for e in only(log, "usage/recorded")) == [
+        "compaction", "title"]
+    assert len(only(log, "session/titled")) == len(only(log, "session/compacted")) == 1
