@@ -54,7 +54,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("admin", "Model roles of a session (main, compactor,..."),
     "compact": ("admin", "Compact the session's history now (between..."),
     "title": ("admin", "Show the session's title, or set it to..."),
-    "usage": ("admin", "Tokens and cost, for one session or all."),
+    "usage": ("admin", "Tokens and cost of the steps' model calls,..."),
     "events": ("admin", "The event catalogue: Terret's events and..."),
     "projections": ("projections", "Read models: their position and lag;..."),
     "doctor": ("projections", "Check that the store and views are..."),
