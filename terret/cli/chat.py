@@ -478,6 +478,10 @@ class Chat:
         except KeyboardInterrupt:
             self.screen.line("  (stopped waiting: the turn is left as after a crash; a running "
                              "`terret serve` takes it over once this process is gone)", dim=True)
+            # Left as a crash leaves it: the command's own close at exit must not wait for,
+            # release or warn about the turn (the interrupt may have come before this close
+            # marked the runtime stopping).
+            self.runtime.stopping.set()
             self.runtime.runner.stop(timeout=1.0)  # not left reading a store about to close
 
 
