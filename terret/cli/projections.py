@@ -121,8 +121,16 @@ def _progress_bar(obj: CliContext, label: str) -> Iterator[Callable[[int, int], 
 def skip(obj: CliContext, name: str) -> None:
     """Skip the event a halted projection stopped at (the skip is recorded); exit 1 if the
     replay after it halts again."""
+    from terret.domain.errors import ProjectionNotHalted
+
     runner = obj.runner()
-    position = runner.skip(name)
+    try:
+        position = runner.skip(name)
+    except ProjectionNotHalted:
+        # Not halted in the views as they are — they may be behind the event it halts at
+        # (no process has caught them up since it was written): caught up, then asked again.
+        runner.catch_up()
+        position = runner.skip(name)
     fault = next(s.fault for s in runner.states() if s.name == name)
     halted = {"position": fault[0], "error": fault[1]} if fault is not None else None
     obj.emit({"projection": name, "skipped": position, "halted": halted},

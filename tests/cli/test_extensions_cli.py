@@ -308,3 +308,18 @@ def test_log_quotes_a_wire_name_no_class_could_have(target: Target) -> None:
     assert result.exit_code == 0, result.stderr
     assert not any(line.lstrip().startswith("99") for line in result.stdout.splitlines())
     assert json.dumps(forged) in result.stdout
+
+
+def test_skip_catches_the_views_up_to_find_the_halt(target: Target) -> None:
+    """A bad event written while no process followed the log: `projections skip` said
+    `ProjectionNotHalted` ("nothing to skip") until some other command caught the views up."""
+    (target.cwd / "acme_marks.py").write_text(MARKS)
+    (target.cwd / "write_mark.py").write_text(MARK_WRITER)
+    sid = target.new_session()
+    ext = ("--extensions", "acme_marks")
+    assert target.run(*ext, "sessions", "list").returncode == 0
+    bad = _marked(target, sid, "https://example.org/bad")  # nobody catches up after it
+
+    skipped = target.run(*ext, "--json", "projections", "skip", "acme.marks")
+    assert skipped.returncode == 0, skipped.stderr
+    assert json.loads(skipped.stdout)["skipped"] == bad
