@@ -21,6 +21,7 @@ built from another store, or from a log that is not the store's (a restored olde
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -140,6 +141,17 @@ def refuse_foreign_views(path: str) -> None:
                         "it was left untouched")
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """The file at ``path`` (device and inode), None for ``:memory:`` or a missing file."""
+    if path == ":memory:":
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
 class ViewStore(TrackingRecorder):
     """The SQLite database holding the views. ``":memory:"`` keeps them in memory (tests).
 
@@ -163,6 +175,7 @@ class ViewStore(TrackingRecorder):
         """Whether a write waits for a rebuild another process runs (else ``ViewsBusy``):
         off once the views, or the runner writing them, are being stopped, and for a CLI read
         command, which shows the views as they were rather than wait for a rebuild."""
+        self._file = _identity(self.path)
         try:
             if self.path != ":memory:":
                 self.db.execute("PRAGMA journal_mode=WAL")
@@ -178,6 +191,12 @@ class ViewStore(TrackingRecorder):
             if typed is not None:
                 raise typed from None
             raise
+
+    def still_at_path(self) -> bool:
+        """Whether the file this store has open is still the one at its path: deleted (or
+        replaced) under an open connection, the old file lives on unseen by every other
+        process, which builds a new one at the path."""
+        return self._file is None or _identity(self.path) == self._file
 
     def ensure(self, projection: Projection) -> bool:
         """Create the projection's tables. A view written by another version of the projection

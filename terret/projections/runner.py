@@ -35,6 +35,7 @@ from terret.domain.errors import (
     StoreCorrupt,
     StoreError,
     TerretError,
+    ViewsMismatch,
 )
 from terret.domain.store import CaughtUp, Checkpoint, EventStore, StoredRecord, Subscription
 from terret.projections import _operations as operations
@@ -198,6 +199,14 @@ class ProjectionRunner:
         checked them — as its next batch would, but without waiting for an event to land."""
         if self._error is not None or self.views.rebuild_lock.holder() is not None:
             return  # a rebuild elsewhere holds the views: the batch after it checks
+        if not self.views.still_at_path():
+            exc = ViewsMismatch(
+                f"the views file {self.views.path} was deleted or replaced while this process "
+                "had it open: what it writes now no other process reads; restart it (its "
+                "views are then rebuilt from the log)")
+            log.error("projection runner stopped: %s", exc)
+            self._fail(exc)
+            return
         if not self.views.lock.acquire(blocking=False):
             return  # this runner is in a batch (or waiting for one): it checks there
         try:

@@ -31,6 +31,7 @@ first and releases it with the others (``RuntimeStopping`` for any later one).
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -173,10 +174,14 @@ class Supervisor:
         while not rt.stopping.wait(self.scan_interval):
             try:
                 self.scan()
-            except Exception:  # a store outage: the next scan tries again
+            except Exception as exc:  # a store outage: the next scan tries again
                 if rt.stopping.is_set():
                     return  # the views or the store closed under a scan that outran the grace
-                log.warning("the serving scan failed; retrying", exc_info=True)
+                # A store outage, or views another process is resetting under this one (the
+                # runner says what it does about that): one line. Anything else is a bug.
+                expected = isinstance(exc, errors.TerretError | sqlite3.Error)
+                log.warning("the serving scan failed (%s: %s); retrying", type(exc).__name__,
+                            exc, exc_info=not expected)
 
     def scan(self) -> None:
         rt = self.services
