@@ -251,8 +251,16 @@ def _check_rebuild(runner: ProjectionRunner, halted: set[str], checks: list[str]
                    problems: list[str]) -> None:
     """Every projection against a rebuild from the log, in one pass over it."""
     equal = []
+    from terret.projections._operations import REPLAY_HALTS
+
     for name, diffs in runner.verify_all().items():
-        if diffs:
+        if diffs and diffs[0].startswith(REPLAY_HALTS):
+            # A rebuild would halt the live view there too: the event's reader is the fix.
+            problems.append(f"projection {name} differs from a rebuild, whose replay halts "
+                            f"at{diffs[0].removeprefix(REPLAY_HALTS)} — fix the event's reader "
+                            f"(its class, an upcaster) here; `terret projections rebuild "
+                            f"{name}` would halt the live view there too")
+        elif diffs:
             problems.append(f"projection {name} differs from a rebuild — run "
                             f"`terret projections rebuild {name}`")
         elif name not in halted:  # a halted one equals a rebuild that halts alike

@@ -58,9 +58,12 @@ class _Batch:
 
 
 class BatchApplier:
-    def __init__(self, views: ViewStore, registry: EventCatalogue, guard: Guard) -> None:
+    def __init__(self, views: ViewStore, registry: EventCatalogue, guard: Guard, *,
+                 quiet: bool = False) -> None:
         self.views = views
         self.registry = registry
+        self.quiet = quiet
+        """A scratch replay's (``verify``): its halts are in its report, not the log."""
         self._decode = RecordDecoder(registry)
         self._guard = guard
         self._warned: set[str] = set()
@@ -260,7 +263,8 @@ class BatchApplier:
             if error is not None:
                 self.views.record_fault(db, p.name, record.position, error)
                 batch.halted.add(p.name)
-                log.error("projection %s halted at %d: %s", p.name, record.position, error)
+                if not self.quiet:
+                    log.error("projection %s halted at %d: %s", p.name, record.position, error)
                 return
         batch.tracked[p.name] = record.position
 

@@ -85,6 +85,10 @@ def skip(store: EventStore, views: ViewStore, applier: BatchApplier, projection:
     return position
 
 
+REPLAY_HALTS = "the replay halts at"
+"""How ``verify`` says that its own replay halted where the live view did not."""
+
+
 def verify(store: EventStore, views: ViewStore, projections: Sequence[Projection],
            registry: EventCatalogue, batch_size: int, progress: Progress | None = None
            ) -> dict[str, list[str]]:
@@ -99,11 +103,18 @@ def verify(store: EventStore, views: ViewStore, projections: Sequence[Projection
         for copy in fresh.values():
             scratch.ensure(copy)
         scratch.add_skips([row for p in projections for row in views.skips_of(p.name)])
-        applier = BatchApplier(scratch, registry, lambda db: None)
+        applier = BatchApplier(scratch, registry, lambda db: None, quiet=True)
         report: dict[str, list[str]] = {}
+
+        live_faults = views.bookkeeping()[1]
 
         def compare(name: str) -> None:
             report[name] = differences(name, live[name], scratch.dump(fresh[name]))
+            halt = scratch.bookkeeping()[1].get(name)
+            if halt is not None and live_faults.get(name, (None,))[0] != halt[0]:
+                # The live view went past an event the replay cannot process (a process that
+                # reads it otherwise built it): said first, as what the differences follow from.
+                report[name].insert(0, f"{REPLAY_HALTS} {halt[0]}: {halt[1]}")
 
         _replay_to_each(store, applier, fresh, stops, batch_size, compare, progress)
         return {p.name: report[p.name] for p in projections}

@@ -323,3 +323,33 @@ def test_skip_catches_the_views_up_to_find_the_halt(target: Target) -> None:
     skipped = target.run(*ext, "--json", "projections", "skip", "acme.marks")
     assert skipped.returncode == 0, skipped.stderr
     assert json.loads(skipped.stdout)["skipped"] == bad
+
+
+def test_verify_says_its_replay_halts_where_the_live_view_went_on(target: Target) -> None:
+    """The live view was built by a release that reads an event this one cannot: `verify`
+    listed the rows after it as differences without saying its own replay halted there, and
+    doctor advised a rebuild — which halts the live view too."""
+    lenient = MARKS.replace('if "bad" in event.payload.url:',
+                            'if "bad" in event.payload.url and __import__("os").environ.get('
+                            '"ACME_STRICT"):')
+    (target.cwd / "acme_marks.py").write_text(lenient)
+    (target.cwd / "write_mark.py").write_text(MARK_WRITER)
+    sid = target.new_session()
+    bad = _marked(target, sid, "https://example.org/bad")
+    _marked(target, sid, "https://example.org/c")
+    ext = ("--extensions", "acme_marks")
+    assert target.run(*ext, "sessions", "list").returncode == 0  # built past it
+
+    strict = {**subprocess_env(), "ACME_STRICT": "1"}
+    verify = subprocess.run([sys.executable, "-m", "terret", *target.args(
+        *ext, "--json", "projections", "verify", "acme.marks")], capture_output=True,
+        text=True, timeout=60, cwd=target.cwd, env=strict)
+    assert verify.returncode == 1, verify.stderr
+    diffs = json.loads(verify.stdout)["acme.marks"]
+    assert diffs[0].startswith(f"the replay halts at {bad}: ValueError: a bad mark"), diffs
+    doctor = subprocess.run([sys.executable, "-m", "terret", *target.args(
+        *ext, "--json", "doctor")], capture_output=True, text=True, timeout=60,
+        cwd=target.cwd, env=strict)
+    assert doctor.returncode == 1
+    (problem,) = [p for p in json.loads(doctor.stdout)["problems"] if "acme.marks" in p]
+    assert f"replay halts at {bad}" in problem and "fix the event's reader" in problem
