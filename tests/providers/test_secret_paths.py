@@ -35,6 +35,7 @@ from tests.support.sse_server import (
     chunk,
     event,
     text_stream,
+    tool_call_stream,
 )
 
 HELLO = ModelRequest(model="m", messages=(Message("user", "hi"),))
@@ -407,3 +408,21 @@ def test_redact_cleans_a_chain_its_notes_and_its_attributes() -> None:
     assert leaks(shown) == []
     assert str(outer) == "p: failed: *** (data: '***')" and outer.data == "***"
     assert "wrapped ***" in shown and "a chained Opaque was dropped" in shown
+
+
+@pytest.mark.parametrize("key", [API_KEY, ODD_KEY], ids=["plain key", "odd key"])
+def test_a_key_echoed_inside_a_complete_reply_is_masked_in_what_is_recorded(
+        key: str, server: ScriptedServer, make_provider: ProviderFactory) -> None:
+    """A server that echoes the key inside a *successful* reply (its text, a call's id or
+    arguments): the reply went to the log as the model's content, key and all."""
+    server.repeat(CHAT, Reply.sse(tool_call_stream(
+        [(f"call-{key}", "deploy", json.dumps({"token": key, "keep": "v2"}))],
+        text=f"your key is {key}")))
+    provider = make_provider(api_key=key)
+
+    reply = provider.complete(HELLO)
+
+    assert leaks(reply.text, key) == [] and reply.text.startswith("your key is ")
+    (call,) = reply.tool_calls
+    assert call.name == "deploy" and call.args["keep"] == "v2"
+    assert leaks(call.id, key) == [] and leaks(json.dumps(call.args), key) == []

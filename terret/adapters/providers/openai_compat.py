@@ -45,6 +45,7 @@ from terret.adapters.providers.sse import SSEDecoder, SSEEvent
 from terret.adapters.providers.stream import ChunkAssembler
 from terret.adapters.providers.wire import request_body
 from terret.domain.errors import MalformedStream, ModelCancelled, ProviderError
+from terret.domain.messages import ToolCall
 from terret.runtime.model import ModelReply, ModelRequest, TextSink
 
 logger = logging.getLogger("terret.providers")
@@ -169,7 +170,17 @@ class OpenAICompatibleProvider:
             # The one exit of every failure: nothing leaves with the key in it.
             redact(self._key, exc)
             raise
-        return self._priced(request.model, reply)
+        return self._priced(request.model, self._masked(reply))
+
+    def _masked(self, reply: ModelReply) -> ModelReply:
+        """The reply with the key masked wherever a server echoed it (the text, a call's id or
+        arguments): what the log keeps of a reply is the model's, never the key."""
+        if self._key is None:
+            return reply
+        calls = tuple(ToolCall(id=self._scrub(c.id), name=c.name,
+                               args=_scrub_values(c.args, self._scrub))
+                      for c in reply.tool_calls)
+        return dataclasses.replace(reply, text=self._scrub(reply.text), tool_calls=calls)
 
     def _priced(self, model: str, reply: ModelReply) -> ModelReply:
         """The reply's cost from the endpoint's prices when the server reported none."""
@@ -450,3 +461,14 @@ def _retryable_code(code: object) -> bool:
     except ValueError:
         return True
     return not 400 <= status < 500 or is_retryable_status(status)
+
+
+def _scrub_values(value: Any, scrub: Callable[[str], str]) -> Any:
+    """``value`` (decoded JSON) with ``scrub`` applied to every string in it, keys included."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrub(k): _scrub_values(v, scrub) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_values(v, scrub) for v in value]
+    return value
