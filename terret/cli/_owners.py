@@ -61,7 +61,7 @@ class Liveness:
         return {"worker": beat.worker, "host": beat.host, "pid": beat.pid,
                 "started": beat.started, "last_beat": beat.at, "ttl": beat.ttl,
                 "live": self.live(beat), "process": self.process(beat),
-                "sessions": sorted(beat.sessions), "upkeep": beat.upkeep}
+                "sessions": sorted(beat.sessions), "upkeep": list(beat.upkeep)}
 
 
 def owner_text(owner: dict[str, Any] | None, now: float | None = None) -> str:

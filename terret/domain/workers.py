@@ -31,9 +31,9 @@ class WorkerBeat:
     proc_start: int | None = None
     """The process's start time as the OS counts it (Linux: clock ticks since boot), so a pid
     reused by another process is not taken for the worker."""
-    upkeep: bool = False
-    """The worker follows the log and does the between-turn upkeep (title, compaction) of the
-    turns it runs (a started ``Runtime``): others leave that to it."""
+    upkeep: tuple[str, ...] = ()
+    """The between-turn upkeep (``title``, ``compaction``) the worker does for the turns it
+    runs, following the log (a started ``Runtime``): others leave that to it."""
 
     def alive(self, now: float) -> bool:
         return now - self.at <= self.ttl
@@ -47,7 +47,11 @@ class WorkerBeat:
         return cls(worker=str(raw["worker"]), host=str(raw["host"]), pid=int(raw["pid"]),
                    started=float(raw["started"]), at=float(raw["at"]), ttl=float(raw["ttl"]),
                    sessions=tuple(str(s) for s in raw.get("sessions", ())),
-                   proc_start=raw.get("proc_start"), upkeep=raw.get("upkeep") is True)
+                   proc_start=raw.get("proc_start"), upkeep=_purposes(raw.get("upkeep")))
+
+
+def _purposes(raw: object) -> tuple[str, ...]:
+    return tuple(p for p in raw if isinstance(p, str)) if isinstance(raw, list) else ()
 
 
 class WorkerRegistry(ABC):

@@ -72,16 +72,35 @@ class UpkeepServices:
     serves: Callable[[str], bool] = lambda agent: True
     """Whether this process serves sessions of that agent (it defines it): the automatic
     upkeep writes only to those, and leaves the others to the processes that do."""
-    owner_upkeeps: Callable[[Session], bool] = lambda session: False
-    """Whether the session's owner is another live process that does the upkeep of the turns
-    it runs: the automatic upkeep then leaves the session to it, so that one request is made
-    (and paid for) per title or compaction, not one per serving process."""
+    ended_here: Callable[[UUID], bool] = lambda event_id: False
+    """Whether this process wrote the ``turn/end`` with that id: it ran the turn, and its
+    upkeep is this process's, whoever owns the session now."""
+    owner_upkeeps: Callable[[Session, str, int], bool] = lambda session, purpose, seq: False
+    """Whether the session's owner — the worker that ran the turn ended at that seq (it has
+    not moved since) — is another live process that does this upkeep for its turns."""
+    later: Callable[[float, Callable[[], object]], None] = lambda delay, task: None
+    """Queue a task on the upkeep pool in ``delay`` seconds."""
+    recheck_after: float = 15.0
+    """How long before upkeep left to a live owner is looked at again (a lease's TTL)."""
 
-    def leaves(self, session: Session) -> bool:
-        """Whether this process's automatic upkeep leaves the session alone: another app's
-        agent (its own processes do it, with their summarizer and titler), or an owner that
-        does its own."""
-        return not self.serves(session.state.agent) or self.owner_upkeeps(session)
+    def left_to_owner(self, session: Session, purpose: str, end: RecordedEvent,
+                      again: Callable[[int], None], attempt: int) -> bool:
+        """Whether this process leaves the upkeep of the turn that ``end`` closed to the
+        session's owner, which ran it and does its own — so that a title or summary is asked
+        for and paid for once, not once per serving process. Left, it is looked at again
+        (``again(attempt + 1)``) after a lease's TTL, for as long as the owner lives: one
+        that died before doing it leaves it to this process."""
+        if self.ended_here(end.event_id):
+            return False
+        if not self.owner_upkeeps(session, purpose, end.seq):
+            return False
+        if attempt < MAX_RECHECKS:
+            self.later(self.recheck_after, lambda: again(attempt + 1))
+        return True
+
+
+MAX_RECHECKS = 40
+"""How many times upkeep left to a live owner is looked at again (at 15 s, ten minutes)."""
 
 
 def session_roles(upkeep: UpkeepServices, session: Session,
@@ -124,20 +143,26 @@ class Compactor:
         self.budget = budget
 
     def on_turn_end(self, event: RecordedEvent) -> None:
-        sid = event.session_id
-        if self.budget is None or sid is None:
+        if self.budget is None or event.session_id is None:
             return
-        turn = getattr(event.payload, "turn", 0)
-        self.upkeep.background(lambda: self._maybe_compact(sid, turn, event.seq))
+        self.upkeep.background(lambda: self._maybe_compact(event, 0))
 
-    def _maybe_compact(self, sid: UUID, turn: int, end_seq: int) -> None:
-        prompt = self.upkeep.views.last_prompt_tokens(sid, turn)
+    def _maybe_compact(self, end: RecordedEvent, attempt: int) -> None:
+        sid = end.session_id
+        assert sid is not None
+        prompt = self.upkeep.views.last_prompt_tokens(sid, getattr(end.payload, "turn", 0))
         if prompt is None or self.budget is None or prompt < self.budget:
             return
-        if self.upkeep.leaves(self.upkeep.writer.refresh(sid)):
+        session = self.upkeep.writer.refresh(sid)
+        if session.state.last_compaction_seq > end.seq:
+            return  # compacted since (its owner, or another process)
+        if not self.upkeep.serves(session.state.agent) or self.upkeep.left_to_owner(
+                session, "compaction", end,
+                lambda n: self.upkeep.background(lambda: self._maybe_compact(end, n)),
+                attempt):
             return  # another app's agent, or its owner compacts it
         try:
-            self._compact(sid, after=end_seq)
+            self._compact(sid, after=end.seq)
         except Exception as exc:  # a decline or a summarizer error is never fatal here
             log.warning("automatic compaction of %s skipped: %s", sid, exc)
 
@@ -211,17 +236,28 @@ class AutoTitler:
         self.titler: Titler = titler if titler is not None else RoleTitler()
 
     def on_turn_end(self, event: RecordedEvent) -> None:
-        sid = event.session_id
-        if sid is None:
+        if event.session_id is None:
             return
-        self.upkeep.background(lambda: self.title_now(sid))
+        self.upkeep.background(lambda: self._after_turn(event, 0))
+
+    def _after_turn(self, end: RecordedEvent, attempt: int) -> None:
+        sid = end.session_id
+        assert sid is not None
+        if self.upkeep.views.title(sid) is not None:
+            return  # titled already: a local view read; a title once projected stays until a purge
+        session = self.upkeep.writer.refresh(sid)
+        if session.state.titled or self.upkeep.left_to_owner(
+                session, "title", end,
+                lambda n: self.upkeep.background(lambda: self._after_turn(end, n)), attempt):
+            return  # titled already, or its owner titles it
+        self.title_now(sid)
 
     def title_now(self, sid: UUID) -> None:
         if self.upkeep.views.title(sid) is not None:
             return  # titled already: a local view read; a title once projected stays until a purge
         session = self.upkeep.writer.refresh(sid)
-        if session.state.titled or self.upkeep.leaves(session):
-            return  # titled already, or another app's agent, or its owner titles it
+        if session.state.titled or not self.upkeep.serves(session.state.agent):
+            return  # titled already, or another app's agent: its own processes title it
         first = self._first_user_message(sid)
         if not first.strip():
             # Nothing said yet (a first turn that ended empty): the first turn/end after a user

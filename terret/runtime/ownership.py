@@ -59,8 +59,8 @@ class WorkerLease:
         self.pid = os.getpid()
         self.worker = worker_id or f"{self.host}:{self.pid}:{uuid4().hex[:8]}"
         self.started = time.time()
-        self.upkeep = False
-        """Whether this worker does the upkeep of the turns it runs (said in its beats)."""
+        self.upkeep: Callable[[], tuple[str, ...]] = tuple
+        """The upkeep this worker does for the turns it runs now (said in each beat)."""
         self._sessions = sessions
         self._lock = threading.Lock()
         self._last_ok: float | None = None  # monotonic start of the last successful beat
@@ -109,7 +109,7 @@ class WorkerLease:
         beat = WorkerBeat(worker=self.worker, host=self.host, pid=self.pid,
                           started=self.started, at=time.time(), ttl=self.ttl,
                           sessions=tuple(sorted(self._sessions())),
-                          proc_start=process_start(self.pid), upkeep=self.upkeep)
+                          proc_start=process_start(self.pid), upkeep=self.upkeep())
         try:
             self.registry.beat(beat)
         except StoreError as exc:
@@ -189,12 +189,17 @@ class WorkerLease:
         beat = self.registry.latest(worker)
         return beat is not None and self._beat_alive(beat, time.time() if now is None else now)
 
-    def upkeeps(self, worker: str | None) -> bool:
-        """Is ``worker`` another live worker that does the upkeep of the turns it runs?"""
+    @property
+    def beating(self) -> bool:
+        return self._thread is not None
+
+    def upkeeps(self, worker: str | None, purpose: str) -> bool:
+        """Is ``worker`` another live worker that does this upkeep for the turns it runs?"""
         if worker is None or worker == self.worker:
             return False
         beat = self.registry.latest(worker)
-        return beat is not None and beat.upkeep and self._beat_alive(beat, time.time())
+        return (beat is not None and purpose in beat.upkeep
+                and self._beat_alive(beat, time.time()))
 
     def preferred(self, key: str, live: Iterable[str]) -> str | None:
         """The live worker that should act first for ``key`` (rendezvous hashing: each key

@@ -39,6 +39,7 @@ from terret.runtime.agent import Agent, TurnServices
 from terret.runtime.approvals import WAKING, ApprovalSignals
 from terret.runtime.commands import SessionCommands
 from terret.runtime.config import RuntimeConfig
+from terret.runtime.deferred import Deferred
 from terret.runtime.definition import AgentDefinition, TurnResult
 from terret.runtime.hooks import BudgetCheck, BudgetGuard, PreStepHook
 from terret.runtime.host import AgentHost
@@ -94,9 +95,11 @@ class Runtime:
     def _build_parts(self, summarizer: Summarizer | None, titler: Titler | None) -> None:
         """The three parts, each given what it uses (never this runtime): maintenance, the
         agent host with its turn drivers, serving."""
+        self.deferred = Deferred(self.background)
         upkeep = UpkeepServices(self.store, self.writer, self.views, self.resolver,
                                 self.model_spec, self.background, self.catch_up_views,
-                                self.defines, self._owner_upkeeps)
+                                self.defines, self.writer.ended_here, self._owner_upkeeps,
+                                self.deferred.after, self.config.lease_ttl)
         # Defaults: the role summarizer and role titler on the session's roles (R19, R20).
         self.compactor = Compactor(upkeep, summarizer, self.config.compaction_budget)
         self.titler = AutoTitler(upkeep, titler)
@@ -105,6 +108,7 @@ class Runtime:
                                     watch=self._watch, unwatch=self._unwatch)
         self.lease = WorkerLease(self.store.workers(), ttl=self.config.lease_ttl,
                                  sessions=lambda: [str(s) for s in self.agent_host.session_ids()])
+        self.lease.upkeep = self._upkeep_done_here
         self._turn_services = self._turn_services_of()
         self.supervisor = Supervisor(self.agent_host, ServingServices(
             self.writer, self.views, self.lease, self.stopping, self.start,
@@ -140,14 +144,31 @@ class Runtime:
         r.add_listener(self.supervisor.on_detached, {AgentDetached.wire_name})
         r.add_listener(self._on_closed, {SessionClosed.wire_name})
         r.add_listener(self._on_attached, {AgentAttached.wire_name})
-        self.lease.upkeep = True  # its beats say so from now on
         r.start()
         self._started = True
+        if self.lease.beating:  # it claimed sessions before: its beats say so from now on
+            try:
+                self.lease.beat_now()
+            except errors.StoreError:
+                pass  # the next beat says it
         return self
 
-    def _owner_upkeeps(self, session: Session) -> bool:
+    def _upkeep_done_here(self) -> tuple[str, ...]:
+        """The upkeep this process does for the turns it runs, as its beats say: what its
+        listeners do while its runner follows the log (none once it stopped or failed)."""
+        if not self._started or self.stopping.is_set() or self.runner.failure is not None:
+            return ()
+        return ("title", "compaction") if self.config.compaction_budget is not None \
+            else ("title",)
+
+    def _owner_upkeeps(self, session: Session, purpose: str, end_seq: int) -> bool:
         owner = session.state.owner
-        return owner is not None and self.lease.upkeeps(owner.worker)
+        if owner is None or not self.lease.upkeeps(owner.worker, purpose):
+            return False
+        # The owner is the worker that ran the turn only if the session has not moved since.
+        moved = {AgentAttached.wire_name, AgentDetached.wire_name}
+        tail = self.store.read_stream(session_stream(session.id), from_seq=end_seq + 1)
+        return not any(record.wire_name in moved for record in tail)
 
     def close(self, *, grace: float = 10.0) -> None:
         """Stop: running turns stop at their next step boundary (parked ones at once) and stay
@@ -177,6 +198,7 @@ class Runtime:
                                        max(0.1, deadline - time.monotonic()))
             except (TimeoutError, errors.TerretError):
                 log.warning("stopping before the views caught up; upkeep resumes at next start")
+        self.deferred.close()
         self._pool.shutdown(wait=True)
         self.agent_host.release_all("shutdown")
         # A turn that did not stop within the grace keeps its session (not released): the

@@ -20,6 +20,7 @@ from uuid import UUID
 
 from terret.domain.catalogue import catalogue
 from terret.domain.errors import LostOwnership, WrongExpectedVersion
+from terret.domain.events import TurnEnded
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
 from terret.domain.store import AppendResult, session_stream
@@ -41,6 +42,13 @@ class SessionWriter:
         """Each session's version after this writer's last append to it. What a read
         (``load``) folded in past it was written elsewhere: a turn's owner checks it before
         its next append, as it checks what a conflict shows it (R5)."""
+        self._ended: OrderedDict[UUID, None] = OrderedDict()
+        """The ids of the last ``turn/end`` events this writer appended: the turns this
+        process ran to their end, whose upkeep is its own."""
+
+    def ended_here(self, event_id: UUID) -> bool:
+        """Whether this writer appended the ``turn/end`` with that id."""
+        return event_id in self._ended
 
     def lock(self, session_id: UUID) -> threading.RLock:
         with self._locks_lock:
@@ -118,6 +126,8 @@ class SessionWriter:
                 except BaseException:
                     self._cache.pop(session_id, None)  # drop half-applied pending events
                     raise
+                ended = [e.event_id for e in session.pending_events
+                         if isinstance(e, Session.Recorded) and isinstance(e.payload, TurnEnded)]
                 try:
                     result = self.repository.save(session, correlation_id=correlation_id)
                 except WrongExpectedVersion:
@@ -131,6 +141,8 @@ class SessionWriter:
                     raise
                 self._remember(session)
                 self._note_append(session_id, session.version)
+                for event_id in ended:
+                    _put(self._ended, event_id, None, self._cache_size)
                 return value, result
         raise LostOwnership(f"session {session_id}: gave up after {MAX_ATTEMPTS} conflicts")
 

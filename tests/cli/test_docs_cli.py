@@ -256,6 +256,7 @@ def test_json_examples_have_the_real_shapes(target: Target) -> None:
     # `workers` lists the live ones: one beats while the commands run.
     lease = WorkerLease(target.store().workers(), ttl=15.0,
                         sessions=lambda: [str(finished)])
+    lease.upkeep = lambda: ("title", "compaction")  # as a started runtime's with a budget
     lease.ensure_beating()
     for name, args in runs.items():
         result = target.invoke("--json", *args)

@@ -214,3 +214,44 @@ def test_a_turns_title_and_compaction_are_asked_for_once_however_many_processes_
     assert sorted(e.data["purpose"] for e in only(log, "usage/recorded")) == [
         "compaction", "title"]
     assert len(only(log, "session/titled")) == len(only(log, "session/compacted")) == 1
+
+
+def test_compaction_is_not_left_to_an_owner_that_does_none(
+        make_runtime: MakeRuntime, store: EventStore, other_store: EventStore) -> None:
+    """The owner that ran the turn has no compaction budget: a serving process that has one
+    compacts the heavy turn (it left it to the owner, which never compacts)."""
+    cheap = ScriptedProvider(default=Reply(text="summary", usage=SUMMARY), name="cheap")
+    here = make_runtime([final("heavy", usage=Usage(500, 5, 0.01))])  # no compaction budget
+    there = make_runtime(config=RuntimeConfig(compaction_budget=100, roles={
+        "main": "scripted:default", "compactor": "cheap:c1"}), on_store=other_store)
+    there.resolver.add(cheap)  # type: ignore[attr-defined]
+    sid = here.create_session()
+    here.run_turn(sid, "a heavy question")
+    wait_for_event(store, sid, "session/compacted")
+    assert len(cheap.requests) == 1
+
+
+def test_upkeep_left_to_an_owner_that_is_gone_before_it_did_it_is_done_by_another(
+        make_runtime: MakeRuntime, store: EventStore, other_store: EventStore,
+        gates: Any) -> None:
+    """Left to the live owner that ran the turn, the title was never written when the owner
+    died before its titler answered: now the others look again a lease's TTL later."""
+    stuck = gates()
+    config = RuntimeConfig(lease_ttl=1.0, roles={"main": "scripted:default",
+                                                 "titler": "tiny:t1"})
+    mine = ScriptedProvider([Reply(text="Owner's title", usage=TITLE, gate=stuck)], name="tiny")
+    theirs = ScriptedProvider(default=Reply(text="Their title", usage=TITLE), name="tiny")
+    here = make_runtime([final("done", usage=STEP)], config=config)
+    here.resolver.add(mine)  # type: ignore[attr-defined]
+    there = make_runtime(config=config, on_store=other_store)
+    there.resolver.add(theirs)  # type: ignore[attr-defined]
+    sid = here.create_session()
+    here.run_turn(sid, "name this")
+    wait_until_asked = 0
+    while not mine.requests and wait_until_asked < 500:  # the owner's titler is under way
+        threading.Event().wait(0.01)
+        wait_until_asked += 1
+    here.lease.stop(leave=True)  # the owner is gone (its beats with it), its title not written
+    (titled,) = only(wait_for_event(store, sid, "session/titled"), "session/titled")
+    assert titled.data["title"] == "Their title"
+    stuck.set()
