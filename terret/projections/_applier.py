@@ -131,8 +131,10 @@ class BatchApplier:
         another would be neither's view — and says so once; the process of the recorded
         version maintains them."""
         recorded = self.views.versions(db)
-        superseded = {p.name for p in projections
-                      if recorded.get(p.name, p.version) != p.version}
+        # For good, once seen: when a process of this version re-ensures the view later, it
+        # replays it from 0 itself — a batch from here would move its position past history.
+        superseded = self._warned | {p.name for p in projections
+                                     if recorded.get(p.name, p.version) != p.version}
         for p in projections:
             if p.name in superseded and p.name not in self._warned:
                 self._warned.add(p.name)
@@ -141,6 +143,11 @@ class BatchApplier:
                             "process no longer maintains it; restart it on the views' release",
                             p.name, recorded[p.name], p.version)
         return superseded
+
+    @property
+    def superseded(self) -> frozenset[str]:
+        """The projections this process has stopped maintaining (``_superseded``)."""
+        return frozenset(self._warned)
 
     def _track(self, db: sqlite3.Connection, projections: Sequence[Projection], batch: _Batch,
                records: Sequence[StoredRecord]) -> None:

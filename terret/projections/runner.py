@@ -405,7 +405,7 @@ class ProjectionRunner:
     def _lowest_tracked(self) -> int:
         with self.views.reading() as db:
             tracked = self.views.positions(db, [p.name for p in self.projections])
-            halted = self.views.halted(db)
+            halted = self.views.halted(db) | self._applier.superseded
         live = [position for name, position in tracked.items() if name not in halted]
         return min(live, default=max(tracked.values(), default=0))
 

@@ -72,7 +72,8 @@ class StatusProjection(TypedProjection):
     ``evolve``, which dispatches on the payload's class."""
 
     name = "status"
-    version = 3  # 3: what an open turn waits on (waiting); 2: the aggregate's state is the truth
+    # 4: the state folds usage/recorded (the upkeep's cost, counted by the budget).
+    version = 4  # 3: what an open turn waits on (waiting); 2: the aggregate's state is the truth
     handles = LiveWireNames(_evolving)
     tables = ("status",)
     schema = """
