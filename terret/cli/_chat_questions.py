@@ -161,10 +161,12 @@ class ApprovalQuestions:
                 self.screen.line(f"  (too late for {call_id}: {why}; {typed!r} was not used)",
                                  dim=True)
                 return
+            asked = (name, args)  # the verdict is for the request the question showed
             if approved:
-                self._verdict(call_id, "approved", None, typed=typed)
+                self._verdict(call_id, "approved", None, typed=typed, asked=asked)
             else:
-                self._verdict(call_id, "denied", reason or self._reason(withdraw), typed=typed)
+                self._verdict(call_id, "denied", reason or self._reason(withdraw), typed=typed,
+                              asked=asked)
         except Withdrawn as why:
             self.late = LateAnswer(call_id, str(why), time.monotonic())
             return
@@ -223,17 +225,22 @@ class ApprovalQuestions:
         return problem is None
 
     def _verdict(self, call_id: str, verdict: str, reason: str | None, *,
-                 typed: str | None = None) -> None:
+                 typed: str | None = None,
+                 asked: tuple[str, dict[str, Any]] | None = None) -> None:
         """Record the chat's verdict; ``typed``: the answer to the question it came from (a
-        verdict from elsewhere that this process had not seen yet makes it a late one)."""
+        verdict from elsewhere that this process had not seen yet makes it a late one);
+        ``asked``: the tool and arguments that question showed, which the verdict is for."""
         from terret.domain.errors import ApprovalNotPending
 
         self.asking = None  # this chat's own verdict: nothing to withdraw
+        name, args = asked if asked is not None else (None, None)
         try:
             if verdict == "approved":
-                self.runtime.approve(self.sid, call_id, by=operator(), reason=reason)
+                self.runtime.approve(self.sid, call_id, by=operator(), reason=reason,
+                                     name=name, args=args)
             else:
-                self.runtime.deny(self.sid, call_id, by=operator(), reason=reason or "denied")
+                self.runtime.deny(self.sid, call_id, by=operator(), reason=reason or "denied",
+                                  name=name, args=args)
         except ApprovalNotPending:
             if typed is not None:
                 self.screen.line(f"  (too late for {call_id}: it was decided elsewhere "

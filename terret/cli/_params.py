@@ -9,6 +9,7 @@ imported when a value needs them, so parsing a command line loads nothing heavy.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import threading
@@ -157,7 +158,28 @@ class Choice(CutQuotes, click.Choice):  # type: ignore[type-arg]
     pass
 
 
+class JsonObjectType(TextType):
+    """A JSON object given on the command line (``--args '{"env": "prod"}'``)."""
+
+    name = "json"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, dict):
+            return value
+        text = super().convert(value, param, ctx)
+        try:
+            parsed = json.loads(text)
+        except ValueError as exc:
+            self.fail(f"not JSON: {exc}", param, ctx)
+        if not isinstance(parsed, dict):
+            self.fail("a JSON object ({...}), as `approvals list --json` shows a call's args",
+                      param, ctx)
+        return parsed
+
+
 TEXT = TextType()
+JSON_OBJECT = JsonObjectType()
 SEARCH_TEXT = SearchTextType()
 AGENT_NAME = AgentNameType()
 PATTERN = PatternType()

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import click
 
 from terret.cli._context import SESSION, CliContext, operator
-from terret.cli._params import TEXT
+from terret.cli._format import as_json
+from terret.cli._params import JSON_OBJECT, TEXT
 from terret.domain.errors import shown
 
 if TYPE_CHECKING:
@@ -33,8 +34,9 @@ def call_by_prefix(call_id: str, waiting: list[str]) -> str:
     return matches[0] if matches else call_id
 
 
-Record = Callable[[CliContext, UUID, str, str, "str | None"], None]
-"""Appends a verdict: ``(obj, session, call_id, verdict, reason)``."""
+Record = Callable[[CliContext, UUID, str, str, "str | None", str, "dict[str, Any]"], None]
+"""Appends a verdict: ``(obj, session, call_id, verdict, reason, tool, args)``, refused unless
+the call waits for that tool and those arguments."""
 
 
 @dataclass(frozen=True)
@@ -46,13 +48,22 @@ class Verdicts:
     record: Record
 
     def decide(self, obj: CliContext, session_id: UUID, call_id: str, verdict: str,
-               reason: str | None) -> None:
+               reason: str | None, tool: str | None, args: dict[str, Any] | None) -> None:
         obj.require_session(session_id)
         session = obj.commands().writer.load(session_id)
-        call_id = call_by_prefix(call_id, list(self.waiting(session)))
-        self.record(obj, session_id, call_id, verdict, reason)
-        obj.emit({"session": str(session_id), "call_id": call_id, "verdict": verdict},
-                 f"{verdict} {call_id}")
+        waiting = self.waiting(session)
+        call_id = call_by_prefix(call_id, list(waiting))
+        call = waiting.get(call_id)
+        # Bound to a request: the one named (--tool, --args: what the operator decided on),
+        # else the one waiting now — so what is printed is what was decided, even when a
+        # model asked again under the same id since it was listed.
+        tool = tool if tool is not None else getattr(call, "name", None)
+        if args is None and tool == getattr(call, "name", None):
+            args = getattr(call, "args", None)
+        self.record(obj, session_id, call_id, verdict, reason, tool or "", args or {})
+        obj.emit({"session": str(session_id), "call_id": call_id, "verdict": verdict,
+                  "tool": tool, "args": args},
+                 f"{verdict} {call_id}: {tool} {as_json(args or {})}")
 
     def command(self, name: str, verdict: str, doc: str, *, module: str, reason_required: bool,
                 reason_help: str) -> click.Command:
@@ -64,29 +75,41 @@ class Verdicts:
         @click.argument("call_id", type=TEXT)
         # No default when required: click takes an explicit one as given.
         @click.option("--reason", type=TEXT, required=reason_required, help=reason_help)
+        @click.option("--tool", type=TEXT, default=None, metavar="NAME",
+                      help="Only if the call waits for this tool (as listed).")
+        @click.option("--args", "args", type=JSON_OBJECT, default=None, metavar="JSON",
+                      help="Only if the call waits with these arguments (a JSON object, as "
+                           "listed); needs --tool.")
         @click.pass_obj
-        def run(obj: CliContext, session_id: UUID, call_id: str, reason: str | None) -> None:
+        def run(obj: CliContext, session_id: UUID, call_id: str, reason: str | None,
+                tool: str | None, args: dict[str, Any] | None) -> None:
             if reason_required and not (reason or "").strip():
                 raise click.BadParameter("give the model a reason", param_hint="'--reason'")
-            decide(obj, session_id, call_id, verdict, reason)
+            if args is not None and tool is None:
+                raise click.BadParameter("--args needs --tool", param_hint="'--args'")
+            decide(obj, session_id, call_id, verdict, reason, tool, args)
 
         run.__doc__, run.__module__ = doc, module
         return click.command(name)(run)
 
 
 def approvals() -> Verdicts:
-    def record(obj: CliContext, sid: UUID, call_id: str, verdict: str,
-               reason: str | None) -> None:
-        # Refused with ApprovalNotPending unless the call is pending in the open turn (R11).
-        obj.commands().resolve(sid, call_id, verdict, by=operator(), reason=reason)
+    def record(obj: CliContext, sid: UUID, call_id: str, verdict: str, reason: str | None,
+               tool: str, args: dict[str, Any]) -> None:
+        # Refused with ApprovalNotPending unless the call is pending in the open turn (R11),
+        # for that tool and those arguments.
+        obj.commands().resolve(sid, call_id, verdict, by=operator(), reason=reason,
+                               name=tool, args=args)
 
     return Verdicts(lambda s: dict(s.pending_approvals()), record)
 
 
 def in_doubt() -> Verdicts:
-    def record(obj: CliContext, sid: UUID, call_id: str, verdict: str,
-               reason: str | None) -> None:
-        # Refused with CallNotInDoubt unless the call is in doubt in the open turn.
-        obj.commands().resolve_in_doubt(sid, call_id, verdict, by=operator(), reason=reason)
+    def record(obj: CliContext, sid: UUID, call_id: str, verdict: str, reason: str | None,
+               tool: str, args: dict[str, Any]) -> None:
+        # Refused with CallNotInDoubt unless the call is in doubt in the open turn, for that
+        # tool and those arguments.
+        obj.commands().resolve_in_doubt(sid, call_id, verdict, by=operator(), reason=reason,
+                                        name=tool, args=args)
 
     return Verdicts(lambda s: dict(s.in_doubt()), record)

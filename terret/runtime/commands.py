@@ -15,7 +15,7 @@ compaction (a summarizer), a title from a model — are the runtime's.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from terret.domain.errors import SessionNotFound
@@ -105,23 +105,27 @@ class SessionCommands:
         self.resolve(session_id, call_id, "denied", by=by, reason=reason)
 
     def resolve(self, session_id: UUID, call_id: str, verdict: str, *, by: Actor,
-                reason: str | None = None) -> None:
+                reason: str | None = None, name: str | None = None,
+                args: dict[str, Any] | None = None) -> None:
         """Record a verdict; ``ApprovalNotPending`` unless the call is pending in the open turn
-        (R11)."""
+        (R11) — and, given ``name`` (and ``args``), pending for that tool (and arguments): the
+        request the caller decided on, not another one a model made under the same id."""
         if verdict not in VERDICTS:
             raise ValueError(f"a verdict is one of {', '.join(VERDICTS)}, not {verdict!r}")
         self._run(session_id, lambda s: s.resolve_approval(call_id, verdict, by=by,
-                                                           reason=reason))
+                                                           reason=reason, name=name, args=args))
 
     def resolve_in_doubt(self, session_id: UUID, call_id: str, verdict: str, *, by: Actor,
-                         reason: str | None = None) -> None:
+                         reason: str | None = None, name: str | None = None,
+                         args: dict[str, Any] | None = None) -> None:
         """Record a verdict on a call in doubt (``rerun`` or ``skipped``); ``CallNotInDoubt``
-        unless the call is in doubt in the open turn (R15)."""
+        unless the call is in doubt in the open turn (R15), for ``name`` and ``args`` when
+        given."""
         if verdict not in DOUBT_VERDICTS:
             raise ValueError(f"a verdict on a call in doubt is one of "
                              f"{', '.join(DOUBT_VERDICTS)}, not {verdict!r}")
         self._run(session_id, lambda s: s.resolve_in_doubt(call_id, verdict, by=by,
-                                                           reason=reason))
+                                                           reason=reason, name=name, args=args))
 
     def set_budget(self, session_id: UUID, limit: float | None, *, by: Actor,
                    reason: str | None = None) -> None:

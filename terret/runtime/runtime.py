@@ -22,7 +22,9 @@ from terret.domain.events import (
     Actor,
     AgentAttached,
     AgentDetached,
+    ApprovalResolved,
     InboxQueued,
+    InDoubtResolved,
     SessionClosed,
     TurnEnded,
 )
@@ -434,16 +436,22 @@ class Runtime:
 
     @takes_session
     def approve(self, session_id: UUID, call_id: str, *, by: Actor,
-                reason: str | None = None) -> None:
-        self._resolve(session_id, call_id, "approved", by, reason)
+                reason: str | None = None, name: str | None = None,
+                args: dict[str, Any] | None = None) -> None:
+        """Approve the pending call; with ``name`` (and ``args``), only if it is pending for
+        that tool (and those arguments) — the request you decided on (``ApprovalNotPending``
+        otherwise: a model may ask again under the same id)."""
+        self.commands.resolve(session_id, call_id, "approved", by=by, reason=reason,
+                              name=name, args=args)
 
     @takes_session
-    def deny(self, session_id: UUID, call_id: str, *, by: Actor, reason: str) -> None:
-        self._resolve(session_id, call_id, "denied", by, reason)
-
-    def _resolve(self, session_id: UUID, call_id: str, verdict: str, by: Actor,
-                 reason: str | None) -> None:
-        self.commands.resolve(session_id, call_id, verdict, by=by, reason=reason)
+    def deny(self, session_id: UUID, call_id: str, *, by: Actor, reason: str,
+             name: str | None = None, args: dict[str, Any] | None = None) -> None:
+        """Deny the pending call (the model sees ``reason``, which may not be blank);
+        ``name``/``args`` as ``approve``."""
+        _require_reason(ApprovalResolved.wire_name, reason)
+        self.commands.resolve(session_id, call_id, "denied", by=by, reason=reason, name=name,
+                              args=args)
 
     # --- calls in doubt (R15) -------------------------------------------------------------
 
@@ -460,7 +468,9 @@ class Runtime:
 
     @takes_session
     def skip(self, session_id: UUID, call_id: str, *, by: Actor, reason: str) -> None:
-        """Do not run a call in doubt again: the model gets an error result saying so."""
+        """Do not run a call in doubt again: the model gets an error result saying so (and
+        ``reason``, which may not be blank)."""
+        _require_reason(InDoubtResolved.wire_name, reason)
         self._resolve_doubt(session_id, call_id, "skipped", by, reason)
 
     def _resolve_doubt(self, session_id: UUID, call_id: str, verdict: str, by: Actor,
@@ -576,3 +586,9 @@ class Runtime:
 
     def _unwatch(self, session_id: UUID) -> None:
         self.runner.unwatch(session_stream(session_id))
+
+
+def _require_reason(wire_name: str, reason: str) -> None:
+    """The model is shown the reason of a denial or a skip: a blank one tells it nothing."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise errors.InvalidPayload(wire_name, "reason", "give the model a reason")

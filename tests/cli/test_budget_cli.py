@@ -137,7 +137,8 @@ def test_approvals_list_shows_calls_in_doubt_and_in_doubt_decides_them(target: T
                       "deployed already")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"session": str(doubted), "call_id": "call-deploy",
-                                       "verdict": "skipped"}
+                                       "verdict": "skipped", "tool": "deploy",
+                                       "args": DEPLOY_ARGS}
     (verdict,) = [e for e in target.events(doubted) if e.wire_name == "tool/in_doubt_resolved"]
     assert verdict.payload.verdict == "skipped"  # type: ignore[union-attr]
     assert verdict.payload.by.actor == "operator"  # type: ignore[union-attr]

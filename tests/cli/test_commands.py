@@ -139,7 +139,8 @@ def test_approvals_list_approve_and_resume(target: Target) -> None:
     assert table.split("\n")[0].split() == ["SESSION", "CALL", "TOOL", "ARGS", "WAITING"]
 
     approved = target.json("approve", str(sid), "call-deploy", "--reason", "window open")
-    assert approved == {"session": str(sid), "call_id": "call-deploy", "verdict": "approved"}
+    assert approved == {"session": str(sid), "call_id": "call-deploy", "verdict": "approved",
+                        "tool": "deploy", "args": DEPLOY_ARGS}
     verdict = target.events(sid)[-1]
     assert isinstance(verdict.payload, ApprovalResolved)
     assert verdict.payload.verdict == "approved" and verdict.payload.reason == "window open"

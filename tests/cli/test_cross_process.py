@@ -23,7 +23,14 @@ from uuid import UUID
 import pytest
 
 from terret.domain.events import ApprovalResolved, ToolResult, TurnEnded
-from tests.cli.conftest import DEMO_APP, Target, invoke_cli, one_line_error, subprocess_env
+from tests.cli.conftest import (
+    DEMO_APP,
+    DEPLOY_ARGS,
+    Target,
+    invoke_cli,
+    one_line_error,
+    subprocess_env,
+)
 from tests.support.esdb_emulator import EsdbEmulator
 from tests.support.esdb_fixtures import real_server_uri
 
@@ -169,7 +176,7 @@ def test_inject_approve_cancel_deny_from_other_processes(served: Served) -> None
     ]
     results = [proc.finish() for proc in verdicts]
     assert [code for code, _, _ in results] == [0, 0, 1, 2], [r[2] for r in results]
-    assert results[0][1].strip() == "approved call-deploy"
+    assert results[0][1].strip() == f"approved call-deploy: deploy {json.dumps(DEPLOY_ARGS)}"
     assert "ApprovalNotPending" in one_line_error(results[2][2])
     assert "is not a session id" in one_line_error(results[3][2])
 

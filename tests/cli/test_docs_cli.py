@@ -309,7 +309,7 @@ PLACEHOLDERS = {
     "CALL": "call-1", "ROLE": "main", "SPEC": "a:b", "TEXT": "hi", "NEW_TITLE": "a title",
     "PATTERNS": "fs.*", "NAME": "usage", "COMMAND": "sessions", "MODULE:FUNC": "m:f",
     "SEQ": "1", "N": "1", "SECONDS": "1", "FILE": "x.db", "WIRE_NAME": "turn/start",
-    "STATUS": "idle", "WHEN": "2h",
+    "STATUS": "idle", "WHEN": "2h", "JSON": "{}",
 }
 """What a placeholder of a usage line stands for, in a value the option's type takes."""
 

@@ -21,7 +21,14 @@ import pytest
 from terret.domain.events import Actor, ModelSet, PolicyUpdated
 from terret.domain.store import NewRecord, session_stream
 from terret.runtime.commands import SessionCommands
-from tests.cli.conftest import DEMO_APP, MISSING, Target, one_line_error, subprocess_env
+from tests.cli.conftest import (
+    DEMO_APP,
+    DEPLOY_ARGS,
+    MISSING,
+    Target,
+    one_line_error,
+    subprocess_env,
+)
 from tests.cli.test_cross_process import STARTED, Proc
 
 # --- finding things --------------------------------------------------------------------------
@@ -60,7 +67,7 @@ def test_session_ids_by_unique_prefix(target: Target) -> None:
     parked = target.parked()
     approved = target.json("approve", str(parked)[:8], "call-d")
     assert approved == {"call_id": "call-deploy", "session": str(parked),
-                        "verdict": "approved"}
+                        "verdict": "approved", "tool": "deploy", "args": DEPLOY_ARGS}
 
 
 def test_sessions_list_filters_and_paging(target: Target) -> None:
@@ -419,3 +426,54 @@ def test_owner_and_workers_beside_a_serving_process(target: Target) -> None:
         if serve.popen.poll() is None:
             os.kill(serve.popen.pid, signal.SIGKILL)
         STARTED.clear()
+
+
+def test_a_verdict_is_bound_to_the_request_the_operator_decided_on(target: Target) -> None:
+    """A model may ask again under the same call id with other arguments (after the reaper's
+    timeout, say): an approval given for what `approvals list` showed ran the other request.
+    `--tool`/`--args` bind the verdict to what was looked at; without them the command says
+    which request it decided."""
+    sid = target.parked()
+    before = target.snapshot()
+    other = target.invoke("approve", str(sid), "call-deploy", "--tool", "deploy", "--args",
+                          '{"service": "checkout", "version": "v3"}')
+    assert other.exit_code == 1, other.stderr
+    assert one_line_error(other.stderr).startswith("Error: ApprovalNotPending: ")
+    assert target.invoke("approve", str(sid), "call-deploy", "--tool", "migrate").exit_code == 1
+    assert target.invoke("approve", str(sid), "call-deploy", "--args", "{}").exit_code == 2
+    assert target.invoke("approve", str(sid), "call-deploy", "--tool", "deploy",
+                         "--args", "[1]").exit_code == 2
+    assert target.snapshot() == before  # nothing written
+
+    done = target.run("approve", str(sid), "call-deploy", "--tool", "deploy", "--args",
+                      json.dumps(DEPLOY_ARGS))  # another process, bound to what it saw
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"approved call-deploy: deploy {json.dumps(DEPLOY_ARGS)}"
+    assert "approval/resolved" in target.types(sid)
+
+
+def test_the_api_binds_a_verdict_too_and_refuses_a_blank_denial() -> None:
+    from terret import Actor, Runtime, ScriptedProvider, StaticResolver
+    from terret.adapters.stores.memory import MemoryStore
+    from terret.domain.errors import ApprovalNotPending, InvalidPayload
+    from terret.domain.events import ToolCallData
+    from terret.runtime.commands import SessionCommands
+
+    store = MemoryStore()
+    commands = SessionCommands.on(store)
+    sid = commands.create(agent="default", roles={"main": "scripted:m"})
+    writer = commands.writer
+    writer.execute(sid, lambda s: s.start_turn(text="deploy"))
+    writer.execute(sid, lambda s: s.start_step("scripted:m"))
+    writer.execute(sid, lambda s: s.record_assistant(
+        "", [ToolCallData(id="c1", name="deploy", args={"env": "prod"})]))
+    writer.execute(sid, lambda s: s.request_approval("c1", "deploy", {"env": "prod"}))
+    rt = Runtime(store, resolver=StaticResolver({"scripted": ScriptedProvider()}))
+    operator = Actor(actor="operator", id="t")
+    with pytest.raises(ApprovalNotPending):
+        rt.approve(sid, "c1", by=operator, name="deploy", args={"env": "staging"})
+    with pytest.raises(InvalidPayload):
+        rt.deny(sid, "c1", by=operator, reason="  ")
+    rt.approve(sid, "c1", by=operator, name="deploy", args={"env": "prod"})
+    assert [r.wire_name for r in store.read_stream(f"session-{sid}")][-1] == "approval/resolved"
+    rt.close()
