@@ -189,6 +189,9 @@ class SessionState:
     last_turn_status: str | None = None
     step_metered: bool = False
     """The open step's reply carries its usage (a metered ``assistant/message``)."""
+    call_steps: dict[str, int] = field(default_factory=dict)
+    """The open turn's call ids, each with the step of the first reply that called it: a
+    later step reusing an id makes another call (its own idempotency key)."""
     started: dict[str, str] = field(default_factory=dict)
     """The open turn's calls with a ``tool/started`` and no ``tool/result`` yet (id -> tool)."""
     doubts: dict[str, WaitingCall] = field(default_factory=dict)
@@ -329,7 +332,7 @@ def _on_policy(s: SessionState, p: PolicyUpdated, seq: int) -> None:
 
 
 def _clear_turn(s: SessionState) -> None:
-    s.owed, s.pending, s.verdicts, s.cancel = {}, {}, {}, None
+    s.owed, s.pending, s.verdicts, s.cancel, s.call_steps = {}, {}, {}, None, {}
     s.started, s.doubts, s.doubt_verdicts, s.budget_wait = {}, {}, {}, None
     s.step_metered = False
 
@@ -362,6 +365,8 @@ def _on_assistant(s: SessionState, p: AssistantMessage, seq: int) -> None:
     s.step_answered = True
     s.last_reply_final = not p.tool_calls
     s.owed = {c.id: OwedCall(c.id, c.name, c.args) for c in p.tool_calls}
+    for call in p.tool_calls:
+        s.call_steps.setdefault(call.id, s.step)
     s.started = {}
     s.step_metered = p.model is not None
     if s.step_metered:

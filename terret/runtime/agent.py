@@ -491,7 +491,10 @@ class Agent:
                 # Recorded by any process: the log read just now can say so before the cancel
                 # reaches this process's subscription (R13). The call is answered as not run.
                 self.cancel_event.set()
-            ctx = CallContext(self.session_id, call.id, call.name, dict(call.args), turn)
+            state = session.state
+            ctx = CallContext(self.session_id, call.id, call.name, dict(call.args), turn,
+                              step=state.step,
+                              first_step=state.call_steps.get(call.id, state.step))
             outcome = None
             if call.id in session.state.started:
                 outcome = self._settle_in_doubt(ctx, session)

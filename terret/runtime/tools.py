@@ -66,14 +66,22 @@ class CallContext:
     name: str
     args: dict[str, Any]
     turn: int
+    step: int = 0
+    """The step whose reply made the call (0: not known)."""
+    first_step: int = 0
+    """The step of the turn's first reply that used this call id (0: not known)."""
 
     @property
     def idempotency_key(self) -> str:
         """A key for this call that every execution of it shares (the first run, a run after
         a crash, a re-run an operator allowed) and no other call has: a UUID derived from the
-        session, the turn and the call id. Pass it to downstream APIs that deduplicate
-        requests (``Idempotency-Key`` headers, client tokens)."""
-        return str(uuid5(IDEMPOTENCY_NAMESPACE, f"{self.session_id}/{self.turn}/{self.call_id}"))
+        session, the turn and the call id — and the step, when a later step of the turn
+        reuses the id for another call. Pass it to downstream APIs that deduplicate requests
+        (``Idempotency-Key`` headers, client tokens)."""
+        name = f"{self.session_id}/{self.turn}/{self.call_id}"
+        if self.step and self.first_step and self.step != self.first_step:
+            name += f"/step-{self.step}"
+        return str(uuid5(IDEMPOTENCY_NAMESPACE, name))
 
 
 Handler = Callable[[Any, CallContext], Any]

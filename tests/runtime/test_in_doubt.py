@@ -116,6 +116,24 @@ def test_the_idempotency_key_is_the_same_for_every_execution_of_a_call_and_only_
     assert one.idempotency_key not in {c.idempotency_key for c in others}
 
 
+def test_a_call_id_reused_by_a_later_step_of_the_turn_is_another_call_with_its_own_key(
+        make_runtime: MakeRuntime, store: Any) -> None:
+    """Two payments of one turn under the same call id (a provider that reuses ids): both ran,
+    with the same idempotency key — an API deduplicating on it dropped the second charge
+    while the model was told it was made. The first use keeps the key it always had."""
+    payments = Payments(store)
+    provider = ScriptedProvider([
+        Reply(tool_calls=[call("pay", {"amount": 1}, "c-z")]),
+        Reply(tool_calls=[call("pay", {"amount": 2}, "c-z")]),
+        final("paid twice")])
+    rt = make_runtime(provider, tools=[payments.pay])
+    sid = rt.create_session()
+    assert rt.run_turn(sid, "pay 1 then 2").status == "completed"
+    first, second = payments.keys
+    assert first != second
+    assert first == CallContext(sid, "c-z", "pay", {"amount": 1}, 1).idempotency_key
+
+
 def test_a_call_in_doubt_after_a_kill_mid_handler_parks_and_reruns_on_another_process_verdict(
         make_runtime: MakeRuntime, opened: OpenedStore, tmp_path: Path) -> None:
     store = opened.store
