@@ -197,6 +197,15 @@ class Compactor:
         meter = UsageMeter()
         try:
             return self._summarize(session, mark, meter)
+        except errors.WrongExpectedVersion:
+            record_usage(upkeep, sid, "compaction", meter)  # refused: nothing was appended
+            raise
+        except errors.StoreError:
+            # The outcome of the append is unknown (it may have landed, the cost with it):
+            # recorded again it could count twice; its cost is left out instead, and said.
+            log.warning("the compaction of %s may not have been recorded (the store "
+                        "failed); its request's cost is not recorded again", sid)
+            raise
         except BaseException:
             record_usage(upkeep, sid, "compaction", meter)  # nothing was appended: alone
             raise
@@ -277,6 +286,12 @@ class AutoTitler:
             # Titled meanwhile (another process), or closed: the request was paid for all
             # the same.
             record_usage(self.upkeep, sid, "title", meter)
+        except errors.WrongExpectedVersion as exc:  # refused: nothing was appended
+            log.warning("the automatic title of %s was not recorded: %s", sid, exc)
+            record_usage(self.upkeep, sid, "title", meter)
+        except errors.StoreError as exc:  # the outcome is unknown: the cost may be in
+            log.warning("the automatic title of %s may not have been recorded (%s); its "
+                        "request's cost is not recorded again", sid, exc)
         except Exception as exc:  # noqa: BLE001 - upkeep: said, never fatal, cost kept
             log.warning("the automatic title of %s was not recorded: %s", sid, exc)
             record_usage(self.upkeep, sid, "title", meter)
