@@ -382,10 +382,12 @@ class Runtime:
         Session.check_turn_input(text=text)  # refused input claims nothing
         try:
             agent = self.agent_for(session_id, take_idle=True, for_new_turn=True)
+            # A racing worker's turn may also be found when this one starts its own (the
+            # append conflicts, and the re-read shows the turn open): refused the same way.
+            return self.drive(agent, lambda: agent.run_turn(text))
         except errors.TurnOpenInLog:
             self._refuse_if_run_elsewhere(session_id)
             raise  # nobody is running it: a process died in it (R4)
-        return self.drive(agent, lambda: agent.run_turn(text))
 
     def _refuse_if_run_elsewhere(self, session_id: UUID) -> None:
         """``SessionOwned`` when the open turn is another live worker's: it is not one a
