@@ -273,7 +273,7 @@ class AutoTitler:
             # message titles it — a placeholder now would be the one automatic title for good.
             return
         meter = UsageMeter()
-        title = self._asked(session, meter) or first[:FALLBACK_TITLE_CHARS]
+        title = self._asked(session, meter, first) or first[:FALLBACK_TITLE_CHARS]
         record = meter.record_on("title")
 
         def entitle(s: Session) -> None:
@@ -296,15 +296,18 @@ class AutoTitler:
             log.warning("the automatic title of %s was not recorded: %s", sid, exc)
             record_usage(self.upkeep, sid, "title", meter)
 
-    def _asked(self, session: Session, meter: UsageMeter) -> str | None:
+    def _asked(self, session: Session, meter: UsageMeter, first: str) -> str | None:
         """The titler's title, or None when there is none to record (no titler for the
         session, a failure, a blank answer or text that cannot be stored): the first message
-        is the title then."""
+        is the title then. The titler reads the start of the conversation: once a compaction
+        replaced it (it can land before the title), the first user message stands for it."""
         titler = self._titler_for(session, meter)
         if titler is None:
             return None
+        messages = (self.upkeep.views.messages(session.id)
+                    if not session.state.last_compaction_seq else [Message("user", first)])
         try:
-            title = titler.title(self.upkeep.views.messages(session.id))
+            title = titler.title(messages)
         except Exception as exc:
             log.warning("titler failed for %s, using the first message: %s", session.id, exc)
             return None

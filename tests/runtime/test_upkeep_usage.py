@@ -20,7 +20,7 @@ from uuid import UUID
 
 import pytest
 
-from terret import Actor, Reply, RuntimeConfig, ScriptedProvider, Usage, open_store
+from terret import Actor, FixedSummarizer, Reply, RuntimeConfig, ScriptedProvider, Usage, open_store
 from terret.domain.store import EventStore
 from terret.runtime.model import ModelReply, ModelRequest, TextSink
 from tests.cli.conftest import subprocess_env
@@ -255,3 +255,26 @@ def test_upkeep_left_to_an_owner_that_is_gone_before_it_did_it_is_done_by_anothe
     (titled,) = only(wait_for_event(store, sid, "session/titled"), "session/titled")
     assert titled.data["title"] == "Their title"
     stuck.set()
+
+
+def test_a_titler_after_a_compaction_reads_the_start_of_the_conversation_not_the_summary(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    """Title and compaction run side by side after the first turn: when the compaction landed
+    first the titler was given the summary, and titled the session after it."""
+    seen: list[str] = []
+
+    class Noting:
+        def title(self, messages: Any) -> str:
+            seen.append(messages[0].text)
+            return "Noted"
+
+    # Not started: nothing runs after the turn but what the test runs, in the order it runs.
+    rt = make_runtime([final("deployed")], titler=Noting(), summarizer=FixedSummarizer(),
+                      start=False)
+    sid = rt.create_session()
+    rt.run_turn(sid, "please deploy service number seven")
+    rt.compact(sid)  # the compaction lands first
+    rt.catch_up_views(sid)  # as a started runtime's views hold it by then
+    rt.titler.title_now(sid)
+    assert rt.title(sid) == "Noted"
+    assert seen == ["please deploy service number seven"]
