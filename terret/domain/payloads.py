@@ -284,6 +284,12 @@ class EventCatalogue:
 
     def register(self, cls: P) -> P:
         """Register a payload class (usable as a class decorator)."""
+        shadowing = sorted(set(cls.__pydantic_fields__) & _CLASS_SETTINGS)
+        if shadowing:
+            raise ConfigurationError(
+                f"{cls.__name__}: a payload field may not be named {shadowing[0]!r}: it is "
+                "the event class's own setting (the field would replace it when the event is "
+                "written)")
         name = cls.wire_name
         if not name or not isinstance(name, str):
             raise UnknownEventType(f"{cls.__name__} has no wire_name")
@@ -299,12 +305,6 @@ class EventCatalogue:
             if type(getattr(cls, flag)) is not bool:
                 raise ConfigurationError(f"{cls.__name__}: {flag} is True or False, not "
                                          f"{getattr(cls, flag)!r}")
-        shadowing = sorted(set(cls.__pydantic_fields__) & _CLASS_SETTINGS)
-        if shadowing:
-            raise ConfigurationError(
-                f"{cls.__name__}: a payload field may not be named {shadowing[0]!r}: it is "
-                "the event class's own setting (the field would replace it when the event is "
-                "written)")
         existing = self._types.get(name)
         if existing is not None and existing is not cls:
             if existing.__qualname__ != cls.__qualname__ or existing.__module__ != cls.__module__:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from terret.domain.catalogue import EventCatalogue
+from terret.domain.errors import ViewsMismatch
 from terret.domain.store import EventStore, StoredRecord
 from terret.projections._applier import BatchApplier
 from terret.projections._collector import collector_paused
@@ -65,9 +66,25 @@ def rebuild(store: EventStore, views: ViewStore, applier: BatchApplier,
     applies nothing between two of its pages (it would move the tracked positions past the
     pages still to come), and every reader sees the views as they were until it commits."""
     with views.exclusive() as db:
+        refuse_other_versions(views, projections, "rebuild")
         for projection in projections:
             views.forget(db, projection)
         return replay(store, applier, projections, batch_size, progress=progress)
+
+
+def refuse_other_versions(views: ViewStore, projections: Sequence[Projection],
+                          what: str) -> None:
+    """``ViewsMismatch`` for a projection whose view another release wrote (another version):
+    this process would empty it and replay nothing into it (it leaves such a view alone), or
+    compare it with a replay of another meaning."""
+    with views.reading() as db:
+        recorded = views.versions(db)
+    for p in projections:
+        if recorded.get(p.name, p.version) != p.version:
+            raise ViewsMismatch(
+                f"projection {p.name}: the views file holds version {recorded[p.name]} of it, "
+                f"this process has version {p.version}: {what} it from a process of that "
+                "release (or restart this one on it)")
 
 
 def skip(store: EventStore, views: ViewStore, applier: BatchApplier, projection: Projection,
@@ -96,6 +113,7 @@ def verify(store: EventStore, views: ViewStore, projections: Sequence[Projection
     tracked position, in one pass over the log; every difference from the live views, per
     projection (empty lists when they agree). The live views are read once, positions and
     rows in one snapshot: a runner elsewhere may move them on meanwhile."""
+    refuse_other_versions(views, projections, "verify")
     stops, live = views.snapshot(projections)
     scratch = ViewStore(":memory:")
     try:

@@ -212,6 +212,11 @@ class ViewStore(TrackingRecorder):
             stale = recorded is not None and recorded != projection.version
             if recorded == projection.version and self._has_tables(projection):
                 return False  # as it was: nothing written (a rebuild elsewhere holds the lock)
+            if recorded is not None and recorded > projection.version:
+                # A newer release's view (a rolling deploy, an old command beside new
+                # workers): never downgraded by merely opening the file. This process leaves
+                # it alone (the applier says so); the newer release maintains it.
+                return False
             if stale:
                 projection.drop(self.db)
                 self.db.execute("DELETE FROM tracking WHERE projection = ?", (projection.name,))

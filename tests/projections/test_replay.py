@@ -232,3 +232,41 @@ def test_a_process_on_another_version_of_a_projection_leaves_its_view_alone(
     assert len(warned) == 1
     old_views.close()
     new_views.close()
+
+
+def test_an_old_release_opening_the_file_never_downgrades_a_newer_view(tmp_path: Path) -> None:
+    """A command of the old release (`doctor`, `verify`) opened beside the new workers: it
+    re-versioned the view back, the new workers stopped maintaining it, and the old ones had
+    stopped already — nobody did. Now the newer view stays as it is, and the old release's
+    rebuild or verify of it is refused rather than empty it and replay nothing."""
+    from terret.adapters.stores.memory import MemoryStore
+    from terret.domain import SessionRepository
+    from terret.domain.errors import ViewsMismatch
+
+    store = MemoryStore()
+    repo = SessionRepository(store)
+
+    def said(text: str) -> None:
+        session = Session.start()
+        session.start_turn(text=text)
+        repo.save(session)
+
+    path = str(tmp_path / "views.db")
+    said("a")
+    new_views = ViewStore(path)
+    new = ProjectionRunner(store, new_views, [_Said.make(2)])
+    new.catch_up()
+    old_views = ViewStore(path)  # the old release's command opens the file
+    old = ProjectionRunner(store, old_views, [_Said.make(1)])
+    with pytest.raises(ViewsMismatch, match="holds version 2"):
+        old.rebuild("acme.said")
+    with pytest.raises(ViewsMismatch, match="holds version 2"):
+        old.verify("acme.said")
+    said("b")
+    old.catch_up()
+    new.catch_up()
+    rows = sorted(r[2] for r in new_views.db.execute("SELECT * FROM acme_said"))
+    assert rows == ["A", "B"]
+    assert new.verify("acme.said") == []
+    old_views.close()
+    new_views.close()
