@@ -30,7 +30,7 @@ def test_the_approval_example_runs_as_documented(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "parked: ['call-1'] waiting_approval"
-    assert lines[1] == "approved call-1"  # the CLI, in the other process
+    assert lines[1] == 'approved call-1: deploy {"env": "prod"}'  # the CLI, in the other process
     assert lines[2] == "turn 1 completed - Deployed to prod."
     events = lines[3].split()
     assert events[:2] == ["session/started", "agent/attached"]

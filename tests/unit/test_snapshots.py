@@ -61,8 +61,10 @@ def test_a_snapshot_of_the_previous_shape_loads_into_typed_records() -> None:
     assert state.budget_wait == BudgetWait(1, 0.1, 0.08, 0.03)
     assert state.created_on is None
     # ... and writes the same JSON back (the status view's rows and SQL read that shape).
-    # (A field added since reads as its default: `released` says "may have run" at worst.)
-    assert json.loads(state.to_json()) == {**OLD_SNAPSHOT, "created_on": None, "released": False}
+    # (A field added since reads as its default: `released` says "may have run" at worst;
+    # `call_steps` empty means each call id is its first step's.)
+    assert json.loads(state.to_json()) == {**OLD_SNAPSHOT, "created_on": None,
+                                              "released": False, "call_steps": {}}
 
 
 def test_a_snapshot_of_another_shape_is_refused_so_the_log_is_replayed() -> None:
