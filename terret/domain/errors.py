@@ -230,7 +230,14 @@ class AgentExists(RuntimeFault):
 
 
 class AgentCapExceeded(RuntimeFault):
-    """The process already holds ``max_agents`` agents (R22)."""
+    """The process already holds ``max_agents`` agents, none of them one it may let go: each is
+    mid-turn, parked, or spawned with ``spawn_agent`` (R22)."""
+
+
+class AgentLetGo(RuntimeFault):
+    """The agent was let go (idle the longest, at ``max_agents``) between its lookup and its
+    turn: nothing was written. ``Runtime.run_turn`` and ``resume_turn`` look the session's agent
+    up again and retry; seen only by a caller holding an ``Agent`` (R22)."""
 
 
 class AgentBusy(RuntimeFault):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -86,6 +87,10 @@ class Agent:
         self.definition = definition
         self._status = "idle"
         self._lock = threading.Lock()
+        self.idle_since = time.monotonic()
+        """When its last turn ended (or it was made, or looked up): at the agent cap, the host
+        lets go of the agent idle the longest."""
+        self._let_go = False
         self.cancel_event = threading.Event()
         self.on_text: TextSink | None = None
         self.context: ToolContext = services.tool_context.fork()
@@ -158,6 +163,15 @@ class Agent:
         if self._load().state.cancel_requested:
             self.cancel_event.set()
 
+    def let_go(self) -> bool:
+        """Take the turn lock for good, if no turn holds it: from here on this agent runs no
+        turn (``AgentLetGo``). False if it is busy."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        self._let_go = True
+        self._set_status("released")
+        return True
+
     def release(self) -> None:
         """Remove every listener this agent registered (R22, R26)."""
         for handle in self._listeners:
@@ -173,6 +187,9 @@ class Agent:
             raise errors.RuntimeStopping(
                 f"this runtime is closing: it runs no more turns (session {self.session_id})")
         if not self._lock.acquire(blocking=False):
+            if self._let_go:
+                raise errors.AgentLetGo(f"agent {self.id} was let go at the agent cap; session "
+                                        f"{self.session_id} needs a new one")
             raise errors.TurnAlreadyRunning(
                 f"agent {self.id} is already mid-turn on session {self.session_id}"
             )
@@ -181,6 +198,7 @@ class Agent:
 
     def _release_claim(self) -> None:
         self._set_status("idle")
+        self.idle_since = time.monotonic()
         self._lock.release()
 
     def run_turn(self, text: str | None, *, trigger: str = "user",

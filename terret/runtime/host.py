@@ -64,6 +64,8 @@ class AgentHost:
         self._spawn_locks: dict[UUID, tuple[threading.RLock, list[int]]] = {}
         self._releasing = False
         """Set (under the registry lock) once ``release_all`` began: a spawn then refuses."""
+        self._pinned: set[str] = set()
+        """The agents ``spawn_agent`` made: the caller's to dispose, never let go at the cap."""
 
     # --- reading the registry -------------------------------------------------------------
 
@@ -99,7 +101,7 @@ class AgentHost:
         if self._releasing:
             raise errors.RuntimeStopping("this worker is stopping: it takes no more sessions")
 
-    def _check_free(self, agent_id: str, session_id: UUID) -> None:
+    def _check_free(self, agent_id: str, session_id: UUID, *, cap: bool = True) -> None:
         """Under the registry lock: the id and the session are free, the cap not reached, the
         host not releasing its sessions."""
         self.refuse_if_releasing()
@@ -108,9 +110,40 @@ class AgentHost:
         if session_id in self._by_session:
             raise errors.AgentExists(
                 f"session {session_id} already has agent {self._by_session[session_id].id}")
-        if len(self._agents) >= self.max_agents:
+        if cap and len(self._agents) >= self.max_agents:
             raise errors.AgentCapExceeded(
-                f"this process already holds {self.max_agents} agents")
+                f"this process already holds {self.max_agents} agents, none of them idle "
+                "and spawned on demand (max_agents)")
+
+    def _make_room(self, session_id: UUID) -> None:
+        """At the cap, let go of the agent spawned on demand that has been idle the longest:
+        a long-lived worker touches more sessions than it can hold, and an idle agent holds
+        nothing the log does not (its session is released, ``agent/detached``; the next turn,
+        wake or verdict there spawns a new one, here or in another worker). An agent whose
+        session is being spawned or let go by another thread is left alone — taking its spawn
+        lock here could deadlock with that thread's own room-making."""
+        with self._lock:
+            if len(self._agents) < self.max_agents or session_id in self._by_session:
+                return
+            idle = sorted((a for a in self._agents.values()
+                           if a.id not in self._pinned and a.session_id not in self._spawn_locks),
+                          key=lambda a: a.idle_since)
+            # let_go takes the agent's turn lock: a caller that looked it up just before sees
+            # AgentLetGo, not a turn on an agent this process no longer lists.
+            agent = next((a for a in idle if a.let_go()), None)
+            if agent is None:
+                return  # _check_free refuses: every agent is mid-turn, parked or pinned
+            self._unregister(agent)
+        log.info("session %s let go (agent %s, idle the longest): this process holds at most "
+                 "%d agents", agent.session_id, agent.id, self.max_agents)
+        agent.release()
+        try:
+            self.writer.execute(agent.session_id, partial(
+                _release, agent, f"idle: the agent cap ({self.max_agents}) was reached"))
+        except errors.TerretError as exc:  # purged, closed meanwhile: nothing left to release
+            log.info("session %s: its release was not recorded (%s)", agent.session_id, exc)
+        finally:
+            self._unwatch_unheld(agent.session_id)
 
     def _servable(self, session_id: UUID, *, for_new_turn: bool) -> Session:
         """The session, read outside the registry lock; refused if it is closed, or (for a
@@ -124,13 +157,18 @@ class AgentHost:
         return session
 
     def spawn(self, session_id: UUID, *, agent_id: str | None = None, take_idle: bool = True,
-              for_new_turn: bool = False) -> Agent:
-        """Create this process's agent for the session and take ownership of it (R22, R28)."""
+              for_new_turn: bool = False, pinned: bool = False) -> Agent:
+        """Create this process's agent for the session and take ownership of it (R22, R28).
+        A ``pinned`` agent (``spawn_agent``'s) stays until disposed; one spawned on demand is
+        let go when the cap is reached and it is the one idle the longest."""
         agent_id = agent_id or f"agent-{uuid4().hex[:12]}"
         with self._spawning(session_id):
             self.drop_if_moved(session_id)
             with self._lock:
-                self._check_free(agent_id, session_id)  # refused before any read
+                self._check_free(agent_id, session_id, cap=False)  # refused before any read
+            self._make_room(session_id)
+            with self._lock:
+                self._check_free(agent_id, session_id)
             session = self._servable(session_id, for_new_turn=for_new_turn)
             agent = self._make_agent(agent_id, session_id,
                                      self._definition(session.state.agent))
@@ -139,6 +177,8 @@ class AgentHost:
                     self._check_free(agent_id, session_id)  # another session may have filled
                     self._agents[agent_id] = agent
                     self._by_session[session_id] = agent
+                    if pinned:
+                        self._pinned.add(agent_id)
             except BaseException:
                 agent.release()
                 raise
@@ -160,8 +200,11 @@ class AgentHost:
             # Released agents stay registered: after the release none serves (wake included).
             self.refuse_if_releasing()
             self.drop_if_moved(session_id)
-            return self.agent_for_session(session_id) or self.spawn(
-                session_id, take_idle=take_idle, for_new_turn=for_new_turn)
+            agent = self.agent_for_session(session_id)
+            if agent is None:
+                return self.spawn(session_id, take_idle=take_idle, for_new_turn=for_new_turn)
+            agent.idle_since = time.monotonic()  # in use again: the last to be let go
+            return agent
 
     def dispose(self, agent_id: str, *, reason: str | None = None) -> None:
         with self._lock:
@@ -239,6 +282,7 @@ class AgentHost:
 
     def _unregister(self, agent: Agent) -> None:
         self._agents.pop(agent.id, None)
+        self._pinned.discard(agent.id)
         if self._by_session.get(agent.session_id) is agent:
             del self._by_session[agent.session_id]
 

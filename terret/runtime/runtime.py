@@ -341,9 +341,11 @@ class Runtime:
                     take_idle: bool = True, _for_new_turn: bool = False) -> Agent:
         """Create this process's agent for the session and take ownership of it (R22, R28):
         ``SessionOwned`` if another live worker owns it (an idle one is moved here when
-        ``take_idle``); a session whose owner's lease expired is taken over, attributed."""
+        ``take_idle``); a session whose owner's lease expired is taken over, attributed. The
+        agent is yours until ``dispose_agent``: at ``max_agents`` the runtime lets go of the
+        longest-idle agent it spawned on demand, never of one spawned here."""
         return self.agent_host.spawn(session_id, agent_id=agent_id, take_idle=take_idle,
-                                     for_new_turn=_for_new_turn)
+                                     for_new_turn=_for_new_turn, pinned=True)
 
     def dispose_agent(self, agent_id: str, *, reason: str | None = None) -> None:
         self.agent_host.dispose(agent_id, reason=reason)
@@ -381,10 +383,10 @@ class Runtime:
         caller chose this process), a running one is refused with ``SessionOwned``."""
         Session.check_turn_input(text=text)  # refused input claims nothing
         try:
-            agent = self.agent_for(session_id, take_idle=True, for_new_turn=True)
             # A racing worker's turn may also be found when this one starts its own (the
             # append conflicts, and the re-read shows the turn open): refused the same way.
-            return self.drive(agent, lambda: agent.run_turn(text))
+            return self._on_agent(session_id, lambda agent: agent.run_turn(text),
+                                  take_idle=True, for_new_turn=True)
         except errors.TurnOpenInLog:
             self._refuse_if_run_elsewhere(session_id)
             raise  # nobody is running it: a process died in it (R4)
@@ -408,8 +410,25 @@ class Runtime:
         self.agent_host.refuse_if_releasing()  # a closed runtime says so, turn open or not
         if not self.writer.load(session_id).turn_open:  # before attaching: a refusal writes nothing
             raise errors.NoOpenTurn(f"session {session_id} has no open turn to resume")
-        agent = self.agent_for(session_id)
-        return self.drive(agent, agent.resume_turn)
+        return self._on_agent(session_id, lambda agent: agent.resume_turn())
+
+    LOOKUPS = 5
+    """Times a turn looks its agent up when another thread keeps letting it go at the cap."""
+
+    def _on_agent(self, session_id: UUID, turn: Callable[[Agent], TurnResult], *,
+                  take_idle: bool = False, for_new_turn: bool = False) -> TurnResult:
+        """Run ``turn`` on the session's agent here. One let go at the agent cap between its
+        lookup and the turn's start (``AgentLetGo``: nothing was written) is looked up again:
+        the new one is the most recently used, the last the cap lets go."""
+        lookups = 0
+        while True:
+            agent = self.agent_for(session_id, take_idle=take_idle, for_new_turn=for_new_turn)
+            lookups += 1
+            try:
+                return self.drive(agent, partial(turn, agent))
+            except errors.AgentLetGo:
+                if lookups == self.LOOKUPS:
+                    raise
 
     @takes_session
     def resumable(self, session_id: UUID) -> bool:

@@ -442,7 +442,9 @@ class Supervisor:
 
 
 # What a woken session meets when it is not this worker's to run: said by nobody.
-_QUIET = (TurnSuspended, errors.SessionOwned, errors.LostOwnership, errors.RuntimeStopping)
+# (An agent let go at the cap before its woken turn began: the scan wakes the session again.)
+_QUIET = (TurnSuspended, errors.SessionOwned, errors.LostOwnership, errors.RuntimeStopping,
+          errors.AgentLetGo)
 
 
 def _needs_worker(session: Session) -> bool:

@@ -1,0 +1,111 @@
+"""R22 at the agent cap: a long-lived process touches more sessions than ``max_agents``. The
+agents it spawned on demand (a turn, a wake, serving) that sit idle are let go, the longest idle
+first — its session released in the log (``agent/detached``) — so the process keeps serving;
+agents mid-turn, parked, or spawned with ``spawn_agent`` are never let go, and only when every
+agent is one of those is a new one refused (``AgentCapExceeded``)."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import pytest
+
+from terret import Actor, Reply, RuntimeConfig, ScriptedProvider
+from terret.domain.errors import AgentCapExceeded, AgentLetGo
+from terret.runtime import ModelRequest
+from tests.runtime.conftest import MakeRuntime, OpenedStore
+from tests.runtime.kit import (
+    calls,
+    final,
+    names,
+    only,
+    other_process,
+    read_log,
+    turn_in_background,
+    wait_for_event,
+    wait_parked,
+    wait_until,
+)
+
+OPERATOR = Actor(actor="operator", id="ops")
+CAP = RuntimeConfig(max_agents=2)
+
+
+def _let_go(store: object, sid: UUID) -> list[str]:
+    return [e.data["reason"] for e in only(read_log(store, sid), "agent/detached")]
+
+
+def test_r22_at_the_cap_the_longest_idle_agent_is_let_go_and_its_session_released(
+        make_runtime: MakeRuntime, store) -> None:
+    rt = make_runtime(config=CAP)
+    sessions = [rt.create_session() for _ in range(4)]
+    for sid in sessions[:2]:
+        assert rt.run_turn(sid, "hello").status == "completed"
+    rt.run_turn(sessions[0], "again")  # the second is now the longest idle
+    assert rt.run_turn(sessions[2], "a third session").status == "completed"
+    assert {a.session_id for a in rt.agents} == {sessions[0], sessions[2]}
+    assert _let_go(store, sessions[1]) == ["idle: the agent cap (2) was reached"]
+    assert names(read_log(store, sessions[1]))[-1] == "agent/detached"
+    assert _let_go(store, sessions[0]) == []
+    # The session let go is served again on its next turn (a new agent, a new epoch).
+    assert rt.run_turn(sessions[1], "back").status == "completed"
+    assert len(only(read_log(store, sessions[1]), "agent/attached")) == 2
+    assert len(rt.agents) == 2 and rt.agent_for_session(sessions[1]) is not None
+    assert rt.run_turn(sessions[3], "a fourth").status == "completed"
+
+
+def test_r22_a_parked_agent_and_one_from_spawn_agent_are_never_let_go(
+        make_runtime: MakeRuntime, store) -> None:
+    provider = ScriptedProvider(default=lambda r: (
+        calls(("deploy", {"env": "prod"})) if r.messages[-1].text == "deploy" else final()))
+    rt = make_runtime(provider, config=CAP)
+    parked, pinned, third = (rt.create_session() for _ in range(3))
+    job = turn_in_background(rt, parked, "deploy")
+    wait_parked(rt, parked)
+    mine = rt.spawn_agent(pinned)
+    with pytest.raises(AgentCapExceeded, match="none of them idle"):
+        rt.run_turn(third, "no room")
+    assert "agent/attached" not in names(read_log(store, third))
+    rt.approve(parked, rt.pending(parked)[0], by=OPERATOR)
+    job.join()
+    # The parked turn ended: its agent is idle now, and the one let go for the third session.
+    assert rt.run_turn(third, "room now").status == "completed"
+    assert _let_go(store, parked) and rt.agent_for_session(parked) is None
+    assert rt.agent_for_session(pinned) is mine and _let_go(store, pinned) == []
+
+
+def test_r22_an_agent_let_go_before_its_turn_began_runs_no_turn(
+        make_runtime: MakeRuntime, store) -> None:
+    rt = make_runtime(config=CAP)
+    first, second, third = (rt.create_session() for _ in range(3))
+    rt.run_turn(first, "hello")
+    held = rt.agent_for(second)  # looked up; its turn not begun
+    rt.agent_for(first)  # the first used since: the second is the longest idle
+    rt.run_turn(third, "needs room")
+    assert rt.agent_for_session(second) is None
+    before = len(read_log(store, second))
+    with pytest.raises(AgentLetGo):
+        held.run_turn("too late")
+    assert len(read_log(store, second)) == before  # nothing written
+    assert rt.run_turn(second, "looked up again").status == "completed"
+
+
+def test_r22_a_serving_worker_at_the_cap_keeps_waking_sessions_another_process_wakes(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    def model(request: ModelRequest) -> Reply:
+        return final(f"re: {request.messages[-1].text}")
+
+    server = make_runtime(ScriptedProvider(default=model), config=CAP, start=False)
+    sessions = [server.create_session() for _ in range(5)]
+    server.serve_start()
+    for i, sid in enumerate(sessions):
+        other_process(opened.uri, "inject", str(sid), f"wake {i}", "wake")
+        log = wait_for_event(opened.store, sid, "turn/end")
+        assert only(log, "turn/end")[0].data["status"] == "completed"
+    assert len(server.agents) <= 2
+    released = [sid for sid in sessions if _let_go(opened.store, sid)]
+    assert len(released) >= 3
+    # A session let go wakes again when another process asks.
+    other_process(opened.uri, "inject", str(sessions[0]), "once more", "wake")
+    wait_until(lambda: len(only(read_log(opened.store, sessions[0]), "turn/end")) == 2,
+               what="the second woken turn")
