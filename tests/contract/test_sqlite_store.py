@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +30,8 @@ from terret.testing.store_contract import (
     record,
     records,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 DAMAGE = [
     ("seq", "not a number"),
@@ -152,6 +157,35 @@ class TestSQLiteStore(StoreContract):
         finally:
             reader.close()
             writer.close()
+
+    def test_closing_while_other_threads_read_does_not_crash_the_process(self) -> None:
+        """A store closed while other threads still read it (a subscription still following,
+        a runtime closed after its store) let go of their connections: closing one under a
+        running query crashed the interpreter (SIGSEGV). In a child process: a crash must
+        fail this test, not end the suite."""
+        script = f"""
+import threading
+from terret.adapters.stores.sqlite import SQLiteStore
+for _ in range(150):
+    store, done = SQLiteStore({str(self.db_path)!r}), threading.Event()
+    def read():
+        while not done.is_set():
+            try:
+                store.head_position()
+            except Exception:
+                pass
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for t in readers:
+        t.start()
+    store.close()
+    done.set()
+    for t in readers:
+        t.join()
+print("closed")
+"""
+        ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert (ran.returncode, ran.stdout.strip()) == (0, "closed"), ran.stderr[-2000:]
 
     def test_other_connections_are_noticed_by_the_poll(self) -> None:
         store = SQLiteStore(self.db_path, poll_interval=0.05)

@@ -620,14 +620,21 @@ class SQLiteStore(PositionalStore):
                 self._signal.wait(timeout)
 
     def close(self) -> None:
+        """Close this thread's connection and those of threads that ended. Another live
+        thread's (a subscription still following, a runtime not closed first) is let go
+        instead: dropped with the thread-local storage, it closes as soon as that thread is
+        not using it — closing it under a query running there crashes the interpreter."""
         self._wake_all()
         if self._workers is not None:
             self._workers.close()
+        current = threading.current_thread()
         with self._connections_lock:
-            for _, conn in self._connections:
-                try:
-                    conn.close()
-                except sqlite3.Error:
-                    pass
+            for owner, conn in self._connections:
+                thread = owner()
+                if thread is current or thread is None or not thread.is_alive():
+                    try:
+                        conn.close()
+                    except sqlite3.Error:
+                        pass
             self._connections.clear()
         self._local = threading.local()
