@@ -259,15 +259,23 @@ class BatchApplier:
 
     def _one_into(self, db: sqlite3.Connection, p: Projection, record: StoredRecord,
                   event: RecordedEvent | CorruptRecord, newer: bool, batch: _Batch) -> None:
-        """The event at ``record`` into ``p`` (live and behind it): applied if it wants it
-        and no skip names it; the projection halts there if it fails, else moves past it."""
-        if ((not newer or _opaque_handler(p) is not None) and p.wants(record.wire_name)
-                and (p.name, record.position) not in batch.skips):
+        """The event at ``record`` into ``p`` (live and behind it), if it wants it; the
+        projection halts there if it fails, else moves past it. An event skipped before is
+        passed over only while it still fails: once an upcaster reads it or the projection's
+        fix processes it, a replay applies it and the skip is dropped (else a fixed reader
+        would never put it back in this views file)."""
+        if (not newer or _opaque_handler(p) is not None) and p.wants(record.wire_name):
+            skipped = (p.name, record.position) in batch.skips
             if isinstance(event, CorruptRecord) and \
                     _reads_no_fields(p, record.wire_name, self.registry) is not None:
                 event = RecordDecoder.unreadable(record)  # counted, as one it cannot read
             error = self._apply_one(db, p, event)
-            if error is not None:
+            if error is None and skipped:
+                self.views.unskip(db, p.name, record.position)
+                batch.skips.discard((p.name, record.position))
+                log.info("projection %s: the event at %d it skipped now reads; applied, and "
+                         "the skip dropped", p.name, record.position)
+            elif error is not None and not skipped:
                 self.views.record_fault(db, p.name, record.position, error)
                 batch.halted.add(p.name)
                 if not self.quiet:

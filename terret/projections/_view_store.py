@@ -451,7 +451,8 @@ class ViewStore(TrackingRecorder):
     @staticmethod
     def forget(db: sqlite3.Connection, projection: Projection) -> None:
         """Inside a transaction: empty a projection's tables and drop its tracked position
-        and fault: it replays from position 0 (its recorded skips stay). Its tables stay
+        and fault: it replays from position 0 (its recorded skips stay: an event skipped
+        that still fails is passed over again). Its tables stay
         (nobody sharing the file finds one missing), rows deleted in the transaction."""
         db.execute("DELETE FROM tracking WHERE projection = ?", (projection.name,))
         db.execute("DELETE FROM projection_faults WHERE projection = ?", (projection.name,))
@@ -482,6 +483,12 @@ class ViewStore(TrackingRecorder):
         """(projection, position) of every recorded skip."""
         return {(r[0], r[1]) for r in db.execute(
             "SELECT projection, position FROM projection_skips")}
+
+    @staticmethod
+    def unskip(db: sqlite3.Connection, name: str, position: int) -> None:
+        """Inside a transaction: drop a skip whose event a replay applied after all."""
+        db.execute("DELETE FROM projection_skips WHERE projection = ? AND position = ?",
+                   (name, position))
 
     def skip(self, name: str, by: str) -> tuple[int, str]:
         """Record that ``by`` skipped the event ``name`` halted at, and lift the fault; the
