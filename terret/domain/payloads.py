@@ -21,7 +21,6 @@ from terret.domain.errors import (
     ConfigurationError,
     DuplicateEventType,
     InvalidPayload,
-    UnknownEventType,
 )
 
 
@@ -271,7 +270,50 @@ class OpaquePayload:
 
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _same_function(registered: Upcaster, new: Upcaster) -> bool:
+    """The same upcaster, imported again (a module reloaded, imported under two names): same
+    module and name, and the same code at the same line. Two functions of one name in a module,
+    or two lambdas, are different ones."""
+    if registered is new:
+        return True
+    def key(fn: Upcaster) -> tuple[object, ...]:
+        return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
+                getattr(fn, "__code__", None))
+    return key(registered) == key(new) and key(new)[2] is not None
 P = TypeVar("P", bound=type[EventPayload])
+
+
+def _checked_class(cls: type[EventPayload]) -> str:
+    """The class's wire name, once its settings are checked (``ConfigurationError``)."""
+    if not (isinstance(cls, type) and issubclass(cls, EventPayload)):
+        raise ConfigurationError(f"{cls!r} is not an event payload class: subclass "
+                                 "terret.EventPayload")
+    shadowing = sorted(set(cls.__pydantic_fields__) & _CLASS_SETTINGS)
+    if shadowing:
+        raise ConfigurationError(
+            f"{cls.__name__}: a payload field may not be named {shadowing[0]!r}: it is "
+            "the event class's own setting (the field would replace it when the event is "
+            "written)")
+    name = cls.wire_name
+    if not name or not isinstance(name, str):
+        raise ConfigurationError(f"{cls.__name__} has no wire_name: give it one as a "
+                                 "ClassVar[str] (e.g. 'acme.bookmark/saved'), not "
+                                 f"{name!r}")
+    problem = wire_name_problem(name)
+    if problem is not None:
+        raise ConfigurationError(f"{cls.__name__}: wire_name {name[:200]!r} is not a wire "
+                                 f"name: {problem} (e.g. 'acme.bookmark/saved')")
+    version = cls.__dict__.get("version", cls.version)
+    if type(version) is not int or not 1 <= version <= MAX_VERSION:
+        raise ConfigurationError(f"{cls.__name__}: version is a whole number from 1 to "
+                                 f"{MAX_VERSION}, not {version!r}")
+    for flag in ("model_visible", "commutative"):
+        if type(getattr(cls, flag)) is not bool:
+            raise ConfigurationError(f"{cls.__name__}: {flag} is True or False, not "
+                                     f"{getattr(cls, flag)!r}")
+    return name
 
 
 class EventCatalogue:
@@ -284,27 +326,7 @@ class EventCatalogue:
 
     def register(self, cls: P) -> P:
         """Register a payload class (usable as a class decorator)."""
-        shadowing = sorted(set(cls.__pydantic_fields__) & _CLASS_SETTINGS)
-        if shadowing:
-            raise ConfigurationError(
-                f"{cls.__name__}: a payload field may not be named {shadowing[0]!r}: it is "
-                "the event class's own setting (the field would replace it when the event is "
-                "written)")
-        name = cls.wire_name
-        if not name or not isinstance(name, str):
-            raise UnknownEventType(f"{cls.__name__} has no wire_name")
-        problem = wire_name_problem(name)
-        if problem is not None:
-            raise ConfigurationError(f"{cls.__name__}: wire_name {name[:200]!r} is not a wire "
-                                     f"name: {problem} (e.g. 'acme.bookmark/saved')")
-        version = cls.__dict__.get("version", cls.version)
-        if type(version) is not int or not 1 <= version <= MAX_VERSION:
-            raise ConfigurationError(f"{cls.__name__}: version is a whole number from 1 to "
-                                     f"{MAX_VERSION}, not {version!r}")
-        for flag in ("model_visible", "commutative"):
-            if type(getattr(cls, flag)) is not bool:
-                raise ConfigurationError(f"{cls.__name__}: {flag} is True or False, not "
-                                         f"{getattr(cls, flag)!r}")
+        name = _checked_class(cls)
         existing = self._types.get(name)
         if existing is not None and existing is not cls:
             if existing.__qualname__ != cls.__qualname__ or existing.__module__ != cls.__module__:
@@ -337,9 +359,11 @@ class EventCatalogue:
                 f"{wire_name!r} is Terret's own event: its upcasters cannot be replaced")
 
         def decorate(fn: Upcaster) -> Upcaster:
+            if not callable(fn):
+                raise ConfigurationError(f"upcaster for {wire_name!r} from version "
+                                         f"{from_version}: {fn!r} is not a function")
             existing = self._upcasters.get((wire_name, from_version))
-            if existing is not None and (existing.__qualname__, existing.__module__) != (
-                    fn.__qualname__, fn.__module__):  # the same one imported again is no clash
+            if existing is not None and not _same_function(existing, fn):
                 raise DuplicateEventType(
                     f"{wire_name!r} has an upcaster from version {from_version} already "
                     f"({existing.__module__}.{existing.__qualname__}): one per step")

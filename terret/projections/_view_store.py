@@ -25,7 +25,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +83,27 @@ CREATE TABLE IF NOT EXISTS projection_skips (
     recorded_at REAL NOT NULL, PRIMARY KEY (projection, position)
 );
 """
+
+BOOKKEEPING_TABLES = frozenset({"tracking", "projection_versions", "projection_faults",
+                                "views_log", "projection_skips"})
+"""The view store's own tables (``_VIEW_SCHEMA``): no projection may claim one."""
+
+
+def table_clash(projections: Sequence[Projection]) -> str | None:
+    """What is wrong when two projections claim one table, or one claims the view store's own
+    (a rebuild of one would empty the other's), or a projection's ``tables`` is not a tuple of
+    names; None when nothing is."""
+    owner = dict.fromkeys(BOOKKEEPING_TABLES, "the view store's own bookkeeping")
+    for p in projections:
+        tables = getattr(p, "tables", None)
+        if not isinstance(tables, tuple) or not all(isinstance(t, str) and t for t in tables):
+            return f"projection {p.name!r}: tables is a tuple of table names, not {tables!r}"
+        for table in tables:
+            mine = f"projection {p.name!r}"
+            if owner.setdefault(table, mine) != mine:
+                return (f"{mine} claims table {table!r}, which is {owner[table]}: a rebuild "
+                        "of one would empty the other's")
+    return None
 
 
 @dataclass(frozen=True)

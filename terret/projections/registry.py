@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from terret.domain.errors import ConfigurationError, shown
+from terret.projections._view_store import table_clash
 from terret.projections.base import Projection
 
 P = TypeVar("P", bound=type[Projection])
@@ -20,8 +21,9 @@ def register_projection(cls: P) -> P:
     serves the views (the runtime's, the CLI's) beside Terret's built-in ones.
 
     ``ConfigurationError`` when ``cls`` is not a ``Projection`` subclass that can be built
-    with no arguments (``verify`` builds a fresh one), has no ``name``, or takes a name already
-    taken by a built-in projection or another class. Registering the same class again does
+    with no arguments (``verify`` builds a fresh one), has no ``name``, takes a name already
+    taken by a built-in projection or another class, or claims a table another projection
+    (or the view store itself) has. Registering the same class again does
     nothing (a module imported twice)."""
     if not isinstance(cls, type) or not issubclass(cls, Projection):
         raise ConfigurationError(f"register_projection takes a Projection subclass, not "
@@ -42,6 +44,10 @@ def register_projection(cls: P) -> P:
         raise ConfigurationError(f"projection {name!r} cannot be built with no arguments "
                                  f"(verify builds a fresh copy): {type(exc).__name__}: {exc}"
                                  ) from exc
+    others = [c() for n, c in _registered.items() if n != name]
+    clash = table_clash([*_builtin(), *others, cls()])
+    if clash is not None:
+        raise ConfigurationError(clash)
     _registered[name] = cls
     return cls
 
@@ -65,7 +71,11 @@ def serving_projections() -> list[Projection]:
     return [*default_projections(), *registered_projections()]
 
 
-def _builtin_names() -> set[str]:
+def _builtin() -> list[Projection]:
     from terret.projections.views import default_projections
 
-    return {p.name for p in default_projections()}
+    return default_projections()
+
+
+def _builtin_names() -> set[str]:
+    return {p.name for p in _builtin()}

@@ -29,6 +29,7 @@ from functools import partial
 
 from terret.domain.catalogue import EventCatalogue, catalogue
 from terret.domain.errors import (
+    ConfigurationError,
     NotATerretStore,
     ProjectionHalted,
     RuntimeFault,
@@ -44,6 +45,7 @@ from terret.projections._bus import Listener, ListenerBus, ListenerHandle
 from terret.projections._collector import collector_paused
 from terret.projections._logcheck import LogCheck
 from terret.projections._operations import Progress
+from terret.projections._view_store import table_clash
 from terret.projections.base import Projection, ViewStore
 
 __all__ = ["Listener", "ListenerHandle", "ProjectionRunner", "ProjectionState", "Progress"]
@@ -98,6 +100,9 @@ class ProjectionRunner:
         names = [p.name for p in projections]
         if len(set(names)) != len(names):
             raise ValueError(f"projection names must be unique: {names}")
+        clash = table_clash(projections)
+        if clash is not None:
+            raise ConfigurationError(clash)
         self.store = store
         self.views = views
         self.projections = list(projections)

@@ -19,6 +19,7 @@ import pytest
 
 import terret
 from terret import RecordedEvent
+from terret.adapters.stores.memory import MemoryStore
 from terret.domain import encode
 from terret.domain.store import EventStore, NewRecord, session_stream
 from terret.projections import Projection, ProjectionRunner, Views, ViewStore, default_projections
@@ -224,7 +225,32 @@ def test_a_registered_projection_is_maintained_by_the_runtime(
     class Sessions(NotesProjection):
         name = "sessions"
 
+    class Titles(NotesProjection):  # a rebuild of it emptied Terret's title view
+        name, tables = "acme.titles", ("titles",)
+
+    class Bookkeeping(NotesProjection):
+        name, tables = "acme.tracking", ("tracking",)
+
+    class Untabled(NotesProjection):
+        name, tables = "acme.untabled", "acme_notes"  # a string, not a tuple
+
     for bad, says in ((Unnamed, "has no name"), (NeedsArgs, "no arguments"),
-                      (Sessions, "built-in"), (object, "Projection subclass")):
+                      (Sessions, "built-in"), (object, "Projection subclass"),
+                      (Titles, "claims table 'titles', which is projection 'title'"),
+                      (Bookkeeping, "which is the view store's own"),
+                      (Untabled, "tuple of table names")):
         with pytest.raises(terret.errors.ConfigurationError, match=says):
             terret.register_projection(bad)  # type: ignore[arg-type]
+
+    class Copy(NotesProjection):  # another projection's tables
+        name = "acme.copy"
+
+    terret.register_projection(NotesProjection)
+    try:
+        with pytest.raises(terret.errors.ConfigurationError, match="'acme.notes'"):
+            terret.register_projection(Copy)
+        terret.register_projection(NotesProjection)  # the same class again: fine
+    finally:
+        terret.projections.unregister_projection("acme.notes")
+    with pytest.raises(terret.errors.ConfigurationError, match="claims table"):
+        ProjectionRunner(MemoryStore(), ViewStore(":memory:"), [NotesProjection(), Copy()])

@@ -117,8 +117,15 @@ def test_registration_errors() -> None:
     class Nameless(EventPayload):
         pass
 
-    with pytest.raises(errors.UnknownEventType):
+    with pytest.raises(errors.ConfigurationError, match="has no wire_name"):
         local.register(Nameless)
+    for name in ("", 5):
+        unnamed = type("Unnamed", (EventPayload,), {
+            "__annotations__": {"wire_name": ClassVar[str]}, "wire_name": name})
+        with pytest.raises(errors.ConfigurationError, match="has no wire_name"):
+            local.register(unnamed)
+    with pytest.raises(errors.ConfigurationError, match="not an event payload class"):
+        local.register(type("Plain", (), {"wire_name": "acme/plain"}))  # type: ignore[type-var]
 
     class First(EventPayload):
         wire_name: ClassVar[str] = "acme/thing"
@@ -224,6 +231,30 @@ def test_an_upcaster_is_one_per_step_and_terret_s_own_stay() -> None:
     local.upcaster("acme/thing", 1)(first)  # the same function again (a re-import) is fine
     with pytest.raises(errors.DuplicateEventType, match="one per step"):
         local.upcaster("acme/thing", 1)(second)
+    # Imported again (a module reloaded): the same code at the same line is the same one.
+    source = "def up(data):\n    return data\n"
+    again: list[Any] = []
+    for _ in range(2):
+        namespace: dict[str, Any] = {"__name__": "acme.upgrades"}
+        exec(compile(source, "acme/upgrades.py", "exec"), namespace)
+        again.append(namespace["up"])
+    local.upcaster("acme/other", 1)(again[0])
+    local.upcaster("acme/other", 1)(again[1])
+    # Two different functions of one name in one module, or two lambdas, are not.
+    def up(data: dict[str, Any]) -> dict[str, Any]:  # noqa: F811
+        return {**data, "stars": 5}
+    shadow = up
+
+    def up(data: dict[str, Any]) -> dict[str, Any]:  # type: ignore[no-redef]  # noqa: F811
+        return {**data, "stars": 0}
+    local.upcaster("acme/named", 1)(shadow)
+    with pytest.raises(errors.DuplicateEventType, match="one per step"):
+        local.upcaster("acme/named", 1)(up)
+    local.upcaster("acme/lambda", 1)(lambda d: d)
+    with pytest.raises(errors.DuplicateEventType, match="one per step"):
+        local.upcaster("acme/lambda", 1)(lambda d: {**d})
+    with pytest.raises(errors.ConfigurationError, match="not a function"):
+        local.upcaster("acme/thing", 2)(42)  # type: ignore[arg-type]
 
 
 def test_nan_and_inf_are_refused_when_the_payload_is_made() -> None:
