@@ -16,7 +16,7 @@ from terret.cli._format import table
 from terret.domain.errors import InvalidStoreURI, StoreUnavailable, TerretError, ViewsBusy
 
 if TYPE_CHECKING:
-    from terret.projections.runner import ProjectionRunner
+    from terret.projections.runner import ProjectionRunner, ProjectionState
 
 
 @click.group("projections")
@@ -33,14 +33,32 @@ def status(obj: CliContext) -> None:
     file tracks that this process does not load is listed as not loaded."""
     runner = obj.runner()
     states = [(s, True) for s in runner.states()] + [(s, False) for s in runner.unloaded()]
+    other = runner.other_versions()
+    versions = {p.name: p.version for p in runner.projections}
     data = [{"name": s.name, "position": s.position, "lag": s.lag, "loaded": loaded,
-             "halted": {"position": s.fault[0], "error": s.fault[1]} if s.fault else None}
+             "halted": {"position": s.fault[0], "error": s.fault[1]} if s.fault else None,
+             "other_version": other.get(s.name)}
             for s, loaded in states]
-    rows = [[s.name, str(s.position), str(s.lag),
-             (f"HALTED at {s.fault[0]}: {s.fault[1]}" if s.fault else "ok") if loaded else
-             (f"HALTED at {s.fault[0]}: {s.fault[1]} " if s.fault else "") + _NOT_LOADED]
+    rows = [[s.name, str(s.position), str(s.lag), _state(s, loaded, other, versions)]
             for s, loaded in states]
     obj.emit(data, table(rows, ["PROJECTION", "POSITION", "LAG", "STATE"]))
+
+
+def _state(s: ProjectionState, loaded: bool, other: dict[str, int],
+           versions: dict[str, int]) -> str:
+    """The STATE column: halted, not loaded here, another release's, else ok."""
+    notes = [f"HALTED at {s.fault[0]}: {s.fault[1]}"] if s.fault else []
+    if not loaded:
+        notes.append(_NOT_LOADED)
+    elif s.name in other:
+        notes.append(f"({_other_release(s.name, other[s.name], versions[s.name])})")
+    return " ".join(notes) or "ok"
+
+
+def _other_release(name: str, theirs: int, mine: int) -> str:
+    """A projection whose view another release wrote: what this process does with it."""
+    return (f"another release's: the views file holds version {theirs} of {name}, this "
+            f"process has version {mine}; it neither maintains nor checks it")
 
 
 _NOT_LOADED = "(not loaded here: --extensions its module)"
@@ -85,6 +103,13 @@ def verify(obj: CliContext, name: str | None) -> None:
     runner = obj.runner()
     runner.catch_up()
     names = _names(obj, name)
+    if name is None:  # one NAME of another release's version is refused (ViewsMismatch)
+        other = runner.other_versions()
+        for n in (n for n in names if n in other):
+            mine = runner.projection(n).version
+            note(f"{n}: not verified — {_other_release(n, other[n], mine)}: verify it from a "
+                 "process of that release")
+        names = [n for n in names if n not in other]
     label = f"verifying {name}" if name else f"verifying {len(names)} projections"
     with _progress_bar(obj, label) as progress:
         report = runner.verify_all(names, progress=progress)  # one pass over the log for all
@@ -222,13 +247,14 @@ def _check_states(runner: ProjectionRunner, problems: list[str], reached: int | 
     appended since, by a process writing beside doctor, are no lag) is a problem; the names of
     the halted ones."""
     halted = set()
+    other = runner.other_versions()  # another release's to maintain: said by _check_rebuild
     for state in runner.states(reached):
         if state.fault:
             halted.add(state.name)
             problems.append(
                 f"projection {state.name} halted at {state.fault[0]}: {state.fault[1]} — "
                 f"fix the event's reader or run `terret projections skip {state.name}`")
-        elif state.lag:
+        elif state.lag and state.name not in other:
             problems.append(f"projection {state.name} lags by {state.lag}")
     return halted
 
@@ -253,7 +279,13 @@ def _check_rebuild(runner: ProjectionRunner, halted: set[str], checks: list[str]
     equal = []
     from terret.projections._operations import REPLAY_HALTS
 
-    for name, diffs in runner.verify_all().items():
+    other = runner.other_versions()
+    for name, theirs in other.items():
+        version = runner.projection(name).version
+        problems.append(f"projection {name}: {_other_release(name, theirs, version)} — check it "
+                        "from a process of that release, or restart this one on it")
+    mine = [p.name for p in runner.projections if p.name not in other]
+    for name, diffs in runner.verify_all(mine).items():
         if diffs and diffs[0].startswith(REPLAY_HALTS):
             # A rebuild would halt the live view there too: the event's reader is the fix.
             problems.append(f"projection {name} differs from a rebuild, whose replay halts "
@@ -269,6 +301,9 @@ def _check_rebuild(runner: ProjectionRunner, halted: set[str], checks: list[str]
         checks.append("every projection equals a rebuild from the log" if not
                       runner.unloaded() else
                       "every projection loaded here equals a rebuild from the log")
+    elif len(equal) == len(mine) and not other.keys() & halted:
+        checks.append("every projection of this release's versions equals a rebuild from the "
+                      "log")
     elif equal:  # never claim more than was found: the others are problems above
         checks.append(f"projections {', '.join(equal)} equal a rebuild from the log")
 

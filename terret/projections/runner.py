@@ -448,6 +448,15 @@ class ProjectionRunner:
                                        self.views.fault(p.name)))
         return out
 
+    def other_versions(self) -> dict[str, int]:
+        """The projections loaded here whose view the views file holds at another version
+        (another release opened it: a rolling deploy), by the file's version: this process
+        neither maintains, rebuilds nor verifies them."""
+        with self.views.reading() as db:
+            recorded = self.views.versions(db)
+        return {p.name: recorded[p.name] for p in self.projections
+                if recorded.get(p.name, p.version) != p.version}
+
     def unloaded(self) -> list[ProjectionState]:
         """Projections the views file keeps a position or a fault for that this runner does not
         maintain: a custom projection whose module this process has not imported (or one no
