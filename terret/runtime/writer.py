@@ -160,8 +160,9 @@ class SessionWriter:
         foreign = [r.wire_name for r in landed if not _commutes(r.wire_name)]
         if foreign:
             raise LostOwnership(
-                f"session {session_id} moved on under this writer ({', '.join(foreign)}); "
-                "another process owns its turn"
+                f"session {session_id} moved on under this writer ({', '.join(foreign)}, not "
+                "commutative): another writer took its turn over — another process, or a tool "
+                "of the turn appending to its own session an event not marked commutative"
             )
 
 

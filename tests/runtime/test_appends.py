@@ -127,6 +127,34 @@ def test_r5_a_non_commutative_event_a_read_folded_in_still_stops_the_turn(
     assert rt.resumable(sid)
 
 
+def test_r5_a_tool_appending_a_non_commutative_event_to_its_own_session_is_told_so(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    """The writer cannot tell a tool of its own turn from another process: the refusal names
+    the event, says it is not commutative and that a tool of the turn may have appended it
+    (it said only 'another process owns its turn', with no other process about)."""
+    from pydantic import BaseModel
+
+    from terret import CallContext, tool
+    from terret.domain import encode, session_stream
+    from tests.runtime.proc import Flagged
+
+    class NoArgs(BaseModel):
+        pass
+
+    @tool(args=NoArgs)
+    def flag(args: NoArgs, ctx: CallContext) -> str:
+        stream = session_stream(ctx.session_id)
+        store.append(stream, [encode(Flagged(text="mine"))], store.stream_version(stream))
+        return "flagged"
+
+    rt = make_runtime([calls(("flag", {})), final("done")], tools=[flag])
+    sid = rt.create_session()
+    with pytest.raises(LostOwnership, match=r"tests.proc/flagged, not commutative.*a tool of "
+                                            r"the turn"):
+        rt.run_turn(sid, "flag it")
+    assert rt.resumable(sid)
+
+
 def test_r5_an_event_this_process_does_not_know_is_folded_in_and_the_tool_runs_once(
         make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit) -> None:
     """An event of a wire name this process has no class for (an extension only another
