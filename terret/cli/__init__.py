@@ -11,6 +11,7 @@ that use them.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -21,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from terret import __version__
-from terret.cli._context import DEFAULT_STORE, CliContext, WarningLines
+from terret.cli._context import DEFAULT_STORE, CliContext, WarningLines, resolve_prefixes
+from terret.cli._format import printable
 from terret.cli._params import JSON_LINES, MAX_SECONDS, FloatRange
 from terret.domain.errors import SHOWN_MAX, InvalidPayload, InvalidStoreURI, TerretError
 
@@ -88,10 +90,18 @@ def _wants_json(args: list[str]) -> bool:
 class CommandContext(click.Context):
     """The context every ``terret`` command runs in: a value the domain refuses to record
     (``InvalidPayload``, say an app's malformed allow-list floor) is a usage error of the
-    command that was given it, shown with that command's usage hint, as click's own are."""
+    command that was given it, shown with that command's usage hint, as click's own are.
+
+    A session-id prefix is looked up when the command runs, after its command line is parsed
+    and every value on it checked (``SessionIdType``): a bad value is refused before the store
+    is opened, whether the session was given by its whole id or a prefix."""
+
+    resolves_prefixes = True
 
     def invoke(self, callback: Any, /, *args: Any, **kwargs: Any) -> Any:
         try:
+            kwargs = resolve_prefixes(self, kwargs)
+            self.params.update({k: v for k, v in kwargs.items() if k in self.params})
             return super().invoke(callback, *args, **kwargs)
         except InvalidPayload as exc:
             raise click.UsageError(f"{type(exc).__name__}: {_one_line(self, exc)}",
@@ -109,9 +119,12 @@ def _in_command_contexts(command: click.Command) -> click.Command:
 class TerretGroup(click.Group):
     """Every error is one line on stderr, ``Error: <Type>: <message>``: Terret's typed errors
     (exit 1), click's usage errors (exit 2, with click's usage hint above the line), an unknown
-    projection (``KeyError``, exit 1) and a declined confirmation (``Aborted``, exit 1). With
-    ``--json`` the error is also printed on stdout as ``{"error": {"type", "message",
-    "exit_code"}}``."""
+    projection (``KeyError``, exit 1), a declined confirmation (``Aborted``, exit 1) and any
+    other exception of the code the command ran — an app's summarizer, titler, provider or tool
+    (exit 1; its traceback is logged with ``-v``). A message over several lines is joined into
+    one; control characters in it are shown escaped. With ``--json`` the error is also printed
+    on stdout as ``{"error": {"type", "message", "exit_code"}}``. ``KeyboardInterrupt`` and
+    ``SystemExit`` are not errors of the command: they go through as they are."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if ctx.parent is None:
@@ -164,6 +177,12 @@ class TerretGroup(click.Group):
         except KeyError as exc:
             raise click.ClickException(
                 f"KeyError: {exc.args[0] if exc.args else exc}") from None
+        except Exception as exc:  # the code the command ran: an app's summarizer, a provider
+            if _click_handles(exc):
+                raise
+            _log_traceback(ctx, exc)
+            raise DomainFailure(f"{type(exc).__name__}: {_one_line(ctx, exc)}",
+                                json_lines=bool(ctx.meta.get(JSON_LINES))) from None
 
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
@@ -177,7 +196,7 @@ class TerretGroup(click.Group):
             exc.show()
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
-            typed = cut_quotes(exc.format_message())
+            typed = printable(" ".join(cut_quotes(exc.format_message()).split()))
             if not TYPED.match(typed):
                 typed = f"{type(exc).__name__}: {typed}"
             if isinstance(exc, click.UsageError):
@@ -224,6 +243,24 @@ def _json_error(argv: list[str], typed: str, code: int, *, one_line: bool = Fals
         kind, _, message = typed.partition(": ")
         click.echo(json.dumps({"error": {"exit_code": code, "message": message, "type": kind}},
                               indent=None if one_line else 2, sort_keys=True))
+
+
+def _click_handles(exc: Exception) -> bool:
+    """What click's ``main`` says itself: its exceptions (``Abort`` and ``Exit`` are
+    runtime errors), the end of the input (``Aborted``) and a closed pipe on stdout
+    (``terret log | head``: exit 1, without a word)."""
+    return (isinstance(exc, click.ClickException | click.Abort | click.exceptions.Exit
+                       | EOFError)
+            or isinstance(exc, OSError) and exc.errno == errno.EPIPE)
+
+
+def _log_traceback(ctx: click.Context, exc: Exception) -> None:
+    """With ``-v``, the traceback of an error that is not Terret's (an app's code raised it),
+    logged above its one line: where it was raised is what the app's author needs."""
+    if isinstance(ctx.obj, CliContext) and ctx.obj.log is None:  # no WarningLines: -v
+        import logging
+
+        logging.getLogger("terret.cli").info("the error below was raised here:", exc_info=exc)
 
 
 def _one_line(ctx: click.Context, exc: Exception) -> str:

@@ -23,6 +23,7 @@ from uuid import UUID
 import click
 from click.shell_completion import CompletionItem
 
+from terret.cli._format import printable
 from terret.domain.errors import SessionNotFound, StoreUnavailable, ViewsBehind, ViewsBusy
 from terret.domain.errors import shown as cut
 
@@ -59,13 +60,19 @@ class SessionIdType(click.ParamType):
     """A session id: a UUID, ``session-<uuid>``, or a unique prefix of one (4 or more hex
     digits, as ``git`` takes object ids). Malformed ids and ambiguous prefixes are usage errors
     (exit 2); a prefix no session has is ``SessionNotFound`` (exit 1). Completes session ids in
-    the shell."""
+    the shell.
+
+    A prefix is looked up in the sessions view, which opens the store: in a context that
+    ``resolves_prefixes`` (every ``terret`` command's), that is left to when the command runs
+    (a :class:`SessionPrefix`, resolved by :meth:`resolve`), so that the command's other values
+    are checked first and a bad one is a usage error with nothing read or written — as it is
+    with a full id."""
 
     name = "SESSION"
 
     def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> UUID:
-        if isinstance(value, UUID):
+                ctx: click.Context | None) -> UUID | SessionPrefix:
+        if isinstance(value, UUID | SessionPrefix):
             return value
         text = str(value).strip().lower().removeprefix("session-")
         try:
@@ -77,9 +84,18 @@ class SessionIdType(click.ParamType):
         if not PREFIX_MIN <= digits <= 32 or not _HEXISH.match(text):
             self.fail(f"{cut(value)} is not a session id (a UUID, or a unique prefix of one: "
                       f"{PREFIX_MIN} or more hex digits)", param, ctx)
+        prefix = SessionPrefix(text, str(value), param)
+        if ctx is not None and getattr(ctx, "resolves_prefixes", False):
+            return prefix
+        return self.resolve(prefix, ctx)
+
+    def resolve(self, prefix: SessionPrefix, ctx: click.Context | None) -> UUID:
+        """The one session id that starts with ``prefix``, from the sessions view."""
         obj = ctx.find_object(CliContext) if ctx is not None else None
         if obj is None:
-            self.fail(f"{cut(value)} is not a session id (expected a UUID)", param, ctx)
+            self.fail(f"{cut(prefix.given)} is not a session id (expected a UUID)",
+                      prefix.param, ctx)
+        text = prefix.text
         found = obj.sessions_with_prefix(_dashed(text), limit=6)
         if not found:
             behind = obj.sessions_view_behind()
@@ -89,8 +105,8 @@ class SessionIdType(click.ParamType):
             raise SessionNotFound(f"no session id starts with {text} in {obj.masked_uri}")
         if len(found) > 1:
             shown = ", ".join(str(s) for s in found[:5]) + (", …" if len(found) > 5 else "")
-            self.fail(f"{cut(value)} is ambiguous: it starts {len(found)} session ids ({shown}); "
-                      "give more of it", param, ctx)
+            self.fail(f"{cut(prefix.given)} is ambiguous: it starts {len(found)} session ids "
+                      f"({shown}); give more of it", prefix.param, ctx)
         return found[0]
 
     def shell_complete(self, ctx: click.Context, param: click.Parameter,
@@ -111,6 +127,23 @@ class SessionIdType(click.ParamType):
 
 
 SESSION = SessionIdType()
+
+
+@dataclass(frozen=True)
+class SessionPrefix:
+    """A session-id prefix as given on the command line, not yet looked up (see
+    :class:`SessionIdType`)."""
+
+    text: str
+    """Lowered, without ``session-``."""
+    given: str
+    param: click.Parameter | None = field(compare=False)
+
+
+def resolve_prefixes(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (a command's parameters) with each :class:`SessionPrefix` looked up."""
+    return {name: SESSION.resolve(value, ctx) if isinstance(value, SessionPrefix) else value
+            for name, value in values.items()}
 
 
 class ModelSpecType(click.ParamType):
@@ -198,7 +231,7 @@ class WarningLines(logging.Handler):
             if self.halts_said and record.name.startswith("terret.projections") \
                     and self.HALTED.match(message):
                 return
-            click.echo(f"warning: {message}", err=True)
+            click.echo(f"warning: {printable(message)}", err=True)
         except Exception:  # noqa: BLE001 - logging's own contract: a failing handler reports
             self.handleError(record)
 
@@ -448,7 +481,7 @@ class CliContext:
         if self.json_output:
             click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
         elif text is not None:
-            click.echo(text)
+            click.echo(printable(text))  # a title's BEL or escape sequence: shown, not acted on
         else:
             click.echo(json.dumps(data, indent=2, default=str))
 
@@ -488,7 +521,7 @@ def operator() -> Actor:
 
 def note(message: str) -> None:
     """Progress and status messages go to stderr, so stdout stays parseable."""
-    click.echo(message, err=True)
+    click.echo(printable(message), err=True)
 
 
 def parse_when(text: str, now: float | None = None) -> float:

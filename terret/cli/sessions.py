@@ -46,7 +46,7 @@ def sessions() -> None:
               help="Only sessions whose title holds TEXT (any case).")
 @click.option("--since", type=WHEN, default=None,
               help="Only sessions active since WHEN: a date (2026-12-01, 2026-12-01T09:30) "
-                   "or a duration back from now (30m, 2h, 3d, 1w).")
+                   "or a duration back from now (30s, 15m, 2h, 3d, 1w).")
 @click.option("--until", type=WHEN, default=None, help="Only sessions last active by WHEN.")
 @click.option("--limit", type=IntRange(min=1), default=None, help="At most N sessions.")
 @click.option("--offset", type=IntRange(min=0), default=0, show_default=True,
@@ -345,14 +345,13 @@ def close(obj: CliContext, session_id: UUID, reason: str | None) -> None:
 def purge(obj: CliContext, session_id: UUID, reason: str | None, max_age: int | None,
           yes: bool) -> None:
     """Delete a closed session's events (retention). The deletion is recorded."""
-    from terret.domain.errors import RuleViolation
-
     obj.require_session(session_id)
     commands = obj.commands()
-    if not commands.writer.load(session_id).closed:  # before asking: it would be refused
-        raise RuleViolation(f"session {session_id} is not closed; close it first")
+    _refuse_before_asking(obj, session_id, max_age)
     if not yes and not obj.json_output:
-        click.confirm(f"Delete every event of session {session_id}?", abort=True, err=True)
+        click.confirm(f"Delete every event of session {session_id}?" if max_age is None else
+                      f"Let the events of session {session_id} expire after {max_age}s (the "
+                      "views forget it now)?", abort=True, err=True)
     commands.purge(session_id, by=operator(), reason=reason, max_age=max_age)
     if max_age is not None:
         # Only a store that expires streams itself gets here (SQLite refused the expiry).
@@ -360,6 +359,20 @@ def purge(obj: CliContext, session_id: UUID, reason: str | None, max_age: int | 
              "views have forgotten it already")
     obj.emit({"id": str(session_id), "purged": max_age is None, "max_age": max_age},
              f"purged {session_id}" if max_age is None else f"retention set on {session_id}")
+
+
+def _refuse_before_asking(obj: CliContext, session_id: UUID, max_age: int | None) -> None:
+    """What the purge would refuse (``terret.runtime.retention``), refused before the question
+    is asked: a session not closed, an expiry on a store that does not expire streams itself
+    (``EventStore.native_expiry``: SQLite's does not)."""
+    from terret.domain.errors import ExpiryUnsupported, RuleViolation
+
+    if not obj.commands().writer.load(session_id).closed:
+        raise RuleViolation(f"session {session_id} is not closed; close it first")
+    store = obj.store()
+    if max_age is not None and not store.native_expiry:
+        raise ExpiryUnsupported(f"{store.describe()} does not expire streams itself: purge "
+                                "without --max-age when the session is to go")
 
 
 def register(cli: click.Group) -> None:

@@ -1,0 +1,324 @@
+"""What a QA probe found against docs/cli.md, each held to what the page says: an app's code
+that raises is one `Error:` line (and the JSON error with `--json`), never a traceback; every
+error is one line; text is checked before a session-id prefix opens the store; `purge
+--max-age` on a store that cannot expire is refused before it asks; control characters in a
+title are shown escaped; `terret resume` does the upkeep of the turn it resumes; and `sessions
+list --since`'s help names the durations the page names."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from uuid import UUID, uuid4
+
+import pytest
+
+from terret.cli._context import parse_when
+from terret.runtime.commands import SessionCommands
+from tests.cli.conftest import (
+    DEMO_APP,
+    ROOT,
+    Target,
+    invoke_cli,
+    one_line_error,
+    subprocess_env,
+)
+
+BAD = os.fsdecode(b"caf\xe9")
+"""Bytes that are not UTF-8 on a command line, as Python hands them over."""
+
+APPS = '''
+from terret.cli import App
+from terret.cli.demo_app import demo_app
+from terret.runtime.scripted import ScriptedProvider
+
+
+class Boom:
+    def summarize(self, messages):
+        raise RuntimeError("summarizer down\\nretry later")
+
+
+def fail(request):
+    raise RuntimeError("provider down\\nretry later")
+
+
+def exits(messages):
+    raise SystemExit(3)
+
+
+class Exits:
+    summarize = staticmethod(exits)
+
+
+def sumapp() -> App:
+    base = demo_app()
+    base.summarizer = Boom()
+    return base
+
+
+def exitapp() -> App:
+    base = demo_app()
+    base.summarizer = Exits()
+    return base
+
+
+def boomapp() -> App:
+    """The role summarizer (no summarizer of its own), and a provider `boom` that raises."""
+    base = demo_app()
+    base.summarizer = None
+    base.resolver.add(ScriptedProvider(name="boom", default=fail), "boom")
+    return base
+
+
+def badapp() -> App:
+    raise RuntimeError("line1\\nline2")
+'''
+
+
+@pytest.fixture
+def apps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The module ``probe_apps`` (importable from ``tmp_path``, the working directory)."""
+    (tmp_path / "probe_apps.py").write_text(APPS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "probe_apps"
+
+
+# --- 1. an app's code that raises ----------------------------------------------------------
+
+
+def test_a_summarizer_that_raises_is_one_error_line_and_writes_nothing(target: Target,
+                                                                       apps: str) -> None:
+    sid = str(target.finished())
+    before = target.snapshot()
+    result = target.invoke("compact", sid, "--app", f"{apps}:sumapp")
+    assert result.exit_code == 1, result.stderr
+    assert one_line_error(result.stderr) == "Error: RuntimeError: summarizer down retry later"
+    assert result.stdout == ""
+    as_json = target.invoke("--json", "compact", sid, "--app", f"{apps}:sumapp")
+    assert as_json.exit_code == 1
+    one_line_error(as_json.stderr)
+    assert json.loads(as_json.stdout) == {"error": {
+        "exit_code": 1, "message": "summarizer down retry later", "type": "RuntimeError"}}
+    assert target.snapshot() == before
+
+
+def test_a_provider_that_raises_under_the_role_summarizer_is_one_error_line(
+        target: Target, apps: str) -> None:
+    sid = str(target.finished())
+    set_role = target.invoke("model", "set", sid, "compactor", "boom:x", "--app",
+                             f"{apps}:boomapp")
+    assert set_role.exit_code == 0, set_role.stderr
+    before = target.snapshot()
+    result = target.invoke("compact", sid, "--app", f"{apps}:boomapp")
+    assert result.exit_code == 1, result.stderr
+    line = one_line_error(result.stderr)
+    assert line.startswith("Error: RuntimeError: ") and "provider down retry later" in line
+    assert result.stdout == ""
+    assert target.snapshot() == before
+
+
+def test_with_verbose_the_traceback_of_an_app_s_error_is_logged_above_its_line(
+        sqlite_target: Target, apps: str) -> None:
+    """In a real process: ``-v`` logs the traceback (where the app raised), then the line."""
+    sid = str(sqlite_target.finished())
+    done = subprocess.run(
+        [sys.executable, "-m", "terret", "-v",
+         *sqlite_target.args("compact", sid, "--app", f"{apps}:sumapp")],
+        capture_output=True, text=True, timeout=60, cwd=sqlite_target.cwd,
+        env={**subprocess_env(), "PYTHONPATH": f"{sqlite_target.cwd}{os.pathsep}{ROOT}"})
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" in done.stderr and "probe_apps.py" in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == "Error: RuntimeError: summarizer down retry later"
+    quiet = sqlite_target.run("compact", sid, "--app", f"{apps}:sumapp")
+    assert quiet.returncode == 1
+    assert one_line_error(quiet.stderr) == "Error: RuntimeError: summarizer down retry later"
+
+
+def test_system_exit_from_an_app_is_not_turned_into_an_error(sqlite_target: Target,
+                                                              apps: str) -> None:
+    sid = str(sqlite_target.finished())
+    result = sqlite_target.invoke("compact", sid, "--app", f"{apps}:exitapp")
+    assert result.exit_code == 3
+    assert "Error:" not in result.stderr
+
+
+# --- 4. every error is one line --------------------------------------------------------------
+
+
+def test_an_error_message_over_several_lines_is_one_line(target: Target, apps: str) -> None:
+    sid = str(target.finished())
+    result = target.invoke("compact", sid, "--app", f"{apps}:badapp")
+    assert result.exit_code == 2
+    line = one_line_error(result.stderr)
+    assert line == ("Error: BadParameter: Invalid value for '--app': cannot load app "
+                    f"'{apps}:badapp': RuntimeError: line1 line2")
+    as_json = target.invoke("--json", "compact", sid, "--app", f"{apps}:badapp")
+    assert json.loads(as_json.stdout)["error"]["message"].endswith("RuntimeError: line1 line2")
+
+
+# --- 3. text checked before a prefix opens the store ---------------------------------------
+
+
+def text_commands(prefix: str) -> list[list[str]]:
+    return [
+        ["inject", prefix, BAD],
+        ["cancel", prefix, "--reason", BAD],
+        ["approve", prefix, BAD],
+        ["approve", prefix, "call-deploy", "--reason", BAD],
+        ["deny", prefix, "call-deploy", "--reason", BAD],
+        ["in-doubt", "skip", prefix, "c1", "--reason", BAD],
+        ["budget", "set", prefix, "5", "--reason", BAD],
+        ["sessions", "close", prefix, "--reason", BAD],
+        ["sessions", "purge", prefix, "--reason", BAD, "--yes"],
+        ["title", prefix, BAD],
+        ["model", "set", prefix, BAD, "demo:x"],
+        ["log", prefix, "--type", BAD],
+    ]
+
+
+def test_text_is_checked_before_a_prefix_is_looked_up(target: Target) -> None:
+    """A prefix no session has (SessionNotFound once looked up) and one that matches: the text
+    is refused first either way, and nothing is read or written."""
+    sid = str(target.finished())
+    before = target.snapshot()
+    for prefix in ("0000", sid[:8]):
+        for args in text_commands(prefix):
+            result = target.invoke(*args)
+            assert result.exit_code == 2, (args, result.stderr)
+            line = one_line_error(result.stderr)
+            assert "not valid Unicode text" in line, (args, line)
+            assert result.stdout == ""
+    assert target.snapshot() == before
+
+
+def test_text_is_checked_before_a_missing_store_is_opened(tmp_path: Path) -> None:
+    """In a real process (argv decoded as a shell hands it over): no `StoreUnavailable`, and
+    no store file made."""
+    store = tmp_path / "missing.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "terret", "--store", str(store), "inject", "1234", BAD],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=subprocess_env(),
+        errors="backslashreplace")
+    assert done.returncode == 2, done.stderr
+    assert "Invalid value for 'TEXT': not valid Unicode text" in one_line_error(done.stderr)
+    assert not store.exists()
+    for args in text_commands("1234"):
+        result = invoke_cli("--store", str(store), *args)
+        assert result.exit_code == 2, (args, result.stderr)
+        assert "not valid Unicode text" in one_line_error(result.stderr), args
+    assert not store.exists()
+
+
+def test_other_bad_values_are_refused_before_a_prefix_too(target: Target) -> None:
+    """Any usage error on the command line comes before the lookup, not only text's."""
+    sid = str(target.finished())
+    for args, needle in ((["model", "set", "0000", "main", "nocolon"], "'SPEC'"),
+                         (["policy", "set", "0000", "deploy!"], "invalid pattern"),
+                         (["budget", "set", "0000", "-1"], "'LIMIT'"),
+                         (["usage", "0000", "--by", "nothing"], "'--by'")):
+        result = target.invoke(*args)
+        assert result.exit_code == 2, (args, result.stderr)
+        assert needle in one_line_error(result.stderr), (args, result.stderr)
+    # A prefix is still looked up: found, unknown, ambiguous.
+    assert target.json("title", sid[:8]) == {"session": sid,
+                                             "title": "Release checkout v2"}
+    missing = target.invoke("title", "0000")
+    assert missing.exit_code == 1
+    assert one_line_error(missing.stderr).startswith("Error: SessionNotFound: no session id "
+                                                     "starts with 0000")
+
+
+def test_an_ambiguous_prefix_is_still_a_usage_error_naming_its_argument(
+        target: Target) -> None:
+    """Looked up when the command runs, an ambiguous prefix is refused as it was while the
+    command line was parsed: `Invalid value for 'SESSION_ID'`, with the usage hint."""
+    tail = uuid4().hex[:12]
+    for head in ("abcd0000", "abcd1111"):
+        SessionCommands.on(target.store()).create(
+            agent="demo", roles={"main": "demo:ops-model-1"},
+            session_id=UUID(f"{head}-0000-4000-8000-{tail}"))
+    before = target.snapshot()
+    result = target.invoke("inject", "abcd", "hello")
+    assert result.exit_code == 2, result.stderr
+    line = one_line_error(result.stderr)
+    assert line.startswith("Error: BadParameter: Invalid value for 'SESSION_ID': 'abcd' is "
+                           "ambiguous"), line
+    assert "Usage: cli inject [OPTIONS] SESSION_ID TEXT" in result.stderr
+    assert target.snapshot() == before
+
+
+# --- 5. purge --max-age where the store cannot expire --------------------------------------
+
+
+def test_purge_with_an_expiry_is_refused_before_asking_where_the_store_cannot_expire(
+        target: Target) -> None:
+    sid = str(target.closed())
+    before = target.snapshot()
+    result = target.invoke("sessions", "purge", sid, "--max-age", "60", input="n\n")
+    assert result.exit_code == 1, result.stderr
+    if target.kind == "sqlite":
+        assert one_line_error(result.stderr).startswith("Error: ExpiryUnsupported: ")
+        assert "?" not in result.stderr, result.stderr  # no question asked
+    else:  # EventStoreDB expires streams: it asks, about an expiry
+        assert f"Let the events of session {sid} expire after 60s" in result.stderr
+        assert "Delete every event" not in result.stderr
+        assert result.stderr.splitlines()[-1] == ("Error: Aborted: not confirmed, or "
+                                                  "interrupted")
+    assert target.snapshot() == before
+    deletion = target.invoke("sessions", "purge", sid, input="n\n")
+    assert f"Delete every event of session {sid}?" in deletion.stderr
+    assert target.snapshot() == before
+
+
+# --- 6. control characters in a title ------------------------------------------------------
+
+
+def test_control_characters_of_a_title_are_shown_escaped_and_kept_in_the_log(
+        target: Target) -> None:
+    sid = target.finished()
+    raw = "ring\x07 \x1b[31mred\x1b[0m done\x7f"
+    shown = "ring\\x07 \\x1b[31mred\\x1b[0m done\\x7f"
+    set_title = target.invoke("title", str(sid), raw)
+    assert set_title.exit_code == 0, set_title.stderr
+    assert set_title.stdout == shown + "\n"
+    assert target.invoke("title", str(sid)).stdout == shown + "\n"
+    show = target.invoke("sessions", "show", str(sid)).stdout
+    assert f"title     {shown}\n" in show
+    listed = target.invoke("sessions", "list").stdout
+    assert shown[:20] in listed
+    for out in (set_title.stdout, show, listed):
+        assert not any(c in out for c in "\x07\x1b\x7f"), out
+    # The log keeps what was written; --json prints it as it is (JSON-escaped).
+    assert target.events(sid)[-1].payload.title == raw
+    assert target.json("title", str(sid))["title"] == raw
+    headers, row = listed.splitlines()[:2]  # the table's columns stay aligned
+    assert row.index(shown[:20]) == headers.index("TITLE")
+
+
+# --- 2. resume does the upkeep of the turn it resumes --------------------------------------
+
+
+def test_resume_titles_the_session_of_the_turn_it_resumes(target: Target) -> None:
+    """docs/cli.md (`terret workers`): `terret resume` is a started runtime, and titles."""
+    sid = target.parked()
+    assert target.invoke("approve", str(sid), "call-deploy").exit_code == 0
+    done = target.invoke("resume", str(sid), "--app", DEMO_APP)
+    assert done.exit_code == 0, done.stderr
+    titled = [e for e in target.events(sid) if e.wire_name == "session/titled"]
+    assert titled and titled[0].payload.title == "deploy v2"
+
+
+# --- 7. --since's durations ----------------------------------------------------------------
+
+
+def test_since_help_and_docs_name_the_durations_accepted() -> None:
+    help_text = " ".join(invoke_cli("sessions", "list", "--help").stdout.split())
+    doc = " ".join((ROOT / "docs" / "cli.md").read_text().split())
+    assert "(30s, 15m, 2h, 3d, 1w)" in help_text, help_text
+    assert "(`30s`, `15m`, `2h`, `3d`, `1w`)" in doc
+    for duration in ("30s", "15m", "2h", "3d", "1w"):
+        assert parse_when(duration, now=1e9) < 1e9
