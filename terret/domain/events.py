@@ -37,7 +37,10 @@ _PATTERN_CHARS = re.compile(rf"^[{_NAME_CHARS}*?\[\]!]+\Z")
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    # No NaN or infinity inside a payload either: JSON writes them as null (a cost of inf was
+    # counted in memory and recorded as unknown).
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True,
+                              allow_inf_nan=False)
 
 
 class Actor(_Part):

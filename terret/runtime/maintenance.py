@@ -363,6 +363,9 @@ MAX_TITLE = TITLE_MAX
 
 _QUOTES = "\"'`*_“”‘’«»"
 _PREFIX = re.compile(r"^\s*(?:title)\s*[:\-–—]\s*", re.IGNORECASE)
+_EMPHASIS = re.compile(r"(?<![\w*])(\*\*|\*|__|_)(?=\S)(.+?)(?<=\S)\1(?![\w*])")
+"""Markdown emphasis around a word or words (``*prod*``, ``**World**``, ``_Draft_``): not
+inside a word (``user_id``), so snake_case names stay."""
 
 
 class RoleTitler(RoleAsker):
@@ -407,10 +410,14 @@ class RoleTitler(RoleAsker):
 
 def clean_title(text: str, max_chars: int = MAX_TITLE) -> str | None:
     """First non-empty line, without a ``Title:`` prefix, surrounding quotes or markdown
-    emphasis, whitespace collapsed, cut to ``max_chars`` (at a word boundary when one is near);
-    ``None`` if nothing is left."""
+    emphasis (emphasis inside it dropped too), whitespace collapsed, cut to ``max_chars`` (at
+    a word boundary when one is near); ``None`` if nothing is left."""
     line = next((ln for ln in text.splitlines() if ln.strip(_QUOTES + " \t#")), "")
     line = _PREFIX.sub("", line.strip().lstrip("#").strip())
+    # Emphasis in pairs first (stripping the ends alone left 'Deploy to *prod'), then what is
+    # left around the title: quotes, a marker without its pair.
+    while (plain := _EMPHASIS.sub(r"\2", line)) != line:
+        line = plain
     line = " ".join(line.strip(_QUOTES + " \t").split())
     line = line.rstrip(".").strip(_QUOTES + " \t")
     if len(line) > max_chars:

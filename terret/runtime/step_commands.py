@@ -3,12 +3,16 @@ that the turn loop (:mod:`terret.runtime.agent`) hands to its writer, each one a
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Collection
 
 from terret.domain.events import Actor, ToolCallData, TurnStatus, UsageData
 from terret.domain.session import Session
 from terret.runtime.model import ModelReply
 from terret.runtime.stops import TurnCancelled
+
+log = logging.getLogger("terret.runtime")
 
 
 def open_step(spec: str, max_steps: int, s: Session) -> int:
@@ -49,10 +53,31 @@ def record_result(call: ToolCallData, content: str, is_error: bool, s: Session, 
 
 
 def usage_of(reply: ModelReply) -> UsageData | None:
-    if reply.usage is None:
+    """The reply's usage as recorded. A figure no request can have — a count that is not a
+    whole number from 0, a cost that is negative, NaN or infinite (a provider's bug) — is
+    recorded as unknown (0 tokens, no cost) with a WARNING: the reply was paid for and is kept,
+    and what the log holds is what this process counts."""
+    usage = reply.usage
+    if usage is None:
         return None
-    return UsageData(prompt_tokens=reply.usage.prompt_tokens,
-                     completion_tokens=reply.usage.completion_tokens, cost=reply.usage.cost)
+    prompt, completion = _count(usage.prompt_tokens), _count(usage.completion_tokens)
+    cost = usage.cost
+    if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int | float)
+                             or not math.isfinite(cost) or cost < 0):
+        cost = None
+    unknown = UsageData(prompt_tokens=prompt or 0, completion_tokens=completion or 0, cost=cost)
+    if None in (prompt, completion) or cost != usage.cost:
+        log.warning("the model reported usage no request can have (prompt_tokens=%r, "
+                    "completion_tokens=%r, cost=%r): recorded as %s", usage.prompt_tokens,
+                    usage.completion_tokens, usage.cost, unknown.model_dump())
+    return unknown
+
+
+def _count(value: object) -> int | None:
+    """A token count as recorded (a whole float is one), or None for one no request has."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if type(value) is int and value >= 0 else None
 
 
 def end_cancelled(s: Session, unsure: Collection[str] = ()) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from terret.adapters.providers import OpenAICompatibleProvider
 from terret.domain.messages import Message, ToolCall, Usage
 from terret.runtime.model import ModelProvider, ModelRequest, ToolSpec
@@ -260,6 +262,25 @@ def test_a_stream_that_ends_with_a_finish_reason_but_no_done_is_complete(
     server.script(CHAT, Reply.sse(text_stream(["fine"], done=False), framing="close"))
     reply = provider.complete(HELLO)
     assert reply.text == "fine" and reply.finish_reason == "stop"
+
+
+def test_a_stream_that_ends_after_the_reply_without_usage_says_usage_may_be_missing(
+    server: ScriptedServer, provider: OpenAICompatibleProvider,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A drop after the finish reason on a `Connection: close` stream ends the body cleanly:
+    it was returned without the warning a drop on a chunked stream gives (its cost is 0)."""
+    server.script(CHAT, Reply.sse(text_stream(["fine"], usage={}, done=False),
+                                  framing="close"))
+    with caplog.at_level("WARNING"):
+        reply = provider.complete(HELLO)
+    assert reply.text == "fine" and reply.usage is None
+    assert any("usage may be missing" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    server.script(CHAT, Reply.sse(text_stream(["fine"], done=False), framing="close"))
+    with caplog.at_level("WARNING"):
+        assert provider.complete(HELLO).usage is not None  # usage came: nothing to say
+    assert not any("usage may be missing" in r.getMessage() for r in caplog.records)
 
 
 def test_a_server_that_ignores_stream_true_is_read_as_one_completion(

@@ -182,6 +182,13 @@ def test_role_titler_raises_when_unconfigured_and_returns_none_on_empty() -> Non
         ("  'Quoted'  ", "Quoted"),
         ("“Curly quotes”", "Curly quotes"),
         ("**Bold title**", "Bold title"),
+        ("Deploy to *prod*", "Deploy to prod"),  # the ends alone: 'Deploy to *prod'
+        ("Greeting the **World**", "Greeting the World"),
+        ("**Summary**: A and B", "Summary: A and B"),
+        ("_Draft_ notes", "Draft notes"),
+        ('Title: "Greeting the **World**".', "Greeting the World"),
+        ("rename user_id to account_id", "rename user_id to account_id"),
+        ("*Dangling marker", "Dangling marker"),
         ("# Heading title\nextra explanation", "Heading title"),
         ("\n\nSecond line wins\n", "Second line wins"),
         ("word " * 40, ("word " * 16).strip()),

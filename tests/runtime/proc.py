@@ -24,6 +24,7 @@ Actions:
   budget SID LIMIT               Runtime.set_budget by an operator (LIMIT ``none``: the default)
   rerun SID CALL_ID              Runtime.rerun by an operator (a call in doubt runs again)
   skip SID CALL_ID REASON        Runtime.skip by an operator (a call in doubt is not run again)
+  usage SID                      Runtime.usage: the session's step totals
   raw SID WIRE_NAME DATA         a record of that wire name and JSON data (version 1), appended
                                  with ``store.append``, unchecked: an unknown event, or one of
                                  ``Flagged`` its class refuses
@@ -126,6 +127,8 @@ def _command(rt: Runtime, action: str, sid: UUID, rest: list[str]) -> dict[str, 
         rt.rerun(sid, rest[0], by=OPERATOR)
     elif action == "skip":
         rt.skip(sid, rest[0], by=OPERATOR, reason=rest[1])
+    elif action == "usage":
+        return {"ok": True, **rt.usage(sid)}
     else:
         raise SystemExit(f"unknown action {action!r}")
     return {"ok": True}

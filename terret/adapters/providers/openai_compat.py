@@ -294,9 +294,14 @@ class OpenAICompatibleProvider:
         chunks = iter(response.iter_bytes() if encoded else response.iter_raw())
         if self._read_events(chunks, decoder, parser, assembler.feed, cancel):
             self._read_on(chunks, cancel)
-        elif (not self._handle_events(decoder.close(), parser.parse, assembler.feed)
-              and assembler.finish_reason is None):
-            raise self._ended_early(response, decoder, assembler)
+        elif not self._handle_events(decoder.close(), parser.parse, assembler.feed):
+            if assembler.finish_reason is None:
+                raise self._ended_early(response, decoder, assembler)
+            if assembler.usage is None:
+                # The body ended cleanly after the reply, without [DONE] or a usage chunk: a
+                # drop on a `Connection: close` stream looks like this. Said as a drop is.
+                logger.warning("%s: the stream ended after the reply finished, without [DONE] "
+                               "or usage; usage may be missing", self.name)
         return assembler.reply()
 
     def _read_events(
