@@ -365,14 +365,9 @@ def _refuse_before_asking(obj: CliContext, session_id: UUID, max_age: int | None
     """What the purge would refuse (``terret.runtime.retention``), refused before the question
     is asked: a session not closed, an expiry on a store that does not expire streams itself
     (``EventStore.native_expiry``: SQLite's does not)."""
-    from terret.domain.errors import ExpiryUnsupported, RuleViolation
+    from terret.runtime.retention import refuse_purge
 
-    if not obj.commands().writer.load(session_id).closed:
-        raise RuleViolation(f"session {session_id} is not closed; close it first")
-    store = obj.store()
-    if max_age is not None and not store.native_expiry:
-        raise ExpiryUnsupported(f"{store.describe()} does not expire streams itself: purge "
-                                "without --max-age when the session is to go")
+    refuse_purge(obj.commands().writer.load(session_id), obj.store(), max_age)
 
 
 def register(cli: click.Group) -> None:

@@ -10,19 +10,25 @@ from terret.domain.codec import encode
 from terret.domain.errors import ExpiryUnsupported, RuleViolation
 from terret.domain.events import Actor, SessionPurged
 from terret.domain.repository import SessionRepository
-from terret.domain.store import RETENTION_STREAM, StreamState, session_stream
+from terret.domain.session import Session
+from terret.domain.store import RETENTION_STREAM, EventStore, StreamState, session_stream
 
 
-def purge_session(repository: SessionRepository, session_id: UUID, *, by: Actor,
-                  reason: str | None = None, max_age: int | None = None) -> None:
-    session = repository.get(session_id)
+def refuse_purge(session: Session, store: EventStore, max_age: int | None) -> None:
+    """What a purge refuses, checked before anything is written (and before the CLI asks):
+    a session not closed, an expiry on a store that does not expire streams itself."""
     if not session.closed:
-        raise RuleViolation(f"session {session_id} is not closed; close it first")
-    store = repository.store
+        raise RuleViolation(f"session {session.id} is not closed; close it first")
     if max_age is not None and not store.native_expiry:
         # Recorded, the purge would make the views forget a session whose events stay for good.
         raise ExpiryUnsupported(f"{store.describe()} does not expire streams itself: purge "
                                 f"without --max-age (max_age) when the session is to go")
+
+
+def purge_session(repository: SessionRepository, session_id: UUID, *, by: Actor,
+                  reason: str | None = None, max_age: int | None = None) -> None:
+    store = repository.store
+    refuse_purge(repository.get(session_id), store, max_age)
     record = encode(SessionPurged(session_id=str(session_id), reason=reason, by=by,
                                   max_age_seconds=max_age))
     store.append(RETENTION_STREAM, [record], StreamState.ANY)
