@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 from uuid import UUID
 
@@ -367,7 +368,7 @@ def _refuse_before_asking(obj: CliContext, session_id: UUID, max_age: int | None
     (``EventStore.native_expiry``: SQLite's does not)."""
     from terret.runtime.retention import refuse_purge
 
-    refuse_purge(obj.commands().writer.load(session_id), obj.store(), max_age)
+    refuse_purge(partial(obj.commands().writer.load, session_id), obj.store(), max_age)
 
 
 def register(cli: click.Group) -> None:

@@ -119,6 +119,11 @@ class SessionNotFound(TerretError):
     """No session with that id exists in the store."""
 
 
+class SessionExpiring(SessionNotFound):
+    """The session was purged with a max age (R27) and the store has dropped its oldest events
+    already: what is left expires too. Not a damaged log; it can still be deleted now."""
+
+
 class SessionClosed(RuleViolation):
     """The session was closed; it accepts no new turns or events."""
 

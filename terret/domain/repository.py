@@ -12,9 +12,17 @@ from uuid import UUID
 
 from terret.domain.catalogue import catalogue
 from terret.domain.codec import RecordDecoder, decode, encode
-from terret.domain.errors import CorruptRecord, SessionNotFound
+from terret.domain.errors import CorruptRecord, SessionExpiring, SessionNotFound
+from terret.domain.events import SessionPurged
 from terret.domain.session import Session, SessionState
-from terret.domain.store import AppendResult, EventStore, NewRecord, StreamState, session_stream
+from terret.domain.store import (
+    RETENTION_STREAM,
+    AppendResult,
+    EventStore,
+    NewRecord,
+    StreamState,
+    session_stream,
+)
 
 
 class SessionRepository:
@@ -51,6 +59,8 @@ class SessionRepository:
         """Apply the events the store holds after the session's version (reads only that
         tail); returns how many."""
         tail = self.store.read_stream(session_stream(session.id), from_seq=session.version + 1)
+        if tail and session.version == 0 and tail[0].seq > 1:
+            self._refuse_expiring(session.id, tail[0].seq)
         for record in tail:
             try:
                 event = decode(record)
@@ -62,6 +72,20 @@ class SessionRepository:
                 event = RecordDecoder.unreadable(record)
             session.replay(event)
         return len(tail)
+
+    def _refuse_expiring(self, session_id: UUID, first_seq: int) -> None:
+        """``SessionExpiring`` for a stream whose start the store dropped after a purge with a
+        max age (the rest expires in turn); a stream that lost its start otherwise is a
+        damaged log, and the replay says so (``CorruptRecord``)."""
+        for record in reversed(self.store.read_stream(RETENTION_STREAM)):
+            payload = decode(record).payload
+            if isinstance(payload, SessionPurged) and payload.session_id == str(session_id) \
+                    and payload.max_age_seconds is not None:
+                raise SessionExpiring(
+                    f"session {session_id} was purged to expire after "
+                    f"{payload.max_age_seconds}s: the store has dropped its events before seq "
+                    f"{first_seq} already, and the rest follow (purge it without a max age to "
+                    "delete it now)")
 
     def records_of(self, session: Session, *, correlation_id: str | None = None,
                    causation_id: str | None = None) -> list[NewRecord]:
