@@ -115,7 +115,12 @@ def _mask_bad_ports(uri: str) -> str:
 
 def _mask_port(target: str) -> str:
     host, port = _split_target(target)
-    return target if port is None or _valid_port(port) else f"{host}:***"
+    return target if port is None or _digits(port) else f"{host}:***"
+
+
+def _digits(port: str) -> bool:
+    """A port written as a number (in range or not: ``70000`` is no password to hide)."""
+    return port.isascii() and port.isdigit()
 
 
 def _split_target(target: str) -> tuple[str, str | None]:
@@ -191,7 +196,8 @@ def check_esdb_uri(uri: str) -> None:
                 f"invalid EventStoreDB URI {shown(masked)}: a host name is missing (write "
                 "host:port, e.g. localhost:2113)")
         if port is not None and not _valid_port(port):
-            hidden = "" if bounds else " (not shown: it may be a password, '@host' forgotten)"
+            hidden = "" if bounds or _digits(port) else \
+                " (not shown: it may be a password, '@host' forgotten)"
             raise InvalidStoreURI(
                 f"invalid EventStoreDB URI {shown(masked)}: the port of host {host!r} is not a "
                 f"number from 1 to 65535{hidden}; write host:port, e.g. localhost:2113"
