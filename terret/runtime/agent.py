@@ -32,7 +32,7 @@ from terret.projections.views import Views
 from terret.runtime.allowlist import AllowList
 from terret.runtime.approvals import ApprovalGate, ApprovalSignals
 from terret.runtime.definition import AgentDefinition, TurnResult
-from terret.runtime.hooks import BudgetGuard, PreStepHook, StepClaim
+from terret.runtime.hooks import BudgetGuard, PreStepHook, Refusal, StepClaim
 from terret.runtime.model import ModelReply, ModelRequest, ModelResolver, TextSink
 from terret.runtime.ownership import SessionLease, WorkerLease
 from terret.runtime.step_commands import (
@@ -456,6 +456,11 @@ class Agent:
         self.services.wait_for(self.work.position)
         for hook in hooks:
             refusal = hook(claim)
+            if refusal is not None and not isinstance(refusal, Refusal):
+                # `return False` reads as "do not refuse": said, not an AttributeError.
+                raise errors.ConfigurationError(
+                    f"pre-step hook {getattr(hook, '__qualname__', hook)!r} returned "
+                    f"{refusal!r}: a hook returns None or a terret.Refusal")
             if refusal is not None:
                 return self._end(claim.turn, "rejected", reason=refusal.reason,
                                  by=Actor(actor=refusal.actor,  # type: ignore[arg-type]

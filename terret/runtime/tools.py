@@ -33,6 +33,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
+from terret.domain.errors import ConfigurationError
 from terret.domain.payloads import describe_validation
 from terret.runtime._handlers import HANDLERS
 from terret.runtime.model import ToolSpec
@@ -109,6 +110,18 @@ class Tool:
     an operator's verdict."""
 
     def __post_init__(self) -> None:
+        # Checked when the tool is defined: an approval mode misspelt ("Always") asked nobody,
+        # so a gated tool ran ungated.
+        if self.approval not in ("never", "always", "policy"):
+            raise ConfigurationError(f"tool {self.name!r}: approval is 'never', 'always' or "
+                                     f"'policy', not {self.approval!r}")
+        if not (isinstance(self.args, type) and issubclass(self.args, BaseModel)):
+            raise ConfigurationError(f"tool {self.name!r}: args is a pydantic model class, not "
+                                     f"{self.args!r}")
+        for flag in ("mutating", "idempotent"):
+            if type(getattr(self, flag)) is not bool:
+                raise ConfigurationError(f"tool {self.name!r}: {flag} is True or False, not "
+                                         f"{getattr(self, flag)!r}")
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError(f"tool {self.name!r}: timeout must be positive, not {self.timeout}")
 
