@@ -3,9 +3,16 @@ parts read their values from it without importing the runtime)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from terret.domain.errors import ConfigurationError
 from terret.domain.session import MAX_STEPS
+
+_WHOLE = ("max_steps", "max_agents")
+_OPTIONAL_WHOLE = ("compaction_budget",)
+_SECONDS = ("wait_timeout", "lease_ttl")
+_OPTIONAL_SECONDS = ("approval_max_wait", "tool_timeout")
 
 
 @dataclass
@@ -28,3 +35,29 @@ class RuntimeConfig:
     tool_timeout: float | None = None
     """Seconds a tool's handler may run, for tools without their own ``timeout``; None: no
     limit."""
+
+    def __post_init__(self) -> None:
+        """Each value checked when the config is made (``ConfigurationError`` naming the
+        field): a negative cap, a zero timeout or a NaN budget failed every turn later, or
+        switched a limit off silently."""
+        if not isinstance(self.roles, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.roles.items()):
+            raise ConfigurationError(f"RuntimeConfig.roles maps role names to "
+                                     f"'provider:model' specs, not {self.roles!r}")
+        for name in (*_WHOLE, *_OPTIONAL_WHOLE):
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL_WHOLE:
+                continue
+            if type(value) is not int or value < 1:
+                raise ConfigurationError(f"RuntimeConfig.{name} is a whole number from 1, "
+                                         f"not {value!r}")
+        for name in (*_SECONDS, *_OPTIONAL_SECONDS, "spend_cap"):
+            value = getattr(self, name)
+            if value is None and name not in _SECONDS:
+                continue
+            finite = name == "spend_cap"
+            if (isinstance(value, bool) or not isinstance(value, int | float)
+                    or math.isnan(value) or value < 0 or (value == 0 and not finite)
+                    or (finite and math.isinf(value))):
+                what = "a finite amount from 0" if finite else "a number of seconds above 0"
+                raise ConfigurationError(f"RuntimeConfig.{name} is {what}, not {value!r}")

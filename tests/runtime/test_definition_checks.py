@@ -47,3 +47,21 @@ def test_a_hook_returning_something_else_than_a_refusal_is_said_so(
         rt.run_turn(sid, "hello")
     (end,) = only(read_log(store, sid), "turn/end")
     assert end.data["status"] == "failed" and "ConfigurationError" in end.data["error"]
+
+
+@pytest.mark.parametrize("options", [
+    {"spend_cap": -1}, {"spend_cap": float("nan")}, {"spend_cap": float("inf")},
+    {"wait_timeout": 0}, {"tool_timeout": -1}, {"tool_timeout": "3"}, {"max_steps": "5"},
+    {"max_steps": 0}, {"max_agents": -1}, {"approval_max_wait": -5}, {"lease_ttl": 0},
+    {"roles": "scripted:x"}, {"compaction_budget": 0},
+])
+def test_a_runtime_config_value_no_turn_could_use_is_refused_when_made(
+        options: dict[str, Any]) -> None:
+    """Each was accepted, then failed every turn (a negative cap, a zero wait), switched a limit
+    off silently (a NaN cap), or raised an untyped TypeError mid-turn."""
+    from terret import RuntimeConfig
+
+    (name,) = options
+    with pytest.raises(ConfigurationError, match=f"RuntimeConfig.{name} "):
+        RuntimeConfig(**options)
+    RuntimeConfig(tool_timeout=float("inf"), spend_cap=0, approval_max_wait=0.3)  # all fine
