@@ -6,7 +6,7 @@ from typing import Any
 from uuid import UUID
 
 from terret.domain.messages import Message
-from terret.domain.store import SESSION_PREFIX, session_id_of, session_stream
+from terret.domain.store import as_session_id, session_id_of, session_stream
 from terret.projections import approvals, messages, policy, sessions, status, title, usage
 from terret.projections.base import Projection, ViewStore
 from terret.projections.sessions import SessionSummary
@@ -28,9 +28,12 @@ def default_projections() -> list[Projection]:
 
 
 def _stream(session: UUID | str) -> str:
+    """The stream of a session given as the runtime takes it (a UUID, its string in any case,
+    its stream name): a stream name passed through as written missed an upper-case id, and
+    junk raised ValueError or AttributeError rather than ``SessionNotFound``."""
     if isinstance(session, UUID):
         return session_stream(session)
-    return session if session.startswith(SESSION_PREFIX) else session_stream(UUID(session))
+    return session_stream(as_session_id(session))
 
 
 def _ids(streams: list[str]) -> list[UUID]:

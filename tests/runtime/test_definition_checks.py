@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from terret import CallContext, tool
 from terret.domain.errors import ConfigurationError
 from tests.runtime.conftest import MakeRuntime
-from tests.runtime.kit import final, only, read_log
+from tests.runtime.kit import final, only, read_log, wait_until
 
 
 class DeployArgs(BaseModel):
@@ -65,3 +65,22 @@ def test_a_runtime_config_value_no_turn_could_use_is_refused_when_made(
     with pytest.raises(ConfigurationError, match=f"RuntimeConfig.{name} "):
         RuntimeConfig(**options)
     RuntimeConfig(tool_timeout=float("inf"), spend_cap=0, approval_max_wait=0.3)  # all fine
+
+
+def test_the_views_take_a_session_id_in_every_form_the_runtime_takes(
+        make_runtime: MakeRuntime) -> None:
+    """``session-<UPPER-CASE UUID>`` read as no session (usage 0, no status) while
+    ``Runtime.usage`` found it; junk raised ValueError/AttributeError, not SessionNotFound."""
+    from terret.domain.errors import SessionNotFound
+
+    rt = make_runtime([final("hi")])
+    sid = rt.create_session()
+    rt.run_turn(sid, "hello")
+    wait_until(lambda: rt.views.usage(sid).steps == 1, what="the usage view")
+    for form in (sid, str(sid), f"session-{sid}", f"session-{str(sid).upper()}",
+                 f" {sid} "):
+        assert rt.views.usage(form).steps == 1, form
+        assert rt.views.status(form) is not None, form
+    for junk in ("nope", "session-nope", None, 7):
+        with pytest.raises(SessionNotFound):
+            rt.views.usage(junk)  # type: ignore[arg-type]
