@@ -33,6 +33,11 @@ class AgentDefinition:
             raise errors.ConfigurationError(
                 f"agent {errors.shown(self.name)}: allow is a list of patterns, not one string "
                 f"({errors.shown(self.allow)}); write allow=[{self.allow!r}]")
+        names = [t.name for t in self.tools]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # the model calls a tool by name: the last of two would silently win
+            raise errors.ConfigurationError(
+                f"agent {errors.shown(self.name)}: two tools are named {twice[0]!r}")
 
 
 @dataclass(frozen=True)

@@ -84,3 +84,12 @@ def test_the_views_take_a_session_id_in_every_form_the_runtime_takes(
     for junk in ("nope", "session-nope", None, 7):
         with pytest.raises(SessionNotFound):
             rt.views.usage(junk)  # type: ignore[arg-type]
+
+
+def test_an_agent_with_two_tools_of_one_name_is_refused() -> None:
+    from terret import AgentDefinition
+
+    first = tool("deploy", args=DeployArgs)(_deploy)
+    second = tool("deploy", args=DeployArgs)(_deploy)
+    with pytest.raises(ConfigurationError, match="two tools are named 'deploy'"):
+        AgentDefinition(tools=[first, second])
