@@ -469,11 +469,13 @@ class Chat:
         grace the parked turn had not stopped yet and kept the session until its lease
         expired. Ctrl-C here leaves as a crash would: the tool still running dies with this
         process, unreleased, and a worker on this host takes the turn over as soon as the
-        process is gone (its call said to have no result, or in doubt)."""
-        if self.agent is not None and self.agent.busy:
-            self.screen.line("  (leaving: the open turn stops at its step boundary and stays "
-                             "open; Ctrl-C to stop waiting)", dim=True)
+        process is gone (the running call runs again, or waits in doubt)."""
         try:
+            # Inside the try: a Ctrl-C may land while the line is still being written (the
+            # reader acts on it at once), and it must stop the wait as one a moment later does.
+            if self.agent is not None and self.agent.busy:
+                self.screen.line("  (leaving: the open turn stops at its step boundary and "
+                                 "stays open; Ctrl-C to stop waiting)", dim=True)
             self.runtime.close(grace=LEAVING_GRACE)
         except KeyboardInterrupt:
             self.screen.line("  (stopped waiting: the turn is left as after a crash; a running "
