@@ -45,7 +45,10 @@ def test_r22_at_the_cap_the_longest_idle_agent_is_let_go_and_its_session_release
     assert rt.run_turn(sessions[2], "a third session").status == "completed"
     assert {a.session_id for a in rt.agents} == {sessions[0], sessions[2]}
     assert _let_go(store, sessions[1]) == ["idle: the agent cap (2) was reached"]
-    assert names(read_log(store, sessions[1]))[-1] == "agent/detached"
+    # Released: its last ownership event is the detach (a title, written off the turn's thread,
+    # may land after it).
+    owned = [n for n in names(read_log(store, sessions[1])) if n.startswith("agent/")]
+    assert owned[-1] == "agent/detached"
     assert _let_go(store, sessions[0]) == []
     # The session let go is served again on its next turn (a new agent, a new epoch).
     assert rt.run_turn(sessions[1], "back").status == "completed"
