@@ -306,13 +306,16 @@ class ViewStore(TrackingRecorder):
         unless ``wait_for_rebuilds`` is off (then ``ViewsBusy``); other writers (a runner's
         batch elsewhere) are waited for up to ``BUSY_TIMEOUT_MS``. Short attempts, so that a
         rebuild that begins meanwhile, or a stop, is seen within half a second."""
-        said = False
+        said = ""  # the holder waited for, once said
         deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
         self.db.execute("PRAGMA busy_timeout = 500")
         try:
             while True:
                 try:
                     self.db.execute("BEGIN IMMEDIATE")
+                    if said:  # the operator reading serve's log sees it go on again
+                        log.warning("views %s: the rebuild by %s is over; going on",
+                                    self.path, said)
                     return
                 except sqlite3.OperationalError as exc:
                     if not _busy(exc):
@@ -327,7 +330,7 @@ class ViewStore(TrackingRecorder):
                                     "waited for")
                 if not said:
                     log.warning("views %s: waiting for the rebuild by %s", self.path, holder)
-                    said = True
+                    said = holder
                 deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
         finally:
             self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")

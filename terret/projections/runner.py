@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -370,8 +370,12 @@ class ProjectionRunner:
         self._apply([], head)
         return head
 
-    def wait_until(self, position: int, timeout: float = 10.0) -> None:
-        """Block until every projection has processed ``position`` (read-your-writes)."""
+    def wait_until(self, position: int, timeout: float = 10.0, *,
+                   stop: Callable[[], bool] | None = None) -> bool:
+        """Block until every projection has processed ``position`` (read-your-writes);
+        ``TimeoutError`` after ``timeout``. With ``stop``, the time another process's rebuild
+        holds the views is not counted (the runner's batch waits for it, as long as it is
+        held), and the wait ends early, returning False, once ``stop()`` is true."""
         deadline = time.monotonic() + timeout
         with self._progress:
             while self._position < position:
@@ -379,13 +383,19 @@ class ProjectionRunner:
                     raise self._error  # typed: the store or the views cannot be used
                 if self._error is not None:
                     raise StoreError(f"projection runner failed: {self._error}")
+                if stop is not None and stop():
+                    return False
+                if stop is not None and self.views.rebuild_lock.holder() is not None:
+                    deadline = time.monotonic() + timeout  # counted from the rebuild's end
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(
                         f"projections did not reach position {position} within {timeout}s "
                         f"(at {self._position})"
                     )
-                self._progress.wait(remaining)
+                # With ``stop``, short waits: a stop, or a rebuild's end, is seen within one.
+                self._progress.wait(remaining if stop is None else min(remaining, 0.5))
+        return True
 
     def _apply(self, records: Sequence[StoredRecord], upto: int, *,
                generation: int | None = None) -> None:

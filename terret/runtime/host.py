@@ -166,12 +166,13 @@ class AgentHost:
             self.drop_if_moved(session_id)
             with self._lock:
                 self._check_free(agent_id, session_id, cap=False)  # refused before any read
+            session = self._servable(session_id, for_new_turn=for_new_turn)
+            definition = self._definition(session.state.agent)
+            _require_owed_tools(session, definition)
             self._make_room(session_id)
             with self._lock:
                 self._check_free(agent_id, session_id)
-            session = self._servable(session_id, for_new_turn=for_new_turn)
-            agent = self._make_agent(agent_id, session_id,
-                                     self._definition(session.state.agent))
+            agent = self._make_agent(agent_id, session_id, definition)
             try:
                 with self._lock:
                     self._check_free(agent_id, session_id)  # another session may have filled
@@ -320,3 +321,19 @@ class AgentHost:
 
     def turn_threads(self) -> list[threading.Thread]:
         return [a._thread for a in self.agents if a._thread is not None]
+
+
+def _require_owed_tools(session: Session, definition: AgentDefinition) -> None:
+    """An open turn whose calls still owed name a tool this definition lacks was written by an
+    app that has it (the agent's name alone matches: the CLI's default app and an embedded
+    app's both define ``default``). Served here, the call would be answered "unknown tool" —
+    an approved or re-run call silently never run — so the session is refused, nothing
+    written, and left to a process whose app defines the tool."""
+    if not session.turn_open:
+        return
+    missing = sorted({c.name for c in session.owed_calls()} - {t.name for t in definition.tools})
+    if missing:
+        raise errors.ConfigurationError(
+            f"session {session.id}: its open turn owes a call to {', '.join(map(repr, missing))}, "
+            f"a tool agent {session.state.agent!r} does not define here; it is left to a process "
+            "whose app defines it (--app), or close the turn with a cancel")

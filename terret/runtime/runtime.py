@@ -50,6 +50,7 @@ from terret.runtime.model import ModelResolver
 from terret.runtime.ownership import WorkerLease
 from terret.runtime.pool import WIRE_NAMES as POOL_WIRE_NAMES
 from terret.runtime.serving import ServingServices, Supervisor
+from terret.runtime.stops import TurnSuspended
 from terret.runtime.summarizer import Summarizer
 from terret.runtime.tools import ToolContext
 from terret.runtime.writer import SessionWriter
@@ -123,7 +124,8 @@ class Runtime:
             writer=self.writer, views=self.views, resolver=self.resolver,
             model_spec=self.model_spec, signals=self.signals, lease=self.lease,
             tool_context=self.tool_context, add_listener=self.runner.add_listener,
-            wait_for=self.wait_for, catch_up_views=self.catch_up_views,
+            wait_for=partial(self.wait_for, turn=True),
+            catch_up_views=partial(self.catch_up_views, turn=True),
             budget_guard=self.budget_guard, pre_step=self.pre_step, stopping=self.stopping,
             max_steps=c.max_steps, approval_max_wait=c.approval_max_wait,
             tool_timeout=c.tool_timeout)
@@ -237,19 +239,28 @@ class Runtime:
         except RuntimeError:
             pass  # shutting down
 
-    def wait_for(self, position: int) -> None:
-        if self._started:
-            self.runner.wait_until(position, self.config.wait_timeout)
-        else:
+    def wait_for(self, position: int, *, turn: bool = False) -> None:
+        """Until the views hold ``position``; ``TimeoutError`` after ``wait_timeout``. A
+        turn's wait (``turn``) does not count the time another process's rebuild holds the
+        views — the runner waits for it, and a turn failed by someone's slow or suspended
+        rebuild would be work lost — and ends with ``TurnSuspended`` if this process stops
+        meanwhile (the turn stays open and resumable)."""
+        if not self._started:
             self.runner.catch_up()
+        elif not turn:
+            self.runner.wait_until(position, self.config.wait_timeout)
+        elif not self.runner.wait_until(position, self.config.wait_timeout,
+                                        stop=self.stopping.is_set):
+            raise TurnSuspended("the process is stopping (its views were waiting for a "
+                                "rebuild in another process)")
 
-    def catch_up_views(self, session_id: UUID | None = None) -> None:
+    def catch_up_views(self, session_id: UUID | None = None, *, turn: bool = False) -> None:
         """Wait until the views hold everything written so far — of one session, if given
         (for a pool member, one read of that session's stream rather than of all it serves)."""
         if session_id is not None and self.runner.scoped:
-            self.wait_for(self.runner.scope_head(session_stream(session_id)))
+            self.wait_for(self.runner.scope_head(session_stream(session_id)), turn=turn)
         else:
-            self.wait_for(self._views_head())
+            self.wait_for(self._views_head(), turn=turn)
 
     def _views_of(self, session_id: UUID) -> Views:
         """The views, caught up on ``session_id``; a pool member refuses a session it does not

@@ -7,12 +7,15 @@ every model call whose reply is in the log, once. On SQLite and the EventStoreDB
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
 
 from terret import Actor
-from tests.ownership.conftest import Pool, wait_until
+from tests.ownership.conftest import ROOT, Pool, wait_until
 
 OPERATOR = Actor(actor="operator", id="ownership-tests")
 ENV = {"OWNERSHIP_IDEMPOTENT": "0", "OWNERSHIP_USAGE": "1", "OWNERSHIP_TOOL_SECONDS": "30"}
@@ -88,3 +91,42 @@ def test_a_call_in_doubt_after_sigkill_recorded_as_not_rerun_shows_the_model_an_
     (end,) = [d for n, d in log if n == "turn/end"]
     assert end["status"] == "completed"
     _check_usage(pool, sid, 2)
+
+
+def _cli(pool: Pool, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "terret", "--store", pool.uri,
+                           "--views", str(pool.tmp / "views-cli.db"), *args],
+                          cwd=ROOT, env=pool.env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.timeout(180)
+def test_a_process_whose_app_lacks_the_owed_tool_refuses_the_turn_and_writes_nothing(
+        pool: Pool) -> None:
+    """Both apps define an agent named ``default``: the CLI's own app (no --app) must not take
+    a turn that owes a call to ``work`` — it would answer "unknown tool", and a call an
+    operator re-ran would silently never run. Refused in one line, nothing written; the
+    app that defines the tool then parks it in doubt as usual."""
+    keys = pool.tmp / "keys.txt"
+    env = {**ENV, "OWNERSHIP_KEYS": str(keys), "OWNERSHIP_TTL": "1"}
+    a = pool.serve("a", **env)
+    sid = pool.new_session()
+    pool.runtime().inject(sid, "pay", wake=True)
+    wait_until(lambda: _starts(pool, "c-1"), "the handler to start in a", pool.stderr)
+    a.signal(signal.SIGKILL)
+    a.wait(10)
+    before = pool.names(sid)
+    time.sleep(1.5)  # a's lease has expired: the turn is resumable by anyone
+    resumed = _cli(pool, "resume", str(sid))
+    assert resumed.returncode == 1, resumed
+    (line,) = resumed.stderr.splitlines()
+    assert line.startswith("Error: ConfigurationError: ") and "'work'" in line
+    assert "--app" in line
+    # A serving process without the app says so once and leaves the session alone.
+    other = pool.serve("default-app", "--app", "terret.cli._app:default_app")
+    wait_until(lambda: any(f"not serving session {sid}" in x for x in other.err),
+               "the refusal", pool.stderr)
+    assert pool.names(sid) == before
+    b = pool.serve("b", **env)
+    pool.wait_for(sid, "tool/in_doubt")
+    assert b.popen.poll() is None and len(_starts(pool, "c-1")) == 1
