@@ -35,12 +35,18 @@ def status(obj: CliContext) -> None:
     states = [(s, True) for s in runner.states()] + [(s, False) for s in runner.unloaded()]
     other = runner.other_versions()
     versions = {p.name: p.version for p in runner.projections}
+    # The positions as committed: a rebuild elsewhere replays in one transaction, unseen
+    # until it commits, so a lag now may be the rebuild's, not a fault.
+    rebuilding = obj.view_store().rebuild_lock.holder()
     data = [{"name": s.name, "position": s.position, "lag": s.lag, "loaded": loaded,
              "halted": {"position": s.fault[0], "error": s.fault[1]} if s.fault else None,
-             "other_version": other.get(s.name)}
+             "other_version": other.get(s.name), "rebuilding": rebuilding}
             for s, loaded in states]
     rows = [[s.name, str(s.position), str(s.lag), _state(s, loaded, other, versions)]
             for s, loaded in states]
+    if rebuilding is not None:
+        note(f"warning: {rebuilding} is rebuilding the views: shown as they were before it "
+             "began, until it commits")
     obj.emit(data, table(rows, ["PROJECTION", "POSITION", "LAG", "STATE"]))
 
 

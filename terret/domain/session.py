@@ -359,6 +359,12 @@ class Session(Aggregate):
         payload = InDoubtResolved(call_id=call_id, verdict=verdict,  # type: ignore[arg-type]
                                   reason=reason, by=by)
         doubt = self.state.doubts.get(call_id) if self.state.turn_open else None
+        if doubt is None and self.state.turn_open and call_id in self.state.started:
+            raise errors.CallNotInDoubt(
+                f"call {shown(call_id)} started and has no result, but is not in doubt yet: "
+                "it is still running, or its process died and no process has resumed the turn "
+                "to mark it (`terret resume SESSION --app …`, or `terret serve`, parks it in "
+                "doubt; then decide)")
         if doubt is None:
             raise errors.CallNotInDoubt(
                 f"call {shown(call_id)} is not in doubt in the open turn of session {self.id}")

@@ -217,7 +217,8 @@ class Runtime:
         for agent in held:
             log.warning("session %s: its turn did not stop within the grace (%gs) and is left "
                         "as it is: not released, it is taken over when this worker's lease "
-                        "expires (%gs); a tool call still running may then run again",
+                        "expires (%gs); a tool call still running may then run again (one "
+                        "of a tool that may not run twice is parked in doubt instead)",
                         agent.session_id, grace, self.lease.ttl)
         return bool(held)
 

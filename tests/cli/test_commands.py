@@ -343,9 +343,10 @@ def test_projections_status_rebuild_verify(target: Target) -> None:
     names = [s["name"] for s in status]
     assert {"messages", "usage", "title", "policy", "approvals", "status",
             "sessions"} <= set(names)
-    assert all(set(s) == {"name", "position", "lag", "halted", "loaded", "other_version"}
+    assert all(set(s) == {"name", "position", "lag", "halted", "loaded", "other_version",
+                          "rebuilding"}
                for s in status)
-    assert all(s["other_version"] is None for s in status)
+    assert all(s["other_version"] is None and s["rebuilding"] is None for s in status)
     assert all(s["loaded"] for s in status)
     head = target.store().head_position()
     target.json("sessions", "list")  # catch the views up

@@ -182,6 +182,11 @@ def test_reads_during_a_rebuild_elsewhere_show_the_views_as_they_were(target: Ta
         assert all(r["stale"]["rebuilding"].startswith(f"process {holder.pid} ")
                    for r in json.loads(behind.stdout))
         assert time.monotonic() - started < 20  # SQLite's busy wait is 30 s a statement
+        status = target.run("--json", "projections", "status")  # its lag is the rebuild's
+        assert status.returncode == 0, status.stderr
+        assert f"process {holder.pid} " in status.stderr and "rebuilding" in status.stderr
+        assert all(row["rebuilding"].startswith(f"process {holder.pid} ")
+                   for row in json.loads(status.stdout))
 
         second = target.run("projections", "rebuild")
         assert second.returncode == 1

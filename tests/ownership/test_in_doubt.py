@@ -115,6 +115,9 @@ def test_a_process_whose_app_lacks_the_owed_tool_refuses_the_turn_and_writes_not
     wait_until(lambda: _starts(pool, "c-1"), "the handler to start in a", pool.stderr)
     a.signal(signal.SIGKILL)
     a.wait(10)
+    early = _cli(pool, "in-doubt", "rerun", str(sid), "c-1")  # before any process took over
+    assert early.returncode == 1 and "CallNotInDoubt" in early.stderr
+    assert "not in doubt yet" in early.stderr and "terret resume" in early.stderr, early.stderr
     before = pool.names(sid)
     time.sleep(1.5)  # a's lease has expired: the turn is resumable by anyone
     resumed = _cli(pool, "resume", str(sid))
