@@ -259,19 +259,28 @@ def _log_traceback(ctx: click.Context, exc: Exception) -> None:
     logged above its one line: where it was raised is what the app's author needs."""
     if isinstance(ctx.obj, CliContext) and ctx.obj.log is None:  # no WarningLines: -v
         import logging
+        import traceback
 
-        logging.getLogger("terret.cli").info("the error below was raised here:", exc_info=exc)
+        # Formatted here, not by the handler, so that the store URI's credentials are masked
+        # in it as in the one line (the app's error may quote the URI it was given).
+        text = "".join(traceback.format_exception(exc)).rstrip()
+        logging.getLogger("terret.cli").info("the error below was raised here:\n%s",
+                                             _masked(ctx, text))
 
 
 def _one_line(ctx: click.Context, exc: Exception) -> str:
     """The error's message on one line (gRPC errors span several), credentials masked."""
-    message = " ".join(str(exc).split())
+    return _masked(ctx, " ".join(str(exc).split()))
+
+
+def _masked(ctx: click.Context, text: str) -> str:
+    """``text`` with the store URI's credentials masked wherever it quotes the URI."""
     uri = ctx.obj.store_uri if isinstance(ctx.obj, CliContext) else ""
     if not uri:
-        return message
+        return text
     from terret.adapters.stores.uri import mask_credentials
 
-    return message.replace(uri, mask_credentials(uri))
+    return text.replace(uri, mask_credentials(uri))
 
 
 def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from terret.cli._format import printable
+
 HISTORY_ENV = "TERRET_CHAT_HISTORY"
 HISTORY_LINES = 1000
 
@@ -46,9 +48,11 @@ class Screen:
             self.at_line_start = text.endswith("\n")
 
     def line(self, text: str = "", **style: Any) -> None:
+        """One line; the control characters a session's text holds shown escaped, as the
+        CLI's other output shows them (a BEL, an escape sequence is seen, never acted on)."""
         with self.lock:
             self.fresh_line()
-            self.write(text + "\n", **style)
+            self.write(printable(text) + "\n", **style)
 
     def fresh_line(self) -> None:
         with self.lock:
@@ -62,7 +66,7 @@ class Screen:
                 self.fresh_line()
                 self.write("agent> ", bold=True)
                 self.agent_prefix = False
-            self.write(chunk)
+            self.write(printable(chunk))
 
 
 KEY_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[O\[]?.|[\x00-\x08\x0b-\x1f\x7f]")

@@ -273,6 +273,12 @@ def test_a_turn_woken_from_another_shell_shows_below_the_prompt(
         term.type(" typed\r")
         term.expect("agent> You said: half typed")
         term.expect("you> ")
+        # A session's text is shown, never acted on: its control characters escaped.
+        done = target.run("inject", str(sid), "ring\a the \x1b[31mbell", "--wake")
+        assert done.returncode == 0, done.stderr
+        shown = term.expect("agent> You said: ring\\x07 the \\x1b[31mbell")
+        assert "inbox> ring\\x07 the \\x1b[31mbell" in shown and "\a" not in shown
+        term.expect("you> ")
 
         done = target.run("inject", str(sid), "deploy checkout v2", "--wake")
         assert done.returncode == 0, done.stderr
@@ -294,7 +300,8 @@ def test_a_turn_woken_from_another_shell_shows_below_the_prompt(
     finally:
         term.kill()
     said = [e.payload.text for e in target.events(sid) if isinstance(e.payload, UserMessage)]
-    assert said[:3] == ["hello from elsewhere", "half typed", "deploy checkout v2"], said
+    assert said[:4] == ["hello from elsewhere", "half typed", "ring\a the \x1b[31mbell",
+                        "deploy checkout v2"], said
     taken = [e.payload.text for e in target.events(sid)
              if isinstance(e.payload, (UserMessage, ContextInjected))]
     assert taken.count("and say done") == 1, taken

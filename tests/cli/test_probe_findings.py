@@ -73,6 +73,18 @@ def boomapp() -> App:
     return base
 
 
+class QuotesTheStore:
+    def summarize(self, messages):
+        import os
+        raise RuntimeError(f"cannot reach {os.environ['TERRET_STORE']}")
+
+
+def storeapp() -> App:
+    base = demo_app()
+    base.summarizer = QuotesTheStore()
+    return base
+
+
 def badapp() -> App:
     raise RuntimeError("line1\\nline2")
 '''
@@ -322,3 +334,23 @@ def test_since_help_and_docs_name_the_durations_accepted() -> None:
     assert "(`30s`, `15m`, `2h`, `3d`, `1w`)" in doc
     for duration in ("30s", "15m", "2h", "3d", "1w"):
         assert parse_when(duration, now=1e9) < 1e9
+
+
+def test_with_verbose_the_traceback_of_an_app_s_error_masks_the_store_credentials(
+        target: Target, apps: str) -> None:
+    """The one line masked the store URI's credentials, the ``-v`` traceback above it did not
+    (an app's error quoting the URI it was given). On EventStoreDB with user-info."""
+    if target.kind != "esdb" or "@" in target.uri:
+        pytest.skip("a store URI with credentials: the emulator's, given some")
+    sid = str(target.finished())
+    uri = target.uri.replace("esdb://", "esdb://admin:changeit@", 1)
+    done = subprocess.run(
+        [sys.executable, "-m", "terret", "-v", "--views", target.views,
+         "compact", sid, "--app", f"{apps}:storeapp"],
+        capture_output=True, text=True, timeout=60, cwd=target.cwd,
+        env={**subprocess_env(), "TERRET_STORE": uri,
+             "PYTHONPATH": f"{target.cwd}{os.pathsep}{ROOT}"})
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" in done.stderr and "QuotesTheStore" not in done.stdout
+    assert "changeit" not in done.stderr, done.stderr
+    assert done.stderr.count("esdb://***@") >= 2  # in the traceback and in the line
