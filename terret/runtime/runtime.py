@@ -8,6 +8,7 @@ and a small worker pool for between-turn upkeep.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -66,7 +67,7 @@ class Runtime:
         store: EventStore,
         *,
         resolver: ModelResolver,
-        views: ViewStore | str = ":memory:",
+        views: ViewStore | str | os.PathLike[str] = ":memory:",
         config: RuntimeConfig | None = None,
         agents: Iterable[AgentDefinition] = (),
         summarizer: Summarizer | None = None,
@@ -76,7 +77,11 @@ class Runtime:
         self.store = store
         self.config = config or RuntimeConfig()
         self.resolver = resolver
-        self.view_store = views if isinstance(views, ViewStore) else ViewStore(views)
+        if not isinstance(views, ViewStore | str | os.PathLike):
+            raise errors.ConfigurationError(
+                f"views is a SQLite file's path, ':memory:' (the default) or a ViewStore, not "
+                f"{views!r}")
+        self.view_store = views if isinstance(views, ViewStore) else ViewStore(os.fspath(views))
         self.views = Views(self.view_store)
         self.runner = ProjectionRunner(store, self.view_store, serving_projections())
         self.repository = SessionRepository(store)
@@ -464,8 +469,13 @@ class Runtime:
 
     @takes_session
     def pending(self, session_id: UUID) -> list[str]:
-        """R10: the open turn's call ids still awaiting a verdict."""
-        return list(self.writer.load(session_id).pending_approvals())
+        """R10: the open turn's call ids still awaiting a verdict — none once the turn's
+        cancel is recorded: closing the turn denies them, and a verdict on one is refused
+        (``ApprovalNotPending``), so an approval UI must not offer it."""
+        session = self.writer.load(session_id)
+        if session.state.cancel_requested:
+            return []
+        return list(session.pending_approvals())
 
     @takes_session
     def approve(self, session_id: UUID, call_id: str, *, by: Actor,

@@ -388,6 +388,7 @@ def test_r11_a_verdict_after_the_turns_cancel_is_refused(
     other_process(opened.uri, "cancel", str(sid))
     before = read_log(opened.store, sid)
     rt = make_runtime([final()])
+    assert rt.pending(sid) == []  # nothing an approval UI may offer
     for verdict in (lambda: rt.approve(sid, "c-park", by=USER),
                     lambda: rt.deny(sid, "c-park", by=USER, reason="no")):
         with pytest.raises(ApprovalNotPending, match="cancel is recorded"):

@@ -93,3 +93,18 @@ def test_an_agent_with_two_tools_of_one_name_is_refused() -> None:
     second = tool("deploy", args=DeployArgs)(_deploy)
     with pytest.raises(ConfigurationError, match="two tools are named 'deploy'"):
         AgentDefinition(tools=[first, second])
+
+
+@pytest.mark.parametrize("views", [None, 3, b"views.db"])
+def test_views_that_are_not_a_path_or_a_view_store_are_refused(views: Any, store) -> None:
+    """``Runtime(views=None)`` read as "the default" and failed in pathlib with a TypeError."""
+    from terret import Runtime, StaticResolver
+
+    with pytest.raises(ConfigurationError, match="views is a SQLite file's path"):
+        Runtime(store, resolver=StaticResolver(), views=views)
+
+
+def test_views_given_as_a_path_object_are_that_file(make_runtime: MakeRuntime, tmp_path) -> None:
+    rt = make_runtime(views=tmp_path / "views.db")
+    rt.run_turn(rt.create_session(), "hi")
+    assert (tmp_path / "views.db").exists()
