@@ -65,11 +65,21 @@ def _env_spec(resolver: ModelResolver, variable: str, spec: str) -> str:
     try:
         validate_model_spec(spec)
     except ValueError as exc:
-        raise ConfigurationError(f"{variable}={shown(spec)}: {exc}") from None
+        raise ConfigurationError(f"{_env_value(variable, spec)}: {exc}") from None
     problem = resolve_problem(resolver, spec)
     if problem is not None and not problem[1]:
-        raise ConfigurationError(f"{variable}={shown(spec)}: {problem[0]}")
+        raise ConfigurationError(f"{_env_value(variable, spec)}: {problem[0]}")
     return spec
+
+
+def _env_value(variable: str, value: str) -> str:
+    """``VARIABLE='value'`` for an error, or the variable alone when its value may be a
+    credential (a URL's, a key pasted in the wrong variable): errors reach screens and logs."""
+    from terret.cli._format import may_hold_secret
+
+    if may_hold_secret(value):
+        return f"{variable} (its value not shown: it may hold a credential)"
+    return f"{variable}={shown(value)}"
 
 
 def _env_budget() -> int | None:
@@ -77,7 +87,7 @@ def _env_budget() -> int | None:
     if not text:
         return None
     if not text.isdigit() or int(text) <= 0:
-        raise ConfigurationError(f"TERRET_COMPACTION_BUDGET={shown(text)}: not a number of "
+        raise ConfigurationError(f"{_env_value('TERRET_COMPACTION_BUDGET', text)}: not a number of "
                                  "prompt tokens (a whole number above 0)")
     return int(text)
 
@@ -88,7 +98,7 @@ def _env_summarizer() -> Summarizer | None:
         return None
     if name != "morph":
         raise ConfigurationError(
-            f"TERRET_SUMMARIZER={shown(name)}: the one summarizer it names is 'morph' (the "
+            f"{_env_value('TERRET_SUMMARIZER', name)}: the one summarizer it names is 'morph' (the "
             "Morph Compact API); unset, compaction uses the compactor role")
     from terret.adapters.summarizers import MorphSummarizer
 

@@ -23,7 +23,7 @@ from uuid import UUID
 import click
 from click.shell_completion import CompletionItem
 
-from terret.cli._format import printable
+from terret.cli._format import may_hold_secret, printable
 from terret.domain.errors import SessionNotFound, StoreUnavailable, ViewsBehind, ViewsBusy
 from terret.domain.errors import shown as cut
 
@@ -159,8 +159,12 @@ class ModelSpecType(click.ParamType):
             return validate_model_spec(str(value))
         except ValueError as exc:
             text = str(value)
-            # A spec whose URL holds credentials is not quoted: they would be on the screen.
-            shown = text.split("://", 1)[0] + "://…" if "://" in text else cut(value)
+            # A spec that may hold a credential (a URL's, a pasted key) is not quoted: it would
+            # be on the screen.
+            if not may_hold_secret(text):
+                self.fail(f"{cut(value)}: {exc}", param, ctx)
+            shown = text.split("://", 1)[0] + "://…" if "://" in text else "(not shown: it " \
+                "may hold a credential)"
             self.fail(f"{shown}: {exc}", param, ctx)
 
 

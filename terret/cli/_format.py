@@ -20,6 +20,19 @@ def colour() -> bool:
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
+_KEY_LIKE = re.compile(r"[A-Za-z0-9_\-+=]{20,}")
+
+
+def may_hold_secret(text: str) -> bool:
+    """Whether a value given where a spec or a word was expected may be a credential, and so
+    must not be quoted back in an error: a URL (user-info, a query), something with an ``@``,
+    or a run of 20 or more letters and digits, both (an API key pasted in the wrong place)."""
+    if "://" in text or "@" in text:
+        return True
+    return any(re.search(r"\d", run) and re.search(r"[A-Za-z]", run)
+               for run in _KEY_LIKE.findall(text))
+
+
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """The control characters (C0 but newline and tab, DEL, C1): a terminal acts on them (a bell,
 an escape sequence that recolours or moves the cursor, a carriage return that writes over the

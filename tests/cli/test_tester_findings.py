@@ -221,6 +221,30 @@ def _assert_bad_environment(stderr: str, variable: str, value: str, needle: str)
     assert "Usage: " in stderr and "Try '" in stderr, stderr  # a usage error's hint
 
 
+SECRET_ENVIRONMENTS = [
+    ("TERRET_MAIN_MODEL", "openai-compatible:m@http://bob:hunter2pwSECRET@127.0.0.1:8000/v1"),
+    ("TERRET_TITLER_MODEL", "openai-compatible:m@http://bob:hunter2pwSECRET@127.0.0.1:8000/v1"),
+    ("TERRET_MAIN_MODEL", "sk-or-v1-S3CRETK3Y0123456789abcdefZZQ"),
+    ("TERRET_SUMMARIZER", "sk-or-v1-S3CRETK3Y0123456789abcdefZZQ"),
+    ("TERRET_COMPACTION_BUDGET", "sk-or-v1-S3CRETK3Y0123456789abcdefZZQ"),
+]
+
+
+@pytest.mark.parametrize("variable, value", SECRET_ENVIRONMENTS)
+def test_a_value_of_the_environment_that_may_be_a_credential_is_not_quoted_back(
+        target: Target, monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
+    """A base URL with user:password@, or a key pasted into the wrong variable: the refusal
+    names the variable, never the value — on stderr and in the JSON error."""
+    sid = str(target.finished())
+    monkeypatch.setenv(variable, value)
+    for json_flag in ((), ("--json",)):
+        result = target.invoke(*json_flag, "compact", sid)
+        assert result.exit_code == 2, result.stderr
+        line = one_line_error(result.stderr)
+        assert f"{variable} (its value not shown: it may hold a credential)" in line, line
+        assert "SECRET" not in result.stderr + result.stdout, result.stderr + result.stdout
+
+
 def test_the_default_app_refuses_an_environment_it_cannot_use(
         target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every command that builds the default app refuses it up front (exit 2), naming the
