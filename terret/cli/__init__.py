@@ -339,7 +339,11 @@ def _logging(verbose: bool) -> WarningLines | None:
     if verbose:
         import logging
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        from terret.cli._format import PrintableFormatter
+
+        logging.basicConfig(level=logging.INFO)
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(PrintableFormatter("%(asctime)s %(name)s %(message)s"))
         return None
     log = WarningLines()
     log.install()

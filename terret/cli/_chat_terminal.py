@@ -132,7 +132,8 @@ class Input:
                 # Piped input: the questions read the same buffer, so a line meant for an
                 # approval is not swallowed ahead of it by the prompt's reader.
                 line = self._next_line(self.fd) if self._polled() else input()
-                click.echo(line)  # what a terminal would have echoed: the transcript reads
+                # What a terminal would have echoed (escaped): the transcript reads
+                click.echo(printable(line))
         finally:
             with screen.lock:
                 screen.waiting = None
@@ -181,7 +182,7 @@ class Input:
             # sequences — dropped, never written into the log as a reason.
             answer = KEY_SEQUENCES.sub("", answer)
         else:
-            click.echo(answer)  # echoed, as the prompt's lines are
+            click.echo(printable(answer))  # echoed, as the prompt's lines are
         screen.at_line_start = True
         return answer
 

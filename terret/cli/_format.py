@@ -4,6 +4,7 @@ their arguments (the terminal's ``colour``, the clock), imported by the commands
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -47,6 +48,14 @@ def printable(text: str) -> str:
     if text.isprintable() or not CONTROL.search(text):
         return text
     return CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
+
+class PrintableFormatter(logging.Formatter):
+    """Log lines (``serve``'s, ``-v``'s) with their control characters escaped, as every other
+    output: a record may quote what a provider's error body or a session's text held."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 def table(rows: list[list[str]], headers: list[str]) -> str:

@@ -14,7 +14,7 @@ from uuid import UUID
 import click
 
 from terret.cli._context import SESSION, CliContext, note
-from terret.cli._format import money
+from terret.cli._format import money, printable
 from terret.cli._params import JSON_LINES, TEXT, IntRange
 from terret.domain.errors import shown
 from terret.domain.store import RETENTION_STREAM, StoredRecord, session_stream
@@ -33,7 +33,13 @@ def _short(text: str, n: int = 70) -> str:
 
 def summarize(event: RecordedEvent) -> str:
     """One line for a human: the gist of the payload (one summary per payload class; any
-    other, an extension's, as its data)."""
+    other, an extension's, as its data), its control characters escaped — a tool name, a
+    call id, a reason or a spec holds what its author wrote, and a terminal must not act on
+    it (an escape sequence setting the window's title, writing the clipboard)."""
+    return printable(_gist(event))
+
+
+def _gist(event: RecordedEvent) -> str:
     from terret.domain.catalogue import OpaquePayload
 
     p: Any = event.payload
@@ -162,8 +168,8 @@ def _tokens(usage: Any) -> str:
 
 def _line(event: RecordedEvent, record: StoredRecord, *, full: bool, stamps: bool) -> str:
     stamp = f"{_stamp(record.recorded_at)}  " if stamps else ""
-    body = (json.dumps(json.loads(record.data), sort_keys=True, ensure_ascii=False)
-            if full else summarize(event))
+    body = (printable(json.dumps(json.loads(record.data), sort_keys=True, ensure_ascii=False))
+            if full else summarize(event))  # JSON escapes C0 controls, not DEL and C1
     from terret.domain.payloads import wire_name_problem
 
     # Any client may append a record: a wire name no class could have is shown quoted, so it

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from terret.cli._context import CliContext, note
+from terret.cli._format import PrintableFormatter
 from terret.cli._params import MAX_SECONDS, FloatRange
 from terret.cli.admin import APP_OPTION, app_for, runtime_for
 from terret.domain.errors import RuntimeFault, TerretError
@@ -47,7 +48,7 @@ def serve(obj: CliContext, app_spec: str | None, grace: float, group: str,
         raise click.BadParameter("the group name cannot be empty", param_hint="'--group'")
     logging.getLogger("terret").setLevel(logging.INFO)
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.setFormatter(PrintableFormatter("%(asctime)s %(levelname)s %(message)s"))
     logging.getLogger("terret").addHandler(handler)
     logging.getLogger("terret").propagate = False
     app = app_for(app_spec)  # before the store: a refused app leaves no new store file behind

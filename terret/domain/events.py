@@ -73,6 +73,8 @@ def validate_text(text: str) -> str:
 def validate_model_spec(spec: str) -> str:
     if not _SPEC.match(validate_text(spec)):
         raise ValueError("a model spec is 'provider:model', e.g. 'openrouter:openai/gpt-4o'")
+    if not spec.isprintable():  # an escape sequence, a NUL, a right-to-left override
+        raise ValueError("a model spec has no control or formatting characters")
     if url_holds_secrets(spec):
         # The spec is recorded (model/set, step/start, session/started) and shown: a key in
         # it would be in the log for good. Not quoted here either.

@@ -302,13 +302,30 @@ def test_control_characters_of_a_title_are_shown_escaped_and_kept_in_the_log(
     assert f"title     {shown}\n" in show
     listed = target.invoke("sessions", "list").stdout
     assert shown[:20] in listed
-    for out in (set_title.stdout, show, listed):
+    log = target.invoke("log", str(sid)).stdout  # the summaries, and the payloads in full
+    full = target.invoke("log", str(sid), "--full").stdout
+    assert shown in log
+    assert "\\x7f" in full  # JSON escapes the C0 controls, not DEL: escaped as shown
+    for out in (set_title.stdout, show, listed, log, full):
         assert not any(c in out for c in "\x07\x1b\x7f"), out
     # The log keeps what was written; --json prints it as it is (JSON-escaped).
     assert target.events(sid)[-1].payload.title == raw
     assert target.json("title", str(sid))["title"] == raw
     headers, row = listed.splitlines()[:2]  # the table's columns stay aligned
     assert row.index(shown[:20]) == headers.index("TITLE")
+
+
+def test_log_shows_a_reason_s_escape_sequences_escaped(target: Target) -> None:
+    """A reason (and a call id, a tool name: the model's) holds what its author wrote: an OSC
+    sequence in it set the terminal's title or wrote its clipboard from `terret log`."""
+    sid = target.parked()
+    raw = "freeze \x1b]0;OWNED-TITLE\x07\x1b[2J"
+    assert target.invoke("cancel", str(sid), "--reason", raw).exit_code == 0
+    closed = target.invoke("resume", str(sid), "--app", DEMO_APP)  # denies, closes: the reason
+    assert closed.exit_code == 0, closed.stderr
+    log = target.invoke("log", str(sid)).stdout
+    assert "freeze \\x1b]0;OWNED-TITLE\\x07\\x1b[2J" in log, log
+    assert not any(c in log for c in "\x07\x1b"), log
 
 
 # --- 2. resume does the upkeep of the turn it resumes --------------------------------------
@@ -354,3 +371,22 @@ def test_with_verbose_the_traceback_of_an_app_s_error_masks_the_store_credential
     assert "Traceback" in done.stderr and "QuotesTheStore" not in done.stdout
     assert "changeit" not in done.stderr, done.stderr
     assert done.stderr.count("esdb://***@") >= 2  # in the traceback and in the line
+
+
+def test_chat_echoes_a_piped_line_with_its_escape_sequences_escaped(target: Target) -> None:
+    done = target.invoke("chat", "--app", DEMO_APP, input="x \x1b]0;TITLE\x07 \x1b[2J\n")
+    assert done.exit_code == 0, done.stderr
+    assert "you> x \\x1b]0;TITLE\\x07 \\x1b[2J" in done.stdout, done.stdout
+    assert not any(c in done.stdout for c in "\x07\x1b"), done.stdout
+
+
+def test_log_lines_of_serve_and_verbose_escape_control_characters() -> None:
+    """serve's lines (and -v's) may quote a provider's error body: shown, never acted on."""
+    import logging
+
+    from terret.cli._format import PrintableFormatter
+
+    record = logging.LogRecord("terret", logging.ERROR, __file__, 1,
+                               "the woken turn failed: %s", ("401 \x1b]0;pwned\x07",), None)
+    line = PrintableFormatter("%(levelname)s %(message)s").format(record)
+    assert line == "ERROR the woken turn failed: 401 \\x1b]0;pwned\\x07"

@@ -167,7 +167,8 @@ def test_malformed_patterns_are_refused(pattern: str, needle: str) -> None:
 
 
 @pytest.mark.parametrize("spec", ["a:b\n", "a:b\n\n", "a:b c", "a\n:b", ":b", "a:", "",
-                                  "A:b", "a:" + BAD])
+                                  "A:b", "a:" + BAD, "scripted:t\x1b]52;c;ZXZpbA==\x07",
+                                  "a:b\x00", "a:b\u202egnp.exe"])
 def test_malformed_model_specs_are_refused(spec: str) -> None:
     with pytest.raises(ValueError):
         validate_model_spec(spec)
