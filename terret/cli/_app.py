@@ -161,9 +161,15 @@ def load_app(spec: str | None) -> App:
     module_name, _, attr = spec.partition(":")
     try:
         module = import_from_cwd(module_name)
-        factory: Callable[[], App] = getattr(module, attr or "app")
-    except (ImportError, AttributeError, ValueError, TypeError) as exc:
+    except (ImportError, ValueError, TypeError) as exc:
         # ValueError: an empty module name; TypeError: a relative one ('..:x')
+        raise ConfigurationError(f"cannot load app {shown(spec)}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed (a SyntaxError)
+        raise ConfigurationError(
+            f"cannot load app {shown(spec)}: {type(exc).__name__}: {exc}") from None
+    try:
+        factory: Callable[[], App] = getattr(module, attr or "app")
+    except AttributeError as exc:
         raise ConfigurationError(f"cannot load app {shown(spec)}: {exc}") from None
     if not callable(factory):
         raise ConfigurationError(f"cannot load app {shown(spec)}: {attr or 'app'} is not callable")

@@ -390,3 +390,20 @@ def test_log_lines_of_serve_and_verbose_escape_control_characters() -> None:
                                "the woken turn failed: %s", ("401 \x1b]0;pwned\x07",), None)
     line = PrintableFormatter("%(levelname)s %(message)s").format(record)
     assert line == "ERROR the woken turn failed: 401 \\x1b]0;pwned\\x07"
+
+
+@pytest.mark.parametrize("source, kind", [("def app(:\n", "SyntaxError"),
+                                          ("raise RuntimeError('boom at import')\n",
+                                           "RuntimeError")])
+def test_an_app_module_failing_at_import_is_a_usage_error(
+        target: Target, apps: str, tmp_path: Path, source: str, kind: str) -> None:
+    """docs/cli.md: an unusable --app is a usage error (exit 2), as --extensions is."""
+    (tmp_path / "broken_app.py").write_text(source)
+    sid = str(target.finished())
+    before = target.snapshot()
+    done = target.invoke("compact", sid, "--app", "broken_app:app")
+    assert done.exit_code == 2, done.stderr
+    line = one_line_error(done.stderr)
+    assert line.startswith("Error: BadParameter: Invalid value for '--app': cannot load app "
+                           f"'broken_app:app': {kind}: "), line
+    assert target.snapshot() == before
