@@ -18,7 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from terret.domain import errors
-from terret.domain.codec import RecordedEvent
+from terret.domain.codec import RecordedEvent, encode
 from terret.domain.events import (
     Actor,
     AgentAttached,
@@ -28,6 +28,7 @@ from terret.domain.events import (
     InDoubtResolved,
     SessionClosed,
     TurnEnded,
+    UserMessage,
 )
 from terret.domain.groups import GroupReader
 from terret.domain.repository import SessionRepository
@@ -399,6 +400,7 @@ class Runtime:
         """Start a turn here; an idle session another worker owns moves to this one (the
         caller chose this process), a running one is refused with ``SessionOwned``."""
         Session.check_turn_input(text=text)  # refused input claims nothing
+        self._check_fits(text)
         try:
             # A racing worker's turn may also be found when this one starts its own (the
             # append conflicts, and the re-read shows the turn open): refused the same way.
@@ -407,6 +409,17 @@ class Runtime:
         except errors.TurnOpenInLog:
             self._refuse_if_run_elsewhere(session_id)
             raise  # nobody is running it: a process died in it (R4)
+
+    def _check_fits(self, text: str | None) -> None:
+        """``PayloadTooLarge`` for a message the store would refuse, before the session is
+        claimed: the claim (``agent/attached``) is an append of its own, and a refused turn
+        writes nothing."""
+        if text is None:
+            return
+        record = encode(UserMessage(text=text))
+        size = len(record.data) + len(record.metadata)
+        if size > self.store.max_record_bytes:
+            raise errors.PayloadTooLarge(UserMessage.wire_name, size, self.store.max_record_bytes)
 
     def _refuse_if_run_elsewhere(self, session_id: UUID) -> None:
         """``SessionOwned`` when the open turn is another live worker's: it is not one a

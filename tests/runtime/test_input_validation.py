@@ -31,6 +31,21 @@ def test_run_turn_with_a_lone_surrogate_is_a_typed_error_and_writes_nothing(
     assert rt.run_turn(sid, "deploy café").status == "completed"
 
 
+def test_run_turn_with_a_message_too_large_for_the_store_writes_nothing(
+        make_runtime: MakeRuntime, store) -> None:
+    """The claim (``agent/attached``) was written before the store refused the message."""
+    from terret.domain.errors import PayloadTooLarge
+
+    rt = make_runtime()
+    sid = rt.create_session()
+    before = read_log(store, sid)
+    with pytest.raises(PayloadTooLarge) as info:
+        rt.run_turn(sid, "x" * (store.max_record_bytes + 1))
+    assert info.value.wire_name == "user/message"
+    assert read_log(store, sid) == before
+    assert rt.run_turn(sid, "x" * (store.max_record_bytes // 2)).status == "completed"
+
+
 def test_inject_set_model_and_verdicts_with_bad_text_are_typed_errors(
         make_runtime: MakeRuntime, store) -> None:
     rt = make_runtime()
