@@ -150,7 +150,10 @@ def refuse_foreign_views(path: str) -> None:
     try:
         names = table_names(db)
     except sqlite3.Error:
-        return  # not SQLite, damaged, locked: opening the views gives the typed error
+        if not _sqlite_header(path):  # someone's notes, not a damaged views file: keep it
+            raise NotAViewsFile(f"{path} is not a views file: it is not a SQLite database; it "
+                                "was left untouched (give the views a file of their own)") from None
+        return  # damaged, locked: opening the views gives the typed error
     finally:
         db.close()
     store = names & {"events", "terret_meta"}
@@ -160,6 +163,15 @@ def refuse_foreign_views(path: str) -> None:
     hint = ": pass it as --store, and give the views a file of their own" if store else ""
     raise NotAViewsFile(f"{path} is not a views file: it is {what} (tables {listed(names)}){hint}; "
                         "it was left untouched")
+
+
+def _sqlite_header(path: str) -> bool:
+    """Whether the file starts as every SQLite database does (or cannot be read here)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return True
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -221,8 +221,11 @@ def test_a_views_file_that_holds_anything_else_is_refused_and_left_untouched(
     app_db = tmp_path / "app.db"
     with sqlite3.connect(app_db) as db:
         db.execute("CREATE TABLE users (name TEXT)")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes, not a database\n")
     for path, needle in ((other_store, "it is a Terret store"),
-                         (app_db, "another SQLite database (tables users)")):
+                         (app_db, "another SQLite database (tables users)"),
+                         (notes, "it is not a SQLite database")):
         before = path.read_bytes()
         line = assert_usage_error(target, ["--views", str(path), "sessions", "list"],
                                   "NotAViewsFile", needle, "left untouched", code=1)

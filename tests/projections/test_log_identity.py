@@ -25,7 +25,7 @@ import pytest
 
 from terret import Session
 from terret.adapters.stores import MemoryStore, SQLiteStore
-from terret.domain.errors import StoreFull, ViewsCorrupt, ViewsMismatch
+from terret.domain.errors import NotAViewsFile, StoreFull, ViewsCorrupt, ViewsMismatch
 from terret.domain.store import (
     EventStore,
 )
@@ -311,10 +311,17 @@ def test_a_runner_stops_using_views_another_process_rebuilt_from_another_store(
 
 
 def test_a_damaged_views_file_is_a_typed_error(tmp_path: Path) -> None:
+    """A SQLite file whose pages are garbage: damaged, to be deleted (a file that is not
+    SQLite at all is someone else's: ``NotAViewsFile``, left untouched)."""
     path = tmp_path / "views.db"
-    path.write_bytes(b"these are not the views you are looking for" * 100)
+    path.write_bytes(b"SQLite format 3\x00" + b"these are not the views you are looking for" * 100)
     with pytest.raises(ViewsCorrupt, match="delete it"):
         ViewStore(str(path))
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"these are not the views you are looking for" * 100)
+    with pytest.raises(NotAViewsFile, match="not a SQLite database"):
+        ViewStore(str(notes))
+    assert notes.read_bytes() == b"these are not the views you are looking for" * 100
 
 
 def test_a_full_disk_under_the_views_is_a_typed_error(tmp_path: Path) -> None:
