@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from terret.domain.errors import ConfigurationError
+from terret.domain.events import validate_model_spec, validate_role
 from terret.domain.session import MAX_STEPS
 
 _WHOLE = ("max_steps", "max_agents")
@@ -42,8 +43,15 @@ class RuntimeConfig:
         switched a limit off silently."""
         if not isinstance(self.roles, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in self.roles.items()):
-            raise ConfigurationError(f"RuntimeConfig.roles maps role names to "
-                                     f"'provider:model' specs, not {self.roles!r}")
+            raise ConfigurationError("RuntimeConfig.roles maps role names to 'provider:model' "
+                                     f"specs, not a {type(self.roles).__name__} of others")
+        for role, spec in self.roles.items():
+            try:  # here, not at the first create_session: a spec is recorded in the log
+                validate_role(role)
+                validate_model_spec(spec)
+            except ValueError as exc:  # its message never quotes a spec (it may hold a key)
+                raise ConfigurationError(f"RuntimeConfig.roles: role {role[:40]!r}: {exc}") \
+                    from None
         for name in (*_WHOLE, *_OPTIONAL_WHOLE):
             value = getattr(self, name)
             if value is None and name in _OPTIONAL_WHOLE:

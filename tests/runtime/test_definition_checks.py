@@ -53,7 +53,9 @@ def test_a_hook_returning_something_else_than_a_refusal_is_said_so(
     {"spend_cap": -1}, {"spend_cap": float("nan")}, {"spend_cap": float("inf")},
     {"wait_timeout": 0}, {"tool_timeout": -1}, {"tool_timeout": "3"}, {"max_steps": "5"},
     {"max_steps": 0}, {"max_agents": -1}, {"approval_max_wait": -5}, {"lease_ttl": 0},
-    {"roles": "scripted:x"}, {"compaction_budget": 0},
+    {"roles": "scripted:x"}, {"compaction_budget": 0}, {"roles": {"main": "nocolon"}},
+    {"roles": {"Main": "scripted:x"}},
+    {"roles": {"main": "openai-compatible:m@http://bob:SECRETpw@127.0.0.1:8000/v1"}},
 ])
 def test_a_runtime_config_value_no_turn_could_use_is_refused_when_made(
         options: dict[str, Any]) -> None:
@@ -62,8 +64,9 @@ def test_a_runtime_config_value_no_turn_could_use_is_refused_when_made(
     from terret import RuntimeConfig
 
     (name,) = options
-    with pytest.raises(ConfigurationError, match=f"RuntimeConfig.{name} "):
+    with pytest.raises(ConfigurationError, match=f"RuntimeConfig.{name}[ :]") as info:
         RuntimeConfig(**options)
+    assert "SECRET" not in str(info.value)  # a spec with a key is refused, never quoted
     RuntimeConfig(tool_timeout=float("inf"), spend_cap=0, approval_max_wait=0.3)  # all fine
 
 
