@@ -346,6 +346,8 @@ def bearer_key(value: str, *, source: str = "the API key") -> Secret:
         where = f"starts with {_describe(value[0])}"
     else:
         where = f"contains {_describe(value[first])} at position {first + 1} of {len(value)}"
+    # Unbound first: reporters that show a traceback's locals would show the key.
+    del value
     raise ConfigurationError(
         f"{source} {where}; an HTTP header cannot carry it. Fix the value: keys are not "
         "trimmed silently"

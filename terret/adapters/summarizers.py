@@ -80,10 +80,13 @@ class MorphSummarizer:
         client: httpx.Client | None = None,
     ) -> None:
         self._key = Secret(api_key) if api_key else None
-        try:
-            self.api_key_env = check_env_name(api_key_env)
-        except ValueError as exc:
-            raise ConfigurationError(f"MorphSummarizer api_key_env {exc}") from None
+        problem = _env_name_problem(api_key_env)
+        if problem is not None:
+            # With no error chained and this frame's locals unbound: what is in the name's
+            # place is often the key, and reporters that show a traceback's locals would too.
+            del api_key, api_key_env, environ
+            raise ConfigurationError(f"MorphSummarizer api_key_env {problem}")
+        self.api_key_env = api_key_env
         base = base_url.rstrip("/")
         self.url = (base[:-3] if base.endswith("/v1") else base) + "/v1/compact"
         self.compression_ratio = compression_ratio
@@ -99,7 +102,10 @@ class MorphSummarizer:
         )
 
     def __repr__(self) -> str:
-        return f"MorphSummarizer(url={self.url!r}, api_key_env={self.api_key_env!r})"
+        # getattr: a reporter may show an instance whose __init__ refused its arguments.
+        url = getattr(self, "url", None)
+        api_key_env = getattr(self, "api_key_env", None)
+        return f"MorphSummarizer(url={url!r}, api_key_env={api_key_env!r})"
 
     def close(self) -> None:
         if self._owns_client:
@@ -163,7 +169,9 @@ class MorphSummarizer:
         kept = _strip_keep_tags(kept).strip()
         if not kept:
             return self._decline("the reply kept nothing")
-        return self.header + kept
+        # The summary goes into the event log (session/compacted): a reply that echoes the
+        # key has it masked, as a provider's reply has.
+        return self.header + key.scrub(kept)
 
     def _wire(self, message: Message) -> dict[str, str]:
         content = render_history([message])
@@ -181,6 +189,15 @@ class MorphSummarizer:
         logger.warning(text)
         warnings.warn(text, SummarizerDeclined, stacklevel=3)
         return None
+
+
+def _env_name_problem(name: str) -> str | None:
+    """Why ``name`` is no environment variable's name, or ``None``."""
+    try:
+        check_env_name(name)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _last_user_text(messages: Sequence[Message]) -> str | None:

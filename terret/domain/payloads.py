@@ -74,7 +74,12 @@ def text_problem(text: str) -> str | None:
     return None
 
 
-def _clean_json(value: Any) -> bool:
+_DEEP = 200
+"""Values nested this deep are round-tripped through JSON (``odd``): the serializer has a
+depth limit of its own (about 256 levels), which an append must not be the first to meet."""
+
+
+def _clean_json(value: Any, room: int = _DEEP) -> bool:
     """Whether a JSON-like value is plain JSON (no NaN or infinity either) that surely holds no
     lone surrogate: one pass in C (``json.dumps`` keeps surrogates as they are with
     ``ensure_ascii=False``) instead of a walk in Python."""
@@ -83,6 +88,8 @@ def _clean_json(value: Any) -> bool:
     except (TypeError, ValueError):
         return False  # not plain JSON: walk it
     if not text.isascii() and text_problem(text) is not None:
+        return False
+    if text.count("[") + text.count("{") > room:  # it may nest too deep where it is: walk it
         return False
     # json.dumps writes a key 1, None or 1.5 as text: read back, it is another key (and
     # {1: "a", "1": "b"} loses one). Only reading it back tells.
@@ -108,15 +115,16 @@ MAX_VERSION = 2**31 - 1
 _JSON_KINDS = (str, int, dict, list, tuple, BaseModel, type(None))  # bool is an int
 
 
-def _unstorable(value: Any, loc: str, odd: list[str]) -> tuple[str, str] | None:
+def _unstorable(value: Any, loc: str, odd: list[str], depth: int = 0
+                ) -> tuple[str, str] | None:
     """The location and problem of the first text in ``value`` that cannot be stored. Inside a
-    dict or list, a value JSON has no form for (bytes, a set, NaN, any other object) has its
-    location added to ``odd``: a typed field may turn it into JSON and back (a datetime), or
-    may not (``Any``), which only a round trip tells."""
+    dict or list, a value JSON has no form for (bytes, a set, NaN, any other object), or one
+    nested :data:`_DEEP` levels down, has its location added to ``odd``: a typed field may turn
+    it into JSON and back (a datetime), or may not (``Any``), which only a round trip tells."""
     if isinstance(value, str):
         problem = text_problem(value)
         return (loc or "<payload>", problem) if problem else None
-    items = _to_walk(value)
+    items = _to_walk(value, depth)
     if items is None:
         return None
     keyed = isinstance(value, dict)  # a model's keys are its field names
@@ -127,14 +135,14 @@ def _unstorable(value: Any, loc: str, odd: list[str]) -> tuple[str, str] | None:
         here = f"{loc}.{key}" if loc else str(key)
         if keyed and isinstance(key, str) and (problem := text_problem(key)):
             return here.encode("ascii", "backslashreplace").decode(), f"key: {problem}"
-        if not odd and ((keyed and not isinstance(key, str)) or (
+        if not odd and ((keyed and not isinstance(key, str)) or depth >= _DEEP or (
                 (loose is None or key in loose) and not _plain(item))):
             odd.append(here)
         if loose is None:
-            found = _unstorable(item, here, odd)
+            found = _unstorable(item, here, odd, depth + 1)
         else:  # a field of a model: one that contains itself is named
             try:
-                found = _unstorable(item, here, odd)
+                found = _unstorable(item, here, odd, depth + 1)
             except RecursionError:
                 return here, "nested too deeply, or contains itself"
         if found is not None:
@@ -150,15 +158,16 @@ def _loose_fields(cls: type[BaseModel]) -> frozenset[str]:
                      if info.annotation in (Any, object))
 
 
-def _to_walk(value: Any) -> Iterable[tuple[Any, Any]] | None:
+def _to_walk(value: Any, depth: int = 0) -> Iterable[tuple[Any, Any]] | None:
     """What ``_unstorable`` walks in ``value``: a model's fields, a container's items unless
     it is plain JSON without a lone surrogate (the usual case, checked in C), or None."""
     if isinstance(value, BaseModel):
         return value.__dict__.items()  # the fields' values (extra fields are forbidden)
     if isinstance(value, dict):
-        return None if not value or _clean_json(value) else value.items()
+        return None if not value or _clean_json(value, _DEEP - depth) else value.items()
     if isinstance(value, list | tuple):
-        if not value or (not isinstance(value[0], BaseModel) and _clean_json(value)):
+        if not value or (not isinstance(value[0], BaseModel)
+                         and _clean_json(value, _DEEP - depth)):
             return None
         return enumerate(value)
     return None

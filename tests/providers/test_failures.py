@@ -18,6 +18,7 @@ from terret.adapters.providers import (
     UpstreamError,
 )
 from terret.adapters.providers.retry import parse_retry_after, policy_for
+from terret.adapters.providers.stream import MAX_ARGUMENT_DEPTH
 from terret.domain.errors import MalformedStream, ModelCancelled, ProviderError
 from terret.domain.messages import Message
 from terret.runtime.model import ModelRequest
@@ -301,6 +302,85 @@ def test_tool_arguments_that_are_not_a_json_object_are_malformed(
     with pytest.raises(MalformedStream, match="arguments of tool call 'f'") as caught:
         provider.complete(HELLO)
     assert caught.value.data == '{"a": 1,'
+
+
+def _nested(depth: int) -> str:
+    """An arguments object ``depth`` levels deep, itself the first level: ``{"a": [[...]]}``."""
+    return '{"a": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+
+def _nested_objects(depth: int) -> str:
+    return '{"a": ' + '{"a": ' * (depth - 1) + "1" + "}" * depth
+
+
+def test_tool_arguments_nested_as_deep_as_can_be_recorded_are_accepted(
+    server: ScriptedServer, provider: OpenAICompatibleProvider
+) -> None:
+    calls = [("c1", "f", _nested(MAX_ARGUMENT_DEPTH)),
+             ("c2", "g", _nested_objects(MAX_ARGUMENT_DEPTH))]
+    server.script(CHAT, Reply.sse(tool_call_stream(calls)))
+
+    first, second = provider.complete(HELLO).tool_calls
+
+    assert first.args == json.loads(_nested(MAX_ARGUMENT_DEPTH))
+    assert second.args == json.loads(_nested_objects(MAX_ARGUMENT_DEPTH))
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        _nested(MAX_ARGUMENT_DEPTH + 1),
+        _nested_objects(MAX_ARGUMENT_DEPTH + 1),
+        _nested(5_000),  # too deep for the JSON decoder itself (a RecursionError)
+        _nested(50_000),
+    ],
+    ids=["one level too deep", "objects one level too deep", "5000 deep", "50000 deep"],
+)
+def test_tool_arguments_nested_too_deeply_are_malformed(
+    server: ScriptedServer, provider: OpenAICompatibleProvider, arguments: str
+) -> None:
+    """Arguments the event log could not record: a typed, documented error, not the
+    RecursionError or serialization error that would otherwise surface later."""
+    server.script(CHAT, Reply.sse(tool_call_stream([("c1", "f", arguments)])))
+
+    with pytest.raises(MalformedStream) as caught:
+        provider.complete(HELLO)
+
+    assert str(caught.value).startswith(
+        f"openrouter: arguments of tool call 'f' are nested more than {MAX_ARGUMENT_DEPTH} "
+        "levels deep (data: "
+    )
+    assert caught.value.data == arguments
+    assert len(server.requests) == 1  # not retried
+
+
+def test_json_nested_too_deeply_to_decode_is_malformed_wherever_it_is(
+    server: ScriptedServer, make_provider: ProviderFactory
+) -> None:
+    deep = "[" * 50_000 + "]" * 50_000
+    whole = '{"choices": [{"index": 0, "delta": {"content": ' + deep + "}}]}"
+    as_object = json.dumps(chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {
+        "name": "f", "arguments": {"x": "DEEP"}}}]}), separators=(",", ":"))
+    # Arguments sent as an object (a lenient server), deep enough to be refused.
+    as_object = as_object.replace('"DEEP"', "[" * 900 + "]" * 900)
+    server.script(
+        CHAT,
+        Reply.sse([b"data: " + whole.encode() + b"\n\n", DONE]),  # the fast path
+        Reply.sse([event(chunk({"content": "a"})), b"data: " + whole.encode() + b"\n", b"\n"]),
+        Reply(headers={"Content-Type": "application/json"},
+              parts=[('{"choices": [{"message": {"content": ' + deep + "}}]}").encode()],
+              framing="length"),
+        Reply.sse([b"data: " + as_object.encode() + b"\n\n", DONE]),
+    )
+    provider = make_provider()
+
+    for expected in ("an SSE data line is JSON nested too deeply to decode",
+                     "an SSE data line is JSON nested too deeply to decode",
+                     "the JSON reply is nested too deeply to decode",
+                     "arguments of tool call 'f' are nested more than"):
+        with pytest.raises(MalformedStream, match=expected):
+            provider.complete(HELLO)
+    assert len(server.requests) == 4  # none retried
 
 
 def test_arguments_cut_by_the_token_limit_say_so(

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 import terret
 from terret.adapters.providers import EndpointConfig, ProviderRegistry, ProvidersConfig
+from terret.adapters.providers.stream import MAX_ARGUMENT_DEPTH
 from terret.adapters.stores.sqlite import SQLiteStore
+from terret.domain.errors import MalformedStream
 from terret.domain.store import session_stream
 from tests.providers.conftest import API_KEY, CHAT, FAST_RETRY, FAST_TIMEOUTS
 from tests.support.sse_server import (
@@ -84,6 +88,61 @@ def test_a_turn_with_a_tool_call_over_http_records_the_servers_usage(
         starts = [json.loads(r.data) for r in store.read_stream(session_stream(sid))
                   if r.wire_name == "step/start"]
         assert [s["model"] for s in starts] == ["openrouter:acme/weather-1"] * 2
+    finally:
+        runtime.close()
+        registry.close()
+        store.close()
+
+
+class AnyArgs(BaseModel):
+    a: Any = None
+
+
+@terret.tool(args=AnyArgs, description="Takes anything.")
+def take(args: AnyArgs, ctx: terret.CallContext) -> str:
+    return "taken"
+
+
+@pytest.mark.parametrize("depth", [MAX_ARGUMENT_DEPTH, MAX_ARGUMENT_DEPTH + 1, 5_000])
+def test_tool_arguments_too_deep_to_record_fail_the_turn_with_a_malformed_stream(
+    depth: int, server: ScriptedServer, tmp_path: Path
+) -> None:
+    """Arguments as deep as the log can record make a turn like any other; deeper ones fail
+    it with the documented MalformedStream — not a RecursionError or a serialization error
+    — and nothing of the reply is written."""
+    arguments = '{"a": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+    server.script(CHAT, Reply.sse(tool_call_stream([("call_d1", "take", arguments)])),
+                  Reply.sse(text_stream(["done"])))
+    config = ProvidersConfig(
+        endpoints={"openrouter": EndpointConfig(base_url=server.url + "/api/v1",
+                                                api_key_env="OPENROUTER_API_KEY")},
+        retry=FAST_RETRY, timeouts=FAST_TIMEOUTS,
+    )
+    registry = ProviderRegistry(config, environ={"OPENROUTER_API_KEY": API_KEY})
+    store = SQLiteStore(tmp_path / "deep.db")
+    runtime = terret.Runtime(
+        store, resolver=registry,
+        config=terret.RuntimeConfig(roles={"main": "openrouter:acme/m"}),
+        agents=[terret.AgentDefinition(tools=[take], allow=["take"])],
+    ).start()
+    try:
+        sid = runtime.create_session()
+        if depth <= MAX_ARGUMENT_DEPTH:
+            result = runtime.run_turn(sid, "go")
+            assert result.status == "completed" and result.text == "done"
+            return
+        with pytest.raises(MalformedStream, match="nested more than"):
+            runtime.run_turn(sid, "go")
+        records = list(store.read_stream(session_stream(sid)))
+        names = [r.wire_name for r in records]
+        (end,) = [json.loads(r.data) for r in records if r.wire_name == "turn/end"]
+        assert end["status"] == "failed"
+        assert end["error"].startswith(
+            f"MalformedStream: openrouter: arguments of tool call 'take' are nested more than "
+            f"{MAX_ARGUMENT_DEPTH} levels deep"
+        )
+        assert "assistant/message" not in names and "tool/result" not in names
+        assert len(server.requests) == 1
     finally:
         runtime.close()
         registry.close()

@@ -262,8 +262,8 @@ def test_a_key_no_header_can_carry_is_refused_when_the_provider_is_built(
     message = str(caught.value)
     assert message.startswith("provider 'openrouter': the API key ")
     assert "HTTP header cannot carry it" in message
-    # (Frame locals would show it: the key is the argument of the frames that refuse it.)
-    assert leaks(everything_shown(caught.value, frame_locals=False)) == []
+    # The frames that refused it unbound it: their locals do not show it either.
+    assert leaks(everything_shown(caught.value)) == []
     assert server.requests == []
 
 
@@ -286,7 +286,7 @@ def test_a_crlf_key_in_the_environment_is_refused_naming_the_variable(
         "file saved with CRLF line endings?); an HTTP header cannot carry it. Fix the value: "
         "keys are not trimmed silently"
     )
-    assert leaks(everything_shown(caught.value, frame_locals=False)) == []
+    assert leaks(everything_shown(caught.value)) == []
     assert server.requests == []
 
 
@@ -301,7 +301,7 @@ def test_a_key_given_where_its_variable_name_belongs_is_refused_unquoted() -> No
         assert leaks(everything_shown(caught.value, frame_locals=False)) == [], caught.value
     with pytest.raises(ConfigurationError, match="must name an environment variable") as morph:
         MorphSummarizer(api_key_env=API_KEY)
-    assert leaks(everything_shown(morph.value, frame_locals=False)) == []
+    assert leaks(everything_shown(morph.value)) == []  # frame locals included
     assert EndpointConfig(base_url="http://h/v1", api_key_env="_My_KEY2").api_key_env == "_My_KEY2"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -365,3 +366,34 @@ def test_morph_accepts_a_base_url_ending_in_v1(server: ScriptedServer, morph: Mo
         morph(base_url="https://api.morphllm.com/v1/").url == "https://api.morphllm.com/v1/compact"
     )
     assert json.loads(server.requests[0].body)["messages"]
+
+
+@pytest.mark.parametrize("source", ["environment", "argument"])
+def test_morph_masks_the_key_in_a_reply_that_echoes_it(
+    server: ScriptedServer, morph: MorphFactory, source: str
+) -> None:
+    """The summary is recorded (``session/compacted``): a key the service echoes into it is
+    masked, as in a provider's reply."""
+    server.script(COMPACT, compact_reply(f"[user] the key is {MORPH_KEY}", "[assistant] ok"),
+                  Reply.json({"output": f"kept {MORPH_KEY!r} and {MORPH_KEY.upper()}"}))
+    options: dict[str, Any] = {"api_key": MORPH_KEY, "environ": {}} if source == "argument" else {}
+    summarizer = morph(header="", **options)
+
+    assert summarizer.summarize(HISTORY) == "[user] the key is ***\n[assistant] ok"
+    assert summarizer.summarize(HISTORY) == "kept '***' and ***"
+
+
+def test_morph_repr_works_on_an_instance_its_constructor_refused() -> None:
+    """Reporters that show a traceback's locals repr the half-built ``self`` too; the refused
+    name (often the key itself) is in no local of the frames."""
+    half_built = MorphSummarizer.__new__(MorphSummarizer)
+    assert repr(half_built) == "MorphSummarizer(url=None, api_key_env=None)"
+
+    with pytest.raises(ConfigurationError) as caught:
+        MorphSummarizer(api_key=MORPH_KEY, api_key_env=MORPH_KEY + "-not-a-name")
+
+    shown = traceback.TracebackException.from_exception(caught.value, capture_locals=True)
+    (frame,) = [f for f in shown.stack if f.name == "__init__"]
+    assert frame.locals is not None and frame.locals["self"].startswith("MorphSummarizer(")
+    assert not any(MORPH_KEY in value for value in frame.locals.values())
+    assert caught.value.__context__ is None and caught.value.__cause__ is None

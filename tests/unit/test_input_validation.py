@@ -272,3 +272,33 @@ def test_extension_payloads_get_the_same_text_check() -> None:
     finally:
         catalogue.unregister("test.input/noted")
 
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("levels", [199, 250, 257, 300, 900])
+def test_a_payload_nested_deeper_than_the_log_can_read_back_is_refused(levels: int) -> None:
+    """Tool arguments ~200 levels deep were written and then could not be decoded (the JSON
+    parser's depth limit): the session's log no longer read. Deeper ones failed the append
+    with pydantic's serialization error. Refused when the payload is made, typed."""
+    from terret.domain.events import AssistantMessage, ToolCallData
+
+    with pytest.raises(errors.InvalidPayload) as info:
+        AssistantMessage(text="", tool_calls=[ToolCallData(id="c", name="f",
+                                                            args=_nested(levels))])
+    assert info.value.field.startswith("tool_calls.0.args")
+
+
+def test_a_payload_nested_as_deep_as_providers_accept_is_written_and_read_back() -> None:
+    from terret.adapters.providers.stream import MAX_ARGUMENT_DEPTH
+    from terret.domain.codec import encode
+    from terret.domain.events import AssistantMessage, ToolCallData
+
+    made = AssistantMessage(text="", tool_calls=[ToolCallData(
+        id="c", name="f", args=_nested(MAX_ARGUMENT_DEPTH))])
+    assert AssistantMessage.model_validate_json(encode(made).data) == made

@@ -44,7 +44,12 @@ from terret.adapters.providers.secret import Secret, bearer_key, redact, scrub
 from terret.adapters.providers.sse import SSEDecoder, SSEEvent
 from terret.adapters.providers.stream import ChunkAssembler
 from terret.adapters.providers.wire import request_body
-from terret.domain.errors import MalformedStream, ModelCancelled, ProviderError
+from terret.domain.errors import (
+    ConfigurationError,
+    MalformedStream,
+    ModelCancelled,
+    ProviderError,
+)
 from terret.domain.messages import ToolCall
 from terret.runtime.model import ModelReply, ModelRequest, TextSink
 
@@ -100,11 +105,15 @@ class OpenAICompatibleProvider:
         self.base_url = base_url.rstrip("/")
         self._url = self.base_url + "/chat/completions"
         # A key no header can carry is refused here, with a ConfigurationError.
-        self._key = (
-            api_key
-            if isinstance(api_key, Secret) or not api_key
-            else bearer_key(api_key, source=f"provider {name!r}: the API key")
-        ) or None
+        try:
+            self._key = (
+                api_key
+                if isinstance(api_key, Secret) or not api_key
+                else bearer_key(api_key, source=f"provider {name!r}: the API key")
+            ) or None
+        except ConfigurationError:
+            del api_key  # a reporter that shows the traceback's locals would show it
+            raise
         self._headers = dict(headers or {})
         self._extra_body = dict(extra_body or {})
         self._stream_usage = stream_usage
@@ -140,10 +149,10 @@ class OpenAICompatibleProvider:
         )
 
     def __repr__(self) -> str:
+        # getattr: a reporter may show an instance whose __init__ refused its arguments.
         auth = "bearer" if getattr(self, "_key", None) is not None else "none"
-        return (
-            f"OpenAICompatibleProvider(name={self.name!r}, base_url={self.base_url!r}, auth={auth})"
-        )
+        name, base_url = getattr(self, "name", None), getattr(self, "base_url", None)
+        return f"OpenAICompatibleProvider(name={name!r}, base_url={base_url!r}, auth={auth})"
 
     def close(self) -> None:
         if self._owns_client:
@@ -330,7 +339,7 @@ class OpenAICompatibleProvider:
                 try:
                     text = chunk.decode()
                     value = parse(text, 6, len(text) - 2)
-                except ValueError:
+                except (ValueError, RecursionError):  # (JSON nested too deeply to decode)
                     raise self._malformed(chunk[6:-2]) from None
                 feed(value)
             elif self._handle_events(decoder.feed(chunk), parse, feed):
@@ -393,7 +402,7 @@ class OpenAICompatibleProvider:
             return False  # other named events are not part of the protocol
         try:
             value = parse(data.decode())
-        except ValueError:
+        except (ValueError, RecursionError):
             raise self._malformed(data) from None
         feed(value)
         return False
@@ -404,6 +413,8 @@ class OpenAICompatibleProvider:
             reason = "an SSE data line could not be parsed"
         except ValueError as exc:
             reason = f"an SSE data line is not valid JSON ({exc})"
+        except RecursionError:
+            reason = "an SSE data line is JSON nested too deeply to decode"
         return MalformedStream(self.name, reason, data=self._scrub(data.decode("utf-8", "replace")))
 
     def _read_completion(self, response: httpx.Response, assembler: ChunkAssembler) -> ModelReply:
@@ -411,10 +422,11 @@ class OpenAICompatibleProvider:
         raw = response.read()
         try:
             document = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
+            deep = isinstance(exc, RecursionError)
             raise MalformedStream(
                 self.name,
-                "the JSON reply is not valid JSON",
+                f"the JSON reply is {'nested too deeply to decode' if deep else 'not valid JSON'}",
                 data=self._scrub(raw.decode("utf-8", "replace")),
             ) from exc
         assembler.feed(document)

@@ -216,11 +216,15 @@ class ProviderRegistry:
                 )
             # A key no header can carry (a CRLF .env file's trailing "\r") is refused here,
             # naming the variable, before any request could quote it.
-            api_key = bearer_key(
-                value,
-                source=f"model spec {str(spec)!r}: provider {name!r}: the API key in "
-                f"{endpoint.api_key_env}",
-            )
+            try:
+                api_key = bearer_key(
+                    value,
+                    source=f"model spec {str(spec)!r}: provider {name!r}: the API key in "
+                    f"{endpoint.api_key_env}",
+                )
+            except ConfigurationError:
+                del value  # a reporter that shows the traceback's locals would show it
+                raise
         return OpenAICompatibleProvider.from_endpoint(
             name, endpoint, api_key=api_key, timeouts=self.config.timeouts, retry=self.config.retry
         )

@@ -16,6 +16,12 @@ from terret.domain.errors import MalformedStream, ProviderError
 from terret.domain.messages import ToolCall, Usage
 from terret.runtime.model import ModelReply, TextSink
 
+#: The deepest tool-call arguments accepted, in levels of JSON objects and arrays, the
+#: arguments object itself being level 1. Deeper arguments could not be recorded, or not read
+#: back (the JSON parser that decodes a stored event stops at 200 levels, the event's own
+#: among them), so they are refused as malformed.
+MAX_ARGUMENT_DEPTH = 190
+
 
 class _CallParts:
     """The fragments of one tool call, keyed by its ``index`` in the stream."""
@@ -60,7 +66,8 @@ class ChunkAssembler:
         # returns the delta's content.
         try:
             content = self._take_chunk(chunk)
-        except (AttributeError, TypeError, IndexError, KeyError, ValueError) as exc:
+        except (AttributeError, TypeError, IndexError, KeyError, ValueError,
+                RecursionError) as exc:  # (json.dumps of an arguments object nested too deeply)
             raise MalformedStream(
                 self.provider, f"unexpected chunk shape ({exc})", data=_show(chunk)
             ) from exc
@@ -157,6 +164,15 @@ class ChunkAssembler:
             args = json.loads(raw) if raw.strip() else {}
         except ValueError:
             args = None
+        except RecursionError:  # nested too deeply for the decoder, far past the limit
+            args = _TOO_DEEP
+        if args is _TOO_DEEP or (isinstance(args, dict) and _too_deep(raw, args)):
+            raise MalformedStream(
+                self.provider,
+                f"arguments of tool call {slot.name!r} are nested more than "
+                f"{MAX_ARGUMENT_DEPTH} levels deep",
+                data=raw,
+            )
         if not isinstance(args, dict):
             if self.finish_reason == "length":
                 raise ProviderError(
@@ -209,8 +225,34 @@ def _upstream(provider: str, error: Any) -> UpstreamError:
     return UpstreamError(provider, str(error))
 
 
+_TOO_DEEP: Any = object()
+
+
+def _too_deep(raw: str, args: dict[str, Any]) -> bool:
+    """Whether ``args`` (decoded from ``raw``) is nested more than :data:`MAX_ARGUMENT_DEPTH`
+    levels deep. Each level opens a bracket, so counting them is a bound that costs next to
+    nothing: only arguments with that many are walked, a level at a time, without recursion."""
+    if raw.count("[") + raw.count("{") <= MAX_ARGUMENT_DEPTH:
+        return False
+    level: list[Any] = [args]
+    for _ in range(MAX_ARGUMENT_DEPTH):
+        level = [
+            item
+            for container in level
+            for item in (container.values() if type(container) is dict else container)
+            if type(item) is dict or type(item) is list
+        ]
+        if not level:
+            return False
+    return True
+
+
 def _show(chunk: Any) -> str:
     try:
         return json.dumps(chunk)[:500]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
+        pass
+    try:
         return repr(chunk)[:500]
+    except RecursionError:
+        return "<a chunk nested too deeply to show>"
