@@ -371,6 +371,12 @@ class EventCatalogue:
             if not callable(fn):
                 raise ConfigurationError(f"upcaster for {wire_name!r} from version "
                                          f"{from_version}: {fn!r} is not a function")
+            cls = self._types.get(wire_name)
+            if cls is not None and from_version >= cls.version:
+                raise ConfigurationError(
+                    f"upcaster for {wire_name!r} from version {from_version}: the class "
+                    f"{cls.__qualname__} is at version {cls.version}, so it would never run "
+                    "(an upcaster turns version N data into N + 1: bump the class's version)")
             existing = self._upcasters.get((wire_name, from_version))
             if existing is not None and not _same_function(existing, fn):
                 raise DuplicateEventType(

@@ -21,6 +21,7 @@ from terret.domain.store import (
     EventStore,
     NewRecord,
     StreamState,
+    as_session_id,
     session_stream,
 )
 
@@ -30,10 +31,13 @@ class SessionRepository:
         self.store = store
         self.snapshot_every = snapshot_every
 
-    def exists(self, session_id: UUID) -> bool:
-        return self.store.stream_version(session_stream(session_id)) > 0
+    def exists(self, session_id: UUID | str) -> bool:
+        return self.store.stream_version(session_stream(as_session_id(session_id))) > 0
 
-    def get(self, session_id: UUID) -> Session:
+    def get(self, session_id: UUID | str) -> Session:
+        """The session (every id form the runtime takes: a UUID, its text, the stream name);
+        a text id once loaded a session whose next command failed deep in eventsourcing."""
+        session_id = as_session_id(session_id)
         stream = session_stream(session_id)
         snapshot = self.store.read_snapshot(stream)
         if snapshot is not None:

@@ -187,7 +187,8 @@ class BatchApplier:
             events = self._each_record(db, records, live)
             for p in live:
                 p.flush(db)
-        except Exception as exc:  # a record or a projection failed
+        except (Exception, SystemExit) as exc:  # a record or a projection failed (a
+            # projection's sys.exit is its bug too: it halts, never ends the process)
             if _not_the_events_fault(db, exc):
                 raise  # a full disk, a damaged file: nothing to halt on
             self.views.undo(db)
@@ -294,7 +295,7 @@ class BatchApplier:
         try:
             p.apply(db, event)
             p.flush(db)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             if _not_the_events_fault(db, exc):
                 raise  # a full disk, a damaged file: nothing to halt on
             db.execute("ROLLBACK TO event")
@@ -305,7 +306,7 @@ class BatchApplier:
         return None
 
 
-def _not_the_events_fault(db: sqlite3.Connection, exc: Exception) -> bool:
+def _not_the_events_fault(db: sqlite3.Connection, exc: BaseException) -> bool:
     """Whether a failure while applying an event is the view file's (SQLite rolled the batch
     back, the disk is full, the file is damaged) rather than the event's or projection's."""
     return not db.in_transaction or (

@@ -48,8 +48,43 @@ def register_projection(cls: P) -> P:
     clash = table_clash([*_builtin(), *others, cls()])
     if clash is not None:
         raise ConfigurationError(clash)
+    _check_version_and_schema(cls, name)
     _registered[name] = cls
     return cls
+
+
+def _check_version_and_schema(cls: type[Projection], name: str) -> None:
+    """A version that is not a whole number from 1 broke every command later (a format error,
+    a comparison with the stored one); a schema that does not run failed every command given
+    the module, naming no projection; one that creates a table it does not declare in
+    ``tables`` escaped the check of who owns which table. Both are tried here, on a scratch
+    database."""
+    import sqlite3
+
+    version = getattr(cls, "version", None)
+    if type(version) is not int or version < 1:
+        raise ConfigurationError(f"projection {name!r}: version is a whole number from 1, not "
+                                 f"{shown(version)}")
+    schema, tables = getattr(cls, "schema", None), getattr(cls, "tables", None)
+    if not isinstance(schema, str) or not isinstance(tables, tuple | list) or not all(
+            isinstance(t, str) for t in tables):
+        raise ConfigurationError(f"projection {name!r}: schema is a string of CREATE "
+                                 "statements and tables a tuple of the table names it creates")
+    scratch = sqlite3.connect(":memory:")
+    try:
+        scratch.executescript(schema)
+        made = {row[0] for row in scratch.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as exc:
+        raise ConfigurationError(f"projection {name!r}: its schema does not run: {exc}") from None
+    finally:
+        scratch.close()
+    undeclared = sorted(made - set(tables))
+    if undeclared:
+        raise ConfigurationError(f"projection {name!r}: its schema creates "
+                                 f"{', '.join(map(repr, undeclared))}, which tables does not "
+                                 "declare (each table a projection writes is declared: a "
+                                 "rebuild drops them, no other projection may have them)")
 
 
 def unregister_projection(name: str) -> None:

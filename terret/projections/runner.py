@@ -124,6 +124,7 @@ class ProjectionRunner:
         self._create_tables()
         self._position = self._lowest_tracked()
         self._applied = self._position  # applied to the views (published after the listeners)
+        self._applying = False  # a batch in hand: what a turn waiting on the views waits for
         self._scope: StreamScope | None = None
         self._generation = 0
         """Moves on whenever the scope changes: a batch of an older subscription is dropped."""
@@ -373,10 +374,12 @@ class ProjectionRunner:
     def wait_until(self, position: int, timeout: float = 10.0, *,
                    stop: Callable[[], bool] | None = None) -> bool:
         """Block until every projection has processed ``position`` (read-your-writes);
-        ``TimeoutError`` after ``timeout``. With ``stop``, the time another process's rebuild
-        holds the views is not counted (the runner's batch waits for it, as long as it is
-        held), and the wait ends early, returning False, once ``stop()`` is true."""
+        ``TimeoutError`` after ``timeout``. With ``stop``, the time the runner spends on a
+        batch is not counted — a slow projection, one added later catching up, another
+        process's rebuild its batch waits for — only a runner that makes no progress times
+        out; and the wait ends early, returning False, once ``stop()`` is true."""
         deadline = time.monotonic() + timeout
+        seen = self._position
         with self._progress:
             while self._position < position:
                 if isinstance(self._error, TerretError):
@@ -385,8 +388,11 @@ class ProjectionRunner:
                     raise StoreError(f"projection runner failed: {self._error}")
                 if stop is not None and stop():
                     return False
-                if stop is not None and self.views.rebuild_lock.holder() is not None:
-                    deadline = time.monotonic() + timeout  # counted from the rebuild's end
+                if stop is not None and (self._applying or self._position > seen):
+                    seen = self._position
+                    # A batch in hand (a slow projection, one added later catching up, a
+                    # rebuild elsewhere it waits for) is progress, not a stuck runner.
+                    deadline = time.monotonic() + timeout  # counted from the batch's end
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(
@@ -403,16 +409,20 @@ class ProjectionRunner:
         publish the position: whoever ``wait_until``s a position also sees what the listeners
         derived from it (caches, signals). A batch of a subscription the scope has moved past
         (``generation``) is dropped: the next one delivers it again."""
-        with self._pause, collector_paused():
-            if generation is not None and generation != self._generation:
-                return
-            if self._scope is not None:
-                records = self._scope.unseen(records)
-            events = self._applier.apply(records, upto, self.projections)
-            if self._scope is not None:
-                self._scope.note(records)
-            self._applied = max(self._applied, upto)
-        self._bus.publish(events)
+        self._applying = True
+        try:
+            with self._pause, collector_paused():
+                if generation is not None and generation != self._generation:
+                    return
+                if self._scope is not None:
+                    records = self._scope.unseen(records)
+                events = self._applier.apply(records, upto, self.projections)
+                if self._scope is not None:
+                    self._scope.note(records)
+                self._applied = max(self._applied, upto)
+            self._bus.publish(events)
+        finally:
+            self._applying = False
         with self._progress:
             self._position = max(self._position, upto)
             self._progress.notify_all()

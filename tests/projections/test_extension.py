@@ -234,6 +234,25 @@ def test_a_registered_projection_is_maintained_by_the_runtime(
     class Untabled(NotesProjection):
         name, tables = "acme.untabled", "acme_notes"  # a string, not a tuple
 
+    class Versioned(NotesProjection):  # a text version broke status and every log line
+        name, version = "acme.versioned", "2"
+
+    class Unversioned(NotesProjection):
+        name, version = "acme.unversioned", 0
+
+    class Unschemed(NotesProjection):  # failed every command given the module, unnamed
+        name, tables, schema = "acme.unschemed", ("acme_x",), "CREATE TABLEX nonsense"
+
+    class Sneaky(NotesProjection):  # a table it does not declare escaped the ownership check
+        name, tables = "acme.sneaky", ("acme_y",)
+        schema = "CREATE TABLE acme_y (a); CREATE TABLE titles2 (b)"
+
+    for bad, says in ((Versioned, "version is a whole number from 1, not '2'"),
+                      (Unversioned, "version is a whole number from 1, not 0"),
+                      (Unschemed, "'acme.unschemed': its schema does not run: "),
+                      (Sneaky, "its schema creates 'titles2', which tables does not declare")):
+        with pytest.raises(terret.errors.ConfigurationError, match=says):
+            terret.register_projection(bad)
     for bad, says in ((Unnamed, "has no name"), (NeedsArgs, "no arguments"),
                       (Sessions, "built-in"), (object, "Projection subclass"),
                       (Titles, "claims table 'titles', which is projection 'title'"),

@@ -207,6 +207,34 @@ def test_a_projection_that_raises_halts_at_that_event_and_keeps_what_came_before
     assert Views(view_store).title(sid) == "third"
 
 
+class Exiting(Fragile):
+    """A projection whose bug is a ``sys.exit``: the command ended silently, exit 3, the
+    projection not halted."""
+
+    name = "exiting"
+    tables = ("exiting_titles",)
+    schema = "CREATE TABLE IF NOT EXISTS exiting_titles (seq INTEGER PRIMARY KEY, title TEXT);"
+
+    def process(self, db: sqlite3.Connection, event: RecordedEvent) -> None:
+        if event.payload.title == "boom":  # type: ignore[union-attr]
+            raise SystemExit(3)
+        db.execute("INSERT INTO exiting_titles VALUES (?, ?)",
+                   (event.seq, event.payload.title))  # type: ignore[union-attr]
+
+
+def test_a_projection_that_exits_halts_as_one_that_raises(
+    writer: Writer, store: EventStore, view_store: ViewStore
+) -> None:
+    sid = writer.start()
+    for title in ("first", "boom", "third"):
+        writer.do(sid, lambda s, t=title: s.title(t))  # type: ignore[misc]
+    runner = ProjectionRunner(store, view_store, [*default_projections(), Exiting()])
+    runner.catch_up()
+    boom = store.read_stream(session_stream(sid))[2]
+    assert _faults(runner) == {"exiting": (boom.position, "SystemExit: 3")}
+    assert view_store.db.execute("SELECT title FROM exiting_titles").fetchall() == [("first",)]
+
+
 def test_skip_while_listeners_run_resumes_from_what_was_applied(
     writer: Writer, runner: ProjectionRunner, store: EventStore, views: Views
 ) -> None:

@@ -257,6 +257,36 @@ def test_an_upcaster_is_one_per_step_and_terret_s_own_stay() -> None:
         local.upcaster("acme/thing", 2)(42)  # type: ignore[arg-type]
 
 
+def test_an_upcaster_from_the_class_s_own_version_or_later_is_refused() -> None:
+    """It would never run (an upcaster turns version N into N + 1): a forgotten version bump."""
+    local = EventCatalogue()
+
+    class Thing(EventPayload):
+        wire_name, version = "acme/thing", 2
+        text: str = ""
+
+    local.register(Thing)
+    local.upcaster("acme/thing", 1)(lambda d: d)  # 1 -> 2: fine
+    for step in (2, 3):
+        with pytest.raises(errors.ConfigurationError, match="is at version 2, so it would "
+                                                              "never run"):
+            local.upcaster("acme/thing", step)(lambda d: d)
+
+
+def test_a_session_id_as_text_loads_a_session_that_takes_commands() -> None:
+    from terret.adapters.stores import MemoryStore
+    from terret.domain.repository import SessionRepository
+    from terret.domain.session import Session
+
+    repository = SessionRepository(MemoryStore())
+    made = Session.start(agent="demo")
+    repository.save(made)
+    for form in (str(made.id), f"session-{made.id}"):
+        loaded = repository.get(form)
+        assert loaded.id == made.id and repository.exists(form)
+        loaded.start_turn(text="go")  # raised eventsourcing's TypeError with a text id
+
+
 def test_nan_and_inf_are_refused_when_the_payload_is_made() -> None:
     """They were stored as null, and the session's stream could no longer be read."""
     class Measured(EventPayload):
