@@ -168,7 +168,6 @@ class AgentHost:
                 self._check_free(agent_id, session_id, cap=False)  # refused before any read
             session = self._servable(session_id, for_new_turn=for_new_turn)
             definition = self._definition(session.state.agent)
-            _require_owed_tools(session, definition)
             self._make_room(session_id)
             with self._lock:
                 self._check_free(agent_id, session_id)
@@ -186,7 +185,7 @@ class AgentHost:
             try:
                 self._watch(session_id)
                 self.writer.execute(session_id,
-                                    lambda s: agent.ownership.take(s, take_idle=take_idle))
+                                    partial(_take, agent, definition, take_idle=take_idle))
             except BaseException:
                 self.forget(agent)
                 raise
@@ -321,6 +320,14 @@ class AgentHost:
 
     def turn_threads(self) -> list[threading.Thread]:
         return [a._thread for a in self.agents if a._thread is not None]
+
+
+def _take(agent: Agent, definition: AgentDefinition, session: Session, *,
+          take_idle: bool) -> None:
+    """Take the session for ``agent`` — ``SessionOwned`` first, when a live worker has it —
+    then refuse a turn it could not serve (nothing is saved: the command raised)."""
+    agent.ownership.take(session, take_idle=take_idle)
+    _require_owed_tools(session, definition)
 
 
 def _require_owed_tools(session: Session, definition: AgentDefinition) -> None:

@@ -11,8 +11,9 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
+from pydantic import BaseModel
 
-from terret import Actor, RuntimeConfig, SessionRepository, Usage
+from terret import Actor, CallContext, RuntimeConfig, SessionRepository, Usage, tool
 from terret.domain.store import NewRecord, StreamState, session_stream
 from terret.runtime import Runtime
 from tests.runtime.conftest import MakeRuntime, OpenedStore
@@ -122,13 +123,24 @@ def test_a_kill_while_parked_then_a_verdict_and_a_resume_count_each_call_once(
     assert first_end.data == {"turn": 1, "step": 1, "resumed": True}  # no usage of its own
 
 
+class _NoArgs(BaseModel):
+    pass
+
+
+@tool(args=_NoArgs, name="die")
+def _die_survived(args: _NoArgs, ctx: CallContext) -> str:
+    """The tool the killed process ran, as the resuming one defines it (it must: a process
+    whose app lacks a tool the turn owes a call to refuses the session)."""
+    return "not this time"
+
+
 def test_a_kill_mid_tool_keeps_the_usage_of_the_reply(
         make_runtime: MakeRuntime, opened: OpenedStore) -> None:
     sid = make_runtime(start=False).create_session()
     other_process(opened.uri, "die-in-tool", str(sid), returncode=9)
-    rt = make_runtime([final("recovered", usage=Usage(30, 3, 0.003))])
+    rt = make_runtime([final("recovered", usage=Usage(30, 3, 0.003))], tools=[_die_survived])
     everywhere(rt, sid, {**REPORTED, "steps": 1})
-    assert rt.resume_turn(sid).status == "completed"  # `die` is unknown here: an error result
+    assert rt.resume_turn(sid).status == "completed"  # `die` runs again here, and returns
     expected = {"prompt_tokens": 141, "completion_tokens": 16, "cost": 0.013, "steps": 2}
     assert close(replies_usage(rt, sid), expected)
     everywhere(rt, sid, expected)
