@@ -428,17 +428,23 @@ class CliContext:
         return Staleness(head, behind, {n: faults[n] for n in behind if n in faults},
                          self._rebuilding)
 
-    def require_session(self, session_id: UUID) -> None:
+    def require_session(self, session_id: UUID, *, expiring: bool = False) -> None:
+        """``SessionNotFound`` unless the store holds the session; ``SessionExpiring`` when
+        its start has expired after a purge with a max age (unless ``expiring``: the caller
+        acts on such a session, as a purge deletes it)."""
         from terret.adapters.stores.sqlite import SQLiteStore
         from terret.domain.repository import SessionRepository
 
         store = self.store()
-        if not SessionRepository(store).exists(session_id):
+        repository = SessionRepository(store)
+        if not repository.exists(session_id):
             if isinstance(store, SQLiteStore):
                 # A damaged index can hide a session's events without an error: make sure
                 # the file is sound before saying the session does not exist.
                 store.check_integrity()
             raise SessionNotFound(f"no session {session_id} in {self.masked_uri}")
+        if store.native_expiry and not expiring:  # a partly expired one is not shown as whole
+            repository.refuse_if_expiring(session_id)
 
     def sessions_view_behind(self) -> str | None:
         """How the sessions view (what prefixes are looked up in) is behind the log, or None

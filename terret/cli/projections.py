@@ -188,7 +188,7 @@ def doctor(obj: CliContext) -> None:
     """Check that the store and views are reachable and consistent, and say what to fix."""
     checks: list[str] = []
     problems: list[str] = []
-    _check_store(obj, checks)
+    _check_store(obj, checks, problems)
     views_path = obj.views_path or default_views_path(obj.store_uri)
     if views_path != ":memory:" and not os.path.exists(views_path):
         checks.append(f"views {views_path} do not exist yet; they will be built now")
@@ -228,7 +228,7 @@ def _check_views(runner: ProjectionRunner, checks: list[str], problems: list[str
         checks.append("large store: run `terret projections verify` to compare with a rebuild")
 
 
-def _check_store(obj: CliContext, checks: list[str]) -> int:
+def _check_store(obj: CliContext, checks: list[str], problems: list[str]) -> int:
     """The store reachable (and its file sound, on SQLite): its head. A store that is not is
     the command's error, for there is nothing more to check."""
     try:
@@ -238,6 +238,7 @@ def _check_store(obj: CliContext, checks: list[str]) -> int:
         if isinstance(store, SQLiteStore):
             store.check_integrity()  # StoreCorrupt: restore it from a backup
             checks.append("store file sound (SQLite quick_check)")
+            _check_checkpoint(store, checks, problems)
     except InvalidStoreURI:
         raise  # a usage error (exit 2), as for every other command
     except TerretError as exc:
@@ -245,6 +246,22 @@ def _check_store(obj: CliContext, checks: list[str]) -> int:
         hint = " — check --store / TERRET_STORE" if isinstance(exc, StoreUnavailable) else ""
         raise click.ClickException(f"{type(exc).__name__}: {message}{hint}") from None
     return head
+
+
+def _check_checkpoint(store: SQLiteStore, checks: list[str], problems: list[str]) -> None:
+    """docs/operations.md's backup by copying the file: doctor is the "open and close it once"
+    step, so it says whether the file now holds every event."""
+    whole, why = store.checkpoint()
+    if whole:
+        checks.append("store WAL folded into the file (a copy of it alone is a whole backup "
+                      "while nothing writes)")
+    elif why is None:
+        checks.append("store WAL in use by another process: back up with SQLite's online "
+                      "backup (sqlite3 FILE \".backup COPY\"), not by copying the file")
+    else:
+        problems.append(f"the store's WAL could not be folded into {store.path} ({why}): the "
+                        "file alone lacks the last events — free some space and run `terret "
+                        f"doctor` again before copying it, or copy {store.path}-wal with it")
 
 
 def _check_states(runner: ProjectionRunner, problems: list[str], reached: int | None

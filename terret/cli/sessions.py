@@ -346,7 +346,7 @@ def close(obj: CliContext, session_id: UUID, reason: str | None) -> None:
 def purge(obj: CliContext, session_id: UUID, reason: str | None, max_age: int | None,
           yes: bool) -> None:
     """Delete a closed session's events (retention). The deletion is recorded."""
-    obj.require_session(session_id)
+    obj.require_session(session_id, expiring=True)  # one expiring part way is deleted now
     commands = obj.commands()
     _refuse_before_asking(obj, session_id, max_age)
     if not yes and not obj.json_output:

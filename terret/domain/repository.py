@@ -77,6 +77,15 @@ class SessionRepository:
             session.replay(event)
         return len(tail)
 
+    def refuse_if_expiring(self, session_id: UUID | str) -> None:
+        """``SessionExpiring`` when the store has dropped the start of the session's stream
+        after a purge with a max age: what is left is part of a log, not the session's (a
+        reader showing it would show a partial log as whole)."""
+        session_id = as_session_id(session_id)
+        first = self.store.read_stream(session_stream(session_id), limit=1)
+        if first and first[0].seq > 1:
+            self._refuse_expiring(session_id, first[0].seq)
+
     def _refuse_expiring(self, session_id: UUID, first_seq: int) -> None:
         """``SessionExpiring`` for a stream whose start the store dropped after a purge with a
         max age (the rest expires in turn); a stream that lost its start otherwise is a

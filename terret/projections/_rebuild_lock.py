@@ -17,13 +17,14 @@ still correct, only the waiting and the messages are SQLite's.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
-from terret.domain.errors import ViewsBusy
+from terret.domain.errors import StoreFull, ViewsBusy
 
 try:
     import fcntl
@@ -47,14 +48,20 @@ class RebuildLock:
         if self.path is None:
             yield
             return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _typed(exc, self.path) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise self._busy(self._holder(fd)) from None
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()} {time.time():.0f}\n".encode())
+            try:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()} {time.time():.0f}\n".encode())
+            except OSError as exc:
+                raise _typed(exc, self.path) from None
             _held_here.add(self._key)
             try:
                 yield
@@ -102,3 +109,12 @@ class RebuildLock:
             return "another process"
         since = datetime.fromtimestamp(int(parts[1])).strftime("%H:%M:%S")
         return f"process {parts[0]} (since {since})"
+
+
+def _typed(exc: OSError, path: str) -> Exception:
+    """A full disk as ``StoreFull`` (as a full disk under the views file is); other failures
+    to write the lock file as they are."""
+    if exc.errno == errno.ENOSPC:
+        return StoreFull(f"the disk holding the views {path.removesuffix('.rebuild')} is full "
+                         f"({exc.strerror}): nothing was changed; free some space and retry")
+    return exc

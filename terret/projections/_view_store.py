@@ -234,8 +234,8 @@ class ViewStore(TrackingRecorder):
     def ensure(self, projection: Projection) -> bool:
         """Create the projection's tables. A view written by another version of the projection
         is dropped with its tracked position and fault (it then replays from position 0);
-        returns True when that happened."""
-        with self.lock:
+        returns True when that happened. A damaged file or a full disk: typed (as every read)."""
+        with self.lock, self._typed():
             row = self.db.execute("SELECT version FROM projection_versions WHERE projection = ?",
                                   (projection.name,)).fetchone()
             recorded = row[0] if row is not None else None

@@ -31,7 +31,8 @@ def refuse_purge(load: Callable[[], Session], store: EventStore, max_age: int | 
     if max_age is not None and not store.native_expiry:
         # Recorded, the purge would make the views forget a session whose events stay for good.
         raise ExpiryUnsupported(f"{store.describe()} does not expire streams itself: purge "
-                                f"without --max-age (max_age) when the session is to go")
+                                "without --max-age (max_age=None in code) when the session is "
+                                "to go")
 
 
 def purge_session(repository: SessionRepository, session_id: UUID, *, by: Actor,

@@ -138,7 +138,8 @@ def test_a_session_expiring_part_way_reads_as_expiring_and_can_still_be_deleted(
     target.writer().execute(sid, lambda s: s.close(by=Actor(actor="operator"), reason="done"))
     result = target.invoke("--json", "sessions", "purge", str(sid), "--max-age", "2")
     assert result.exit_code == 0, result.stderr
-    for args in (["sessions", "show", str(sid)], ["inject", str(sid), "hello"]):
+    for args in (["sessions", "show", str(sid)], ["inject", str(sid), "hello"],
+                 ["log", str(sid)], ["--json", "log", str(sid)], ["usage", str(sid)]):
         shown = target.invoke(*args)
         assert shown.exit_code == 1, shown.stdout
         error = one_line_error(shown.stderr)
@@ -389,6 +390,39 @@ def test_projections_verify_exits_1_on_a_difference(sqlite_target: Target) -> No
     assert log_before[0] == "session/started" and "turn/end" in log_before
     assert target.invoke("projections", "rebuild", "usage").exit_code == 0
     assert target.invoke("projections", "verify", "usage").exit_code == 0
+
+
+def test_doctor_says_whether_a_copy_of_the_sqlite_file_alone_is_a_whole_backup(
+        sqlite_target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/operations.md: run doctor, then copy the file. After a full-disk episode the WAL
+    could not be folded in and doctor said ok: the copy lacked the last events."""
+    import sqlite3
+
+    from terret.adapters.stores.sqlite import SQLiteStore
+
+    target = sqlite_target
+    target.finished()
+    target.store().close()
+    data = target.json("doctor")
+    assert any(c.startswith("store WAL folded into the file") for c in data["checks"]), data
+    wal = Path(target.uri + "-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+    reader = sqlite3.connect(target.uri)  # another process reading (a serve): in use
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM events").fetchone()
+    try:
+        target.new_session()  # something in the WAL the reader's snapshot keeps there
+        data = target.json("doctor")
+        assert data["ok"] is True
+        assert any(c.startswith("store WAL in use by another process") for c in data["checks"])
+    finally:
+        reader.close()
+    monkeypatch.setattr(SQLiteStore, "checkpoint",
+                        lambda self: (False, "database or disk is full"))
+    done = target.invoke("--json", "doctor")
+    assert done.exit_code == 1
+    (problem,) = json.loads(done.stdout)["problems"]
+    assert "could not be folded into" in problem and "database or disk is full" in problem
 
 
 def test_doctor_ok(target: Target) -> None:

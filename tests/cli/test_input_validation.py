@@ -281,3 +281,42 @@ def test_rebuild_and_verify_say_a_projection_halted(target: Target) -> None:
     verified = target.invoke("projections", "verify", "status")
     assert verified.exit_code == 1 and f"halted at {bad}" in verified.stdout
     assert target.invoke("doctor").exit_code == 1
+
+
+def test_a_damaged_views_file_met_while_checking_a_projection_s_tables_is_views_corrupt(
+        tmp_path: Path) -> None:
+    """`sessions list` said ViewsCorrupt; doctor, projections status|rebuild and serve printed
+    sqlite3's DatabaseError when the damaged page was one the projections' table check read
+    (the runner is built: ``ViewStore.ensure``)."""
+    import sqlite3
+
+    from terret.domain.errors import ViewsCorrupt
+    from terret.projections import ViewStore, default_projections
+
+    views = ViewStore(str(tmp_path / "views.db"))
+    damaged = sqlite3.DatabaseError("database disk image is malformed")
+    damaged.sqlite_errorcode = sqlite3.SQLITE_CORRUPT  # type: ignore[attr-defined]
+
+    class Damaged:
+        def execute(self, *args: object) -> None:
+            raise damaged
+
+    views.db = Damaged()  # type: ignore[assignment]
+    with pytest.raises(ViewsCorrupt, match="delete it"):
+        views.ensure(default_projections()[0])
+
+def test_a_full_disk_under_the_rebuild_lock_is_store_full(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    from terret.domain.errors import StoreFull
+    from terret.projections._rebuild_lock import RebuildLock
+
+    def full(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    lock = RebuildLock(str(tmp_path / "views.db"))
+    monkeypatch.setattr(os, "open", full)
+    with pytest.raises(StoreFull, match="is full"), lock.held():
+        pass

@@ -384,6 +384,21 @@ class SQLiteStore(PositionalStore):
             raise StoreCorrupt(f"the SQLite store {self.path} is damaged ({first}{more}): "
                                "restore it from a backup")
 
+    def checkpoint(self) -> tuple[bool, str | None]:
+        """Fold the WAL into the file (``PRAGMA wal_checkpoint(TRUNCATE)``), as a backup by
+        copying the file needs. ``(True, None)`` when it is all in the file; ``(False, None)``
+        when another process's connection kept part of it (a running ``serve``: back up with
+        SQLite's online backup then); ``(False, why)`` when it could not be written (a full
+        disk: the file alone is missing the last events)."""
+        try:
+            busy, logged, moved = self._conn().execute(
+                "PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as exc:
+            return False, " ".join(str(exc).split())
+        if busy or (logged >= 0 and moved < logged):
+            return False, None
+        return True, None
+
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
