@@ -52,7 +52,7 @@ from terret.runtime.model import ModelResolver
 from terret.runtime.ownership import WorkerLease
 from terret.runtime.pool import WIRE_NAMES as POOL_WIRE_NAMES
 from terret.runtime.serving import ServingServices, Supervisor
-from terret.runtime.stops import TurnSuspended
+from terret.runtime.stops import STOP_MARGIN, TurnSuspended, finish_within
 from terret.runtime.summarizer import Summarizer
 from terret.runtime.tools import ToolContext
 from terret.runtime.writer import SessionWriter
@@ -200,22 +200,44 @@ class Runtime:
         # for them within the grace, so that they are released below.
         while any(a.busy for a in self.agent_host.agents) and time.monotonic() < deadline:
             time.sleep(0.01)
+        self._last_writes(deadline, grace)
+        self.view_store.close()
+
+    def _last_writes(self, deadline: float, grace: float) -> None:
+        """What a stop writes to the store once the turns stopped: the views caught up (for
+        the upkeep listeners), the upkeep, the releases, the registry's leave — each bounded
+        by the grace and a margin, so that a store that does not answer (an outage: each
+        write retried for the store's timeout) cannot hold a stop past what its supervisor
+        waits. Left undone, the lease expires and other workers take the sessions over, as
+        after a crash."""
         if self._started:
             # Deliver what this process wrote to the upkeep listeners (a turn/end to title or
             # compact), then let the queued upkeep finish: it is short and must not be lost.
-            try:
-                self.runner.wait_until(self._views_head(),
-                                       max(0.1, deadline - time.monotonic()))
-            except (TimeoutError, errors.TerretError):
-                log.warning("stopping before the views caught up; upkeep resumes at next start")
+            def catch_up() -> None:  # the head's read is the store's, as the wait
+                try:
+                    self.runner.wait_until(self._views_head(),
+                                           max(0.1, deadline - time.monotonic()))
+                except (TimeoutError, errors.TerretError):
+                    log.warning("stopping before the views caught up; upkeep resumes at next "
+                                "start")
+
+            finish_within(max(deadline, time.monotonic() + 0.1) + 1.0, "catching the views up",
+                          catch_up)
         self.deferred.close()
-        self._pool.shutdown(wait=True)
-        self.agent_host.release_all("shutdown")
-        # A turn that did not stop within the grace keeps its session (not released): the
-        # last beat stays in the registry so that it expires and another worker takes over.
-        self.lease.stop(leave=not self._left_running(grace))
-        self.runner.stop()
-        self.view_store.close()
+        end = max(deadline, time.monotonic()) + STOP_MARGIN
+        upkeep = partial(self._pool.shutdown, wait=True)
+        if finish_within(end, "the between-turn upkeep", upkeep) \
+                and finish_within(end, "releasing the sessions",
+                            lambda: self.agent_host.release_all("shutdown")):
+            # A turn that did not stop within the grace keeps its session (not released):
+            # the last beat stays in the registry so that it expires and another worker
+            # takes over.
+            left_running = self._left_running(grace)
+            finish_within(end, "leaving the worker registry",
+                    lambda: self.lease.stop(leave=not left_running))
+        else:  # its last beat stays: it expires (a beat stuck in a retry is not waited for)
+            finish_within(end, "stopping the lease", partial(self.lease.stop, leave=False))
+        finish_within(end, "stopping the views' subscription", self.runner.stop)
 
     def _left_running(self, grace: float) -> bool:
         """Whether a turn did not stop within the grace; each such is said in one line."""
