@@ -421,6 +421,8 @@ class Runtime:
     def run_turn(self, session_id: UUID, text: str | None) -> TurnResult:
         """Start a turn here; an idle session another worker owns moves to this one (the
         caller chose this process), a running one is refused with ``SessionOwned``."""
+        if text is not None and not text.strip():
+            text = None  # only whitespace: nothing to answer (an empty turn, no model call)
         Session.check_turn_input(text=text)  # refused input claims nothing
         self._check_fits(text)
         try:

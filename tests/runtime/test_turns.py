@@ -238,6 +238,10 @@ def test_r3_a_turn_with_nothing_to_say_closes_empty(make_runtime: MakeRuntime, s
     assert not only(log, "step/start") and not provider.requests
     assert only(log, "turn/end")[0].data["status"] == "empty"
     assert not rt.resumable(sid)
+    # Text of spaces only is no text either (it cost a model request, recorded as a message).
+    for blank in ("", "   ", " \n\t "):
+        assert rt.run_turn(sid, blank).status == "empty"
+    assert not only(read_log(store, sid), "user/message") and not provider.requests
 
 
 def test_r3_a_turn_closes_failed_when_an_exception_leaves_it(make_runtime: MakeRuntime,
