@@ -355,4 +355,19 @@ def main() -> None:
     # gRPC's core logs to stderr on its own (a failed TLS handshake, a server's GOAWAY): the
     # command says what failed in its one `Error:` line. Set it yourself to see them.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    if not _runs_app_code(sys.argv[1:]):
+        # Pydantic's plugin discovery scans every installed package's entry points when the
+        # first payload validator is built (~15 ms of an everyday command's start-up). The
+        # plugins instrument an application's validation: commands that run none of its code
+        # (no app) skip them. Set it yourself to have them.
+        os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     cli(prog_name="terret")
+
+
+APP_COMMANDS = frozenset({"serve", "resume", "compact", "chat", "demo"})
+"""The commands that run an application's code (``--app``, or the demo's)."""
+
+
+def _runs_app_code(argv: list[str]) -> bool:
+    return bool(APP_COMMANDS.intersection(argv)) or any(
+        a == "--app" or a.startswith("--app=") for a in argv) or bool(os.environ.get("TERRET_APP"))

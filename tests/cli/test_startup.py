@@ -139,3 +139,13 @@ def test_version_is_the_packages_own() -> None:
     result = CliRunner().invoke(cli, ["--version"], prog_name="terret")
     assert result.output.strip() == f"terret, version {terret.__version__}"
     assert version("terret") == terret.__version__
+
+
+def test_pydantic_plugins_are_left_on_for_the_commands_that_run_an_app() -> None:
+    from terret.cli import _runs_app_code
+
+    for argv in (["serve"], ["--store", "x.db", "resume", "S"], ["compact", "S", "--app", "m"],
+                 ["chat"], ["demo"], ["model", "set", "S", "main", "a:b", "--app=m:app"]):
+        assert _runs_app_code(argv), argv
+    for argv in (["approve", "S", "C"], ["sessions", "list"], ["--version"], ["log", "S"]):
+        assert not _runs_app_code(argv), argv
