@@ -476,7 +476,7 @@ class Chat:
             if self.agent is not None and self.agent.busy:
                 self.screen.line("  (leaving: the open turn stops at its step boundary and "
                                  "stays open; Ctrl-C to stop waiting)", dim=True)
-            self.runtime.close(grace=LEAVING_GRACE)
+            _close_on_a_thread_of(self.runtime)
         except KeyboardInterrupt:
             self.screen.line("  (stopped waiting: the turn is left as after a crash; a running "
                              "`terret serve` takes it over once this process is gone)", dim=True)
@@ -485,6 +485,28 @@ class Chat:
             # marked the runtime stopping).
             self.runtime.stopping.set()
             self.runtime.runner.stop(timeout=1.0)  # not left reading a store about to close
+
+
+def _close_on_a_thread_of(runtime: Runtime) -> None:
+    """``runtime.close`` on a thread of its own, waited for here: a Ctrl-C lands in this wait,
+    never inside the close — where it could leave a lock of the runtime's taken for good (one
+    landing inside ``stopping.set()`` hung the chat when it set it again)."""
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def close() -> None:
+        try:
+            runtime.close(grace=LEAVING_GRACE)
+        except BaseException as exc:  # handed to the waiting thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=close, name="terret-chat-leaving", daemon=True).start()
+    while not done.wait(0.1):
+        pass
+    if failed:
+        raise failed[0]
 
 
 def _said_by_chat(record: logging.LogRecord) -> bool:
