@@ -23,6 +23,15 @@ def shown(value: object, limit: int = SHOWN_MAX) -> str:
     return f"{text[:limit - 1]}…{size}"
 
 
+def require_flags(what: str, holder: object, *names: str) -> None:
+    """``ConfigurationError`` unless each named attribute of ``holder`` is True or False: a
+    truthy string ("no") or number would switch a behaviour on unnoticed."""
+    for name in names:
+        value = getattr(holder, name)
+        if type(value) is not bool:
+            raise ConfigurationError(f"{what}: {name} is True or False, not {value!r}")
+
+
 # --- events and payloads -------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from terret.domain.errors import (
     ConfigurationError,
     DuplicateEventType,
     InvalidPayload,
+    require_flags,
 )
 
 
@@ -318,10 +319,7 @@ def _checked_class(cls: type[EventPayload]) -> str:
     if type(version) is not int or not 1 <= version <= MAX_VERSION:
         raise ConfigurationError(f"{cls.__name__}: version is a whole number from 1 to "
                                  f"{MAX_VERSION}, not {version!r}")
-    for flag in ("model_visible", "commutative"):
-        if type(getattr(cls, flag)) is not bool:
-            raise ConfigurationError(f"{cls.__name__}: {flag} is True or False, not "
-                                     f"{getattr(cls, flag)!r}")
+    require_flags(cls.__name__, cls, "model_visible", "commutative")
     return name
 
 

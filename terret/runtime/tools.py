@@ -33,7 +33,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
-from terret.domain.errors import ConfigurationError
+from terret.domain.errors import ConfigurationError, require_flags
 from terret.domain.payloads import describe_validation
 from terret.runtime._handlers import HANDLERS
 from terret.runtime.model import ToolSpec
@@ -118,10 +118,7 @@ class Tool:
         if not (isinstance(self.args, type) and issubclass(self.args, BaseModel)):
             raise ConfigurationError(f"tool {self.name!r}: args is a pydantic model class, not "
                                      f"{self.args!r}")
-        for flag in ("mutating", "idempotent"):
-            if type(getattr(self, flag)) is not bool:
-                raise ConfigurationError(f"tool {self.name!r}: {flag} is True or False, not "
-                                         f"{getattr(self, flag)!r}")
+        require_flags(f"tool {self.name!r}", self, "mutating", "idempotent")
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError(f"tool {self.name!r}: timeout must be positive, not {self.timeout}")
 

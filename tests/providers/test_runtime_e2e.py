@@ -47,18 +47,8 @@ def test_a_turn_with_a_tool_call_over_http_records_the_servers_usage(
         Reply.sse(text_stream(["It is sunny ", "in Paris."],
                               usage=openrouter_usage(171, 9, 0.00077))),
     )
-    config = ProvidersConfig(
-        endpoints={"openrouter": EndpointConfig(base_url=server.url + "/api/v1",
-                                                api_key_env="OPENROUTER_API_KEY")},
-        retry=FAST_RETRY, timeouts=FAST_TIMEOUTS,
-    )
-    registry = ProviderRegistry(config, environ={"OPENROUTER_API_KEY": API_KEY})
     store = SQLiteStore(tmp_path / "e2e.db")
-    runtime = terret.Runtime(
-        store, resolver=registry,
-        config=terret.RuntimeConfig(roles={"main": "openrouter:acme/weather-1"}),
-        agents=[terret.AgentDefinition(tools=[weather], allow=["weather"])],
-    ).start()
+    runtime, registry = _on_openrouter(server, store, "openrouter:acme/weather-1", weather)
     try:
         sid = runtime.create_session()
         streamed: list[str] = []
@@ -113,18 +103,8 @@ def test_tool_arguments_too_deep_to_record_fail_the_turn_with_a_malformed_stream
     arguments = '{"a": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
     server.script(CHAT, Reply.sse(tool_call_stream([("call_d1", "take", arguments)])),
                   Reply.sse(text_stream(["done"])))
-    config = ProvidersConfig(
-        endpoints={"openrouter": EndpointConfig(base_url=server.url + "/api/v1",
-                                                api_key_env="OPENROUTER_API_KEY")},
-        retry=FAST_RETRY, timeouts=FAST_TIMEOUTS,
-    )
-    registry = ProviderRegistry(config, environ={"OPENROUTER_API_KEY": API_KEY})
     store = SQLiteStore(tmp_path / "deep.db")
-    runtime = terret.Runtime(
-        store, resolver=registry,
-        config=terret.RuntimeConfig(roles={"main": "openrouter:acme/m"}),
-        agents=[terret.AgentDefinition(tools=[take], allow=["take"])],
-    ).start()
+    runtime, registry = _on_openrouter(server, store, "openrouter:acme/m", take)
     try:
         sid = runtime.create_session()
         if depth <= MAX_ARGUMENT_DEPTH:
@@ -147,3 +127,19 @@ def test_tool_arguments_too_deep_to_record_fail_the_turn_with_a_malformed_stream
         runtime.close()
         registry.close()
         store.close()
+
+
+def _on_openrouter(server: Any, store: SQLiteStore, main: str, tool: Any
+                   ) -> tuple[terret.Runtime, ProviderRegistry]:
+    """A started runtime whose ``main`` role is the fake OpenRouter ``server``, with one
+    agent allowed its one ``tool``; and its registry, to close."""
+    config = ProvidersConfig(
+        endpoints={"openrouter": EndpointConfig(base_url=server.url + "/api/v1",
+                                                api_key_env="OPENROUTER_API_KEY")},
+        retry=FAST_RETRY, timeouts=FAST_TIMEOUTS,
+    )
+    registry = ProviderRegistry(config, environ={"OPENROUTER_API_KEY": API_KEY})
+    return terret.Runtime(
+        store, resolver=registry, config=terret.RuntimeConfig(roles={"main": main}),
+        agents=[terret.AgentDefinition(tools=[tool], allow=[tool.name])],
+    ).start(), registry
