@@ -185,7 +185,10 @@ def _events(runner: ProjectionRunner) -> int:
 @click.command("doctor")
 @click.pass_obj
 def doctor(obj: CliContext) -> None:
-    """Check that the store and views are reachable and consistent, and say what to fix."""
+    """Check that the store and views are reachable and consistent, and say what to fix.
+
+    On SQLite it also checks the file and folds its WAL into it, saying whether a copy of the
+    file alone is now a whole backup."""
     checks: list[str] = []
     problems: list[str] = []
     _check_store(obj, checks, problems)
