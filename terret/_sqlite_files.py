@@ -32,3 +32,13 @@ def table_names(conn: sqlite3.Connection) -> set[str]:
 def listed(names: set[str]) -> str:
     """A few of the tables, for a message."""
     return ", ".join(sorted(names)[:4]) + (", …" if len(names) > 4 else "")
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if SQLite has not already (it does on SQLITE_FULL, and
+    a ROLLBACK then fails with "no transaction is active", hiding the cause)."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # the original failure is the one to report

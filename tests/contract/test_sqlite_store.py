@@ -347,3 +347,26 @@ def test_processes_opening_a_new_file_at_once_all_succeed(tmp_path: Path) -> Non
             t.join(30)
         assert not failures, (round_, failures)
         assert len(ids) == 6 and len(set(ids)) == 1
+
+
+def test_a_beat_on_a_full_disk_says_the_disk_is_full(tmp_path: Path) -> None:
+    """SQLite rolls a transaction back by itself on SQLITE_FULL; the registry's own ROLLBACK
+    then failed with "no transaction is active", and that was the warning operators read."""
+    from terret.adapters.stores.workers import SQLiteWorkers
+    from terret.domain.errors import StoreError
+    from terret.domain.workers import WorkerBeat
+
+    workers = SQLiteWorkers(str(tmp_path / "terret.db"))
+    beat = WorkerBeat(worker="w1", host="h", pid=1, started=0.0, at=time.time(), ttl=15.0)
+    workers.beat(beat)
+    conn = workers._conn()
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages}")
+    big = WorkerBeat(worker="w2", host="h", pid=2, started=0.0, at=time.time(), ttl=15.0,
+                     sessions=tuple(f"session-{i:06d}" for i in range(5000)))
+    with pytest.raises(StoreError, match="full") as caught:
+        workers.beat(big)
+    assert "no transaction" not in str(caught.value)
+    assert not conn.in_transaction
+    assert [b.worker for b in workers.beats()] == ["w1"]  # nothing half-written
+    workers.close()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 from uuid import UUID, SafeUUID, uuid4
 
-from terret._sqlite_files import listed, open_read_only, table_names
+from terret._sqlite_files import listed, open_read_only, rollback, table_names
 from terret.adapters.stores._rules import AlreadyWritten, Decision, check_size, decide
 from terret.adapters.stores._subscription import PositionalStore
 from terret.adapters.stores.workers import SQLiteWorkers
@@ -298,15 +298,6 @@ def _wire_names_clause(wire_names: Collection[str] | None) -> tuple[str, list[ob
     return f" AND wire_name IN ({','.join('?' * len(names))})", names
 
 
-def _rollback(conn: sqlite3.Connection) -> None:
-    """Roll back the open transaction, if SQLite has not already (it does on SQLITE_FULL)."""
-    if conn.in_transaction:
-        try:
-            conn.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass  # the original failure is the one to report
-
-
 class SQLiteStore(PositionalStore):
     """``SQLiteStore("terret.db")``; ``":memory:"`` is not supported (use ``MemoryStore``)."""
 
@@ -445,7 +436,7 @@ class SQLiteStore(PositionalStore):
                     result = self._append_locked(conn, stream, records, expected_version)
                     conn.execute("COMMIT")
                 except BaseException:
-                    _rollback(conn)
+                    rollback(conn)
                     raise
         self._wake_all()
         return result
@@ -505,7 +496,7 @@ class SQLiteStore(PositionalStore):
                 conn.execute("DELETE FROM snapshots WHERE stream = ?", (stream,))
                 conn.execute("COMMIT")
             except BaseException:
-                _rollback(conn)  # never leave the connection inside a transaction
+                rollback(conn)  # never leave the connection inside a transaction
                 raise
 
     @_typed

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 
+from terret._sqlite_files import rollback
 from terret.domain.errors import StoreError
 from terret.domain.workers import MemoryWorkers, WorkerBeat, WorkerRegistry
 
@@ -71,7 +72,7 @@ class SQLiteWorkers(WorkerRegistry):
                                (beat.at - FORGET_AFTER,))
                     db.execute("COMMIT")
                 except BaseException:
-                    db.execute("ROLLBACK")
+                    rollback(db)
                     raise
             except sqlite3.Error as exc:
                 raise StoreError(f"the worker registry in {self.path}: beat failed: {exc}") \
