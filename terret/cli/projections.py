@@ -246,7 +246,9 @@ def _check_store(obj: CliContext, checks: list[str], problems: list[str]) -> int
         raise  # a usage error (exit 2), as for every other command
     except TerretError as exc:
         message = " ".join(str(exc).split())  # gRPC errors span several lines
-        hint = " — check --store / TERRET_STORE" if isinstance(exc, StoreUnavailable) else ""
+        # Unreachable is most often a server that is down, not a wrong address: say both.
+        hint = (" — is the server up? If it is, check --store / TERRET_STORE"
+                if isinstance(exc, StoreUnavailable) else "")
         raise click.ClickException(f"{type(exc).__name__}: {message}{hint}") from None
     return head
 

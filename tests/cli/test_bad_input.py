@@ -235,7 +235,8 @@ def test_unreachable_store_without_credentials(in_tmp: Path) -> None:
         assert UNREACHABLE in one_line_error(result.stderr)
     result = invoke_cli("--store", UNREACHABLE, "--store-timeout", "0.1", "doctor")
     assert result.exit_code == 1
-    assert "check --store / TERRET_STORE" in one_line_error(result.stderr)
+    assert "is the server up? If it is, check --store / TERRET_STORE" in one_line_error(
+        result.stderr)
 
 
 def test_a_short_store_timeout_is_not_outlasted_by_esdbclient_retries(
