@@ -267,6 +267,17 @@ def test_a_key_no_header_can_carry_is_refused_when_the_provider_is_built(
     assert server.requests == []
 
 
+def test_a_key_refused_through_from_endpoint_is_in_no_frame(server: ScriptedServer) -> None:
+    endpoint = EndpointConfig(base_url=server.url + "/api/v1")
+
+    with pytest.raises(ConfigurationError) as caught:
+        OpenAICompatibleProvider.from_endpoint("openrouter", endpoint,
+                                               api_key=API_KEY + "\r\n")
+
+    assert "HTTP header cannot carry it" in str(caught.value)
+    assert leaks(everything_shown(caught.value)) == []
+
+
 def test_a_crlf_key_in_the_environment_is_refused_naming_the_variable(
     server: ScriptedServer,
 ) -> None:

@@ -136,17 +136,21 @@ class OpenAICompatibleProvider:
         timeouts: TimeoutConfig | None = None,
         retry: RetryConfig | None = None,
     ) -> OpenAICompatibleProvider:
-        return cls(
-            name,
-            endpoint.base_url,
-            api_key=api_key,
-            headers=endpoint.headers,
-            extra_body=endpoint.extra_body,
-            stream_usage=endpoint.stream_usage,
-            timeouts=endpoint.timeouts or timeouts,
-            retry=endpoint.retry or retry,
-            prices=endpoint.prices,
-        )
+        try:
+            return cls(
+                name,
+                endpoint.base_url,
+                api_key=api_key,
+                headers=endpoint.headers,
+                extra_body=endpoint.extra_body,
+                stream_usage=endpoint.stream_usage,
+                timeouts=endpoint.timeouts or timeouts,
+                retry=endpoint.retry or retry,
+                prices=endpoint.prices,
+            )
+        except ConfigurationError:
+            del api_key  # as in __init__: a traceback's locals must not show a refused key
+            raise
 
     def __repr__(self) -> str:
         # getattr: a reporter may show an instance whose __init__ refused its arguments.
