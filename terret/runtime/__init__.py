@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         StaticResolver,
         ToolSpec,
     )
+    from terret.runtime.ownership import SessionOwner
     from terret.runtime.runtime import Runtime
     from terret.runtime.scripted import Reply, ScriptedProvider, call
     from terret.runtime.summarizer import FixedSummarizer, Summarizer, render_history
@@ -47,6 +48,7 @@ _LAZY: dict[str, str] = {
     "StaticResolver": "terret.runtime.model:StaticResolver",
     "ToolSpec": "terret.runtime.model:ToolSpec",
     "Runtime": "terret.runtime.runtime:Runtime",
+    "SessionOwner": "terret.runtime.ownership:SessionOwner",
     "RuntimeConfig": "terret.runtime.config:RuntimeConfig",
     "Reply": "terret.runtime.scripted:Reply",
     "ScriptedProvider": "terret.runtime.scripted:ScriptedProvider",
@@ -81,6 +83,7 @@ __all__ = [
     "Runtime",
     "RuntimeConfig",
     "ScriptedProvider",
+    "SessionOwner",
     "StaticResolver",
     "StepClaim",
     "Summarizer",

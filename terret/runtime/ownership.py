@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from uuid import uuid4
 
@@ -37,6 +38,21 @@ if TYPE_CHECKING:  # the aggregate and the payloads: not needed to ask whether a
     from terret.domain.session import Session
 
 log = logging.getLogger("terret.ownership")
+
+
+@dataclass(frozen=True)
+class SessionOwner:
+    """Who runs a session (``Runtime.owner``): the worker its latest ``agent/attached`` names,
+    and whether that worker is alive by its beats at the moment of asking. A turn open in the
+    log whose owner is not ``live`` runs nowhere: resume it (or let ``serve`` take it over)."""
+
+    agent_id: str
+    worker: str | None
+    """None for an owner recorded before workers had names (it counts as gone)."""
+    host: str
+    pid: int
+    live: bool
+    """Its latest beat is younger than its TTL (on this host: and its process still runs)."""
 
 VALID_FRACTION = 0.6
 """The share of the TTL after its last successful beat that a worker still acts on its lease.

@@ -49,7 +49,7 @@ from terret.runtime.hooks import BudgetCheck, BudgetGuard, PreStepHook
 from terret.runtime.host import AgentHost
 from terret.runtime.maintenance import AutoTitler, Compactor, Titler, UpkeepServices
 from terret.runtime.model import ModelResolver
-from terret.runtime.ownership import WorkerLease
+from terret.runtime.ownership import SessionOwner, WorkerLease
 from terret.runtime.pool import WIRE_NAMES as POOL_WIRE_NAMES
 from terret.runtime.serving import ServingServices, Supervisor
 from terret.runtime.stops import STOP_MARGIN, TurnSuspended, finish_within
@@ -488,6 +488,19 @@ class Runtime:
     def resumable(self, session_id: UUID) -> bool:
         """R14: the log holds a ``turn/start`` with no ``turn/end`` after it."""
         return self.writer.load(session_id).turn_open
+
+    @takes_session
+    def owner(self, session_id: UUID) -> SessionOwner | None:
+        """R28: the worker the log names as owning the session and whether it is alive now (by
+        the store's worker registry), or None when nobody owns it (never claimed, let go, or
+        closed). What ``resumable`` cannot say: an open turn whose owner is ``live`` is being
+        run (``resume_turn`` here raises ``SessionOwned``); one whose owner is not is stalled."""
+        state = self.writer.load(session_id).state
+        found = state.owner
+        if found is None or state.closed:
+            return None
+        return SessionOwner(found.agent_id, found.worker, found.host, found.pid,
+                            live=self.lease.alive(found.worker))
 
     @takes_session
     def cancel(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> bool:

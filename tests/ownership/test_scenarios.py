@@ -83,6 +83,34 @@ def test_failover_after_the_owner_is_killed_resumes_the_turn(pool: Pool) -> None
     assert Counter(_starts(pool, "c-1")) == {owner.pid: 1, survivor.pid: 1}
 
 
+def test_runtime_owner_tells_a_running_turn_from_a_stalled_one(pool: Pool) -> None:
+    """``resumable`` reads the log alone; ``owner`` adds whether the worker named is alive —
+    what a web app shows as "working on it" versus "stalled, resume it"."""
+    operator = pool.runtime()
+    sid = pool.new_session()
+    assert operator.owner(sid) is None  # never claimed
+    worker = pool.serve("a", OWNERSHIP_TOOL_SECONDS="30")
+    operator.inject(sid, "go", wake=True)
+    wait_until(lambda: _starts(pool, "c-1"), "the tool to start", pool.stderr)
+    running = operator.owner(sid)
+    assert running is not None and running.live and running.pid == worker.pid
+    assert running.worker and operator.resumable(sid)
+    worker.signal(signal.SIGKILL)
+    worker.wait(10)
+    stalled = operator.owner(sid)  # on this host a dead process is seen at once
+    assert stalled is not None and not stalled.live
+    assert (stalled.worker, stalled.pid) == (running.worker, running.pid)
+    assert operator.resumable(sid)
+    survivor = pool.serve("b", OWNERSHIP_TOOL_SECONDS="0")
+    pool.wait_for(sid, "turn/end")
+    serving = operator.owner(sid)  # serve keeps the idle session: the next wake is its
+    assert serving is not None and serving.live and serving.pid == survivor.pid
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait(30) == 0
+    assert operator.owner(sid) is None  # a graceful stop lets it go
+    assert _owners(pool, sid) == [worker.pid, survivor.pid]
+
+
 def test_a_frozen_owner_loses_the_session_and_writes_nothing_when_it_wakes(pool: Pool) -> None:
     workers = {w.pid: w for w in (pool.serve("a", OWNERSHIP_TOOL_SECONDS="2"),
                                   pool.serve("b", OWNERSHIP_TOOL_SECONDS="2"))}
