@@ -22,7 +22,15 @@ from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent, decode
-from terret.domain.events import TITLE_MAX, Actor, ContextInjected, UpkeepPurpose, UserMessage
+from terret.domain.events import (
+    TITLE_MAX,
+    Actor,
+    ContextInjected,
+    SessionCompacted,
+    TurnEnded,
+    UpkeepPurpose,
+    UserMessage,
+)
 from terret.domain.messages import Message
 from terret.domain.payloads import text_problem
 from terret.domain.session import Session
@@ -165,6 +173,38 @@ class Compactor:
             self._compact(sid, after=end.seq)
         except Exception as exc:  # a decline or a summarizer error is never fatal here
             log.warning("automatic compaction of %s skipped: %s", sid, exc)
+
+    def catch_up(self, sid: UUID) -> None:
+        """At serve start: the session's last turn ended over the budget and nothing compacted
+        it since — the process that ran it stopped before its upkeep. Compact it now, as
+        that turn's end would have (left to its owner if that is a live, budgeted worker)."""
+        if self.budget is None:
+            return
+        status = self.upkeep.views.status(sid)
+        if status is None or status.closed or status.turn_open or not status.turn:
+            return
+        prompt = self.upkeep.views.last_prompt_tokens(sid, status.turn)
+        if prompt is None or prompt < self.budget:
+            return
+        end = self._last_turn_end(sid)
+        if end is not None:
+            self._maybe_compact(end, 0)
+
+    def _last_turn_end(self, sid: UUID) -> RecordedEvent | None:
+        """The last ``turn/end``, None when a compaction came after it (read backwards: the
+        tail of a long log, not all of it)."""
+        stream, before = session_stream(sid), None
+        while True:
+            page = self.upkeep.store.read_stream(stream, from_seq=before, backwards=True,
+                                                 limit=100)
+            for record in page:
+                if record.wire_name == SessionCompacted.wire_name:
+                    return None
+                if record.wire_name == TurnEnded.wire_name:
+                    return decode(record)
+            if len(page) < 100 or page[-1].seq <= 1:
+                return None
+            before = page[-1].seq - 1
 
     def compact(self, sid: UUID) -> int | None:
         """Summarize the history and append ``session/compacted``. Returns ``upto_seq``, or None

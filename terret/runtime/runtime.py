@@ -121,7 +121,8 @@ class Runtime:
         self._turn_services = self._turn_services_of()
         self.supervisor = Supervisor(self.agent_host, ServingServices(
             self.writer, self.views, self.lease, self.stopping, self.start,
-            self.catch_up_views, self.background, self.titler.title_now))
+            self.catch_up_views, self.background, self.titler.title_now,
+            self.compactor.catch_up))
         self.host = self.lease.host
 
     def _turn_services_of(self) -> TurnServices:

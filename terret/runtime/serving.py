@@ -63,7 +63,7 @@ the record out."""
 class ServingServices:
     """What serving needs besides the agent host (the ``Runtime`` builds it): the writer, the
     views and the worker's lease, the runtime's start and the views' catch-up, the stopping
-    flag, the upkeep pool and the titler's catch-up."""
+    flag, the upkeep pool and the titler's and compactor's catch-ups."""
 
     writer: SessionWriter
     views: Views
@@ -73,6 +73,7 @@ class ServingServices:
     catch_up_views: Callable[[], None]
     background: Callable[[Callable[[], object]], None]
     title_now: Callable[[UUID], None]
+    compact_left_undone: Callable[[UUID], None]
 
 
 LIVE_FOR = 0.25
@@ -134,7 +135,7 @@ class Supervisor:
             self._release_held()
         if self._feed is not None:
             self._feed.start()
-        self._title_untitled()
+        self._upkeep_left_undone()
         self._thread = threading.Thread(target=self._scan_loop, name="terret-supervisor",
                                         daemon=True)
         self._thread.start()
@@ -430,15 +431,28 @@ class Supervisor:
         except (errors.TurnAlreadyRunning, errors.TurnOpenInLog):
             return None
 
-    def _title_untitled(self) -> None:
-        """R20 catch-up: a process that ended a session's first turn and died before its titler
-        ran leaves it untitled; title it now (the aggregate refuses a second automatic title)."""
+    def _upkeep_left_undone(self) -> None:
+        """The between-turn upkeep a process that ended a turn and stopped (or died) before it
+        ran left undone: R20's title of a session's first turn (the aggregate refuses a
+        second automatic title), and the compaction of a last turn that ended over the
+        budget (refused if another process compacted meanwhile)."""
         rt = self.services
+        open_sessions = []
         for summary in rt.views.sessions():
-            if summary.title is None and not summary.closed:
+            if summary.closed:
+                continue
+            sid = UUID(summary.id)
+            open_sessions.append(sid)
+            if summary.title is None:
                 status = rt.views.status(summary.session)
                 if status is not None and status.last_turn_status is not None:
-                    rt.background(partial(rt.title_now, UUID(summary.id)))
+                    rt.background(partial(rt.title_now, sid))
+
+        def compact_left_undone() -> None:
+            for sid in open_sessions:
+                rt.compact_left_undone(sid)
+
+        rt.background(compact_left_undone)
 
 
 # What a woken session meets when it is not this worker's to run: said by nobody.

@@ -8,8 +8,9 @@ can count executions across processes; their results and the model's texts name 
 produced them, so a test can tell which worker wrote what. ``OWNERSHIP_TTL`` sets the lease TTL
 (default 3 s). ``OWNERSHIP_IDEMPOTENT=0`` makes ``work`` a tool that may not run twice (a
 ``tool/started`` before it runs, in doubt after a crash), ``OWNERSHIP_KEYS`` names a file each
-execution appends ``<call id> <idempotency key>`` to, and ``OWNERSHIP_USAGE=1`` makes every
-reply report ``USAGE``."""
+execution appends ``<call id> <idempotency key>`` to, ``OWNERSHIP_USAGE=1`` makes every
+reply report ``USAGE``, and ``OWNERSHIP_COMPACT_BUDGET`` sets the compaction budget (a fixed
+summarizer, no model call)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 from terret import (
     AgentDefinition,
     CallContext,
+    FixedSummarizer,
     Reply,
     RuntimeConfig,
     ScriptedProvider,
@@ -87,6 +89,9 @@ def _reply(request: ModelRequest) -> Reply:
 def app() -> App:
     provider = ScriptedProvider(name="scripted", default=_reply)
     ttl = float(os.environ.get("OWNERSHIP_TTL", "3"))
+    budget = os.environ.get("OWNERSHIP_COMPACT_BUDGET")
     return App(resolver=StaticResolver({"scripted": provider}),
                agents=[AgentDefinition(tools=[work, gated], allow=["*"])],
-               config=RuntimeConfig(roles={"main": "scripted:default"}, lease_ttl=ttl))
+               config=RuntimeConfig(roles={"main": "scripted:default"}, lease_ttl=ttl,
+                                    compaction_budget=int(budget) if budget else None),
+               summarizer=FixedSummarizer())

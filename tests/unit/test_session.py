@@ -349,6 +349,21 @@ def test_r18_a_model_visible_event_after_the_mark_declines_the_compaction() -> N
     assert session.compact("fresh summary", mark=session.version) == session.version - 1
 
 
+def test_r18_a_compaction_after_the_mark_declines_a_second_summary() -> None:
+    """Two processes summarized the same history: the second to record is declined (it would
+    stack a summary of what the first already summarized)."""
+    session = fresh()
+    session.start_turn(text="hello")
+    session.end_turn("completed")
+    session.collect_events()
+    mark = session.version  # both summarizers read up to here
+    session.compact("the first process's summary", mark=mark)
+    session.collect_events()
+    error = refused(session, errors.CompactionDeclined,
+                    lambda: session.compact("the second process's summary", mark=mark))
+    assert error.rule == "R18"  # the summary is model-visible: it landed after the mark
+
+
 def test_r17_compaction_declines_while_a_step_owes_tool_results() -> None:
     session = fresh()
     open_step(session, ToolCallData(id="c1", name="fs.read"))
