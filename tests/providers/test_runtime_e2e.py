@@ -129,6 +129,30 @@ def test_tool_arguments_too_deep_to_record_fail_the_turn_with_a_malformed_stream
         store.close()
 
 
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_tool_arguments_with_numbers_json_has_not_fail_the_turn_with_a_malformed_stream(
+    number: str, server: ScriptedServer, tmp_path: Path
+) -> None:
+    """Python's decoder reads them; the log (strict JSON) cannot store them: it failed the
+    append with InvalidPayload. They are malformed arguments, as documented."""
+    server.script(CHAT, Reply.sse(tool_call_stream([("call_n1", "take", f'{{"x": {number}}}')])))
+    store = SQLiteStore(tmp_path / "nan.db")
+    runtime, registry = _on_openrouter(server, store, "openrouter:acme/m", take)
+    try:
+        sid = runtime.create_session()
+        with pytest.raises(MalformedStream, match="arguments of tool call 'take' are not a "
+                                                  "JSON object"):
+            runtime.run_turn(sid, "go")
+        records = list(store.read_stream(session_stream(sid)))
+        (end,) = [json.loads(r.data) for r in records if r.wire_name == "turn/end"]
+        assert end["status"] == "failed" and end["error"].startswith("MalformedStream")
+        assert "assistant/message" not in [r.wire_name for r in records]
+    finally:
+        runtime.close()
+        registry.close()
+        store.close()
+
+
 def _on_openrouter(server: Any, store: SQLiteStore, main: str, tool: Any
                    ) -> tuple[terret.Runtime, ProviderRegistry]:
     """A started runtime whose ``main`` role is the fake OpenRouter ``server``, with one

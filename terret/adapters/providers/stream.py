@@ -8,6 +8,7 @@ Shape problems surface as :class:`MalformedStream` naming the provider and the o
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from typing import Any
 
@@ -161,7 +162,8 @@ class ChunkAssembler:
         if not slot.name:
             raise MalformedStream(self.provider, f"tool call #{index} has no name", data=raw)
         try:
-            args = json.loads(raw) if raw.strip() else {}
+            args = (json.loads(raw, parse_constant=_not_json, parse_float=_finite)
+                    if raw.strip() else {})
         except ValueError:
             args = None
         except RecursionError:  # nested too deeply for the decoder, far past the limit
@@ -226,6 +228,20 @@ def _upstream(provider: str, error: Any) -> UpstreamError:
 
 
 _TOO_DEEP: Any = object()
+
+
+def _not_json(name: str) -> Any:
+    """``NaN`` and ``Infinity``: Python's decoder takes them, JSON has no such values (and the
+    log could not store them)."""
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    """A number too large for a float (``1e999``) would be read as infinity: not JSON either."""
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise ValueError(f"{text} is out of range")
+    return value
 
 
 def _too_deep(raw: str, args: dict[str, Any]) -> bool:
