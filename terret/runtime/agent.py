@@ -43,7 +43,15 @@ from terret.runtime.step_commands import (
     usage_of,
 )
 from terret.runtime.stops import TurnCancelled, TurnSuspended
-from terret.runtime.tools import CallContext, Tool, ToolContext, ToolOutcome, ToolPipeline
+from terret.runtime.tools import (
+    CallContext,
+    Tool,
+    ToolContext,
+    ToolOutcome,
+    ToolPipeline,
+    describe_error,
+    storable,
+)
 from terret.runtime.unit import Command, ModelContext, StepWork
 from terret.runtime.writer import SessionWriter
 
@@ -272,6 +280,8 @@ class Agent:
 
     def _end(self, turn: int, status: TurnStatus, *, reason: str | None = None,
              by: Actor | None = None, error: str | None = None, text: str = "") -> TurnResult:
+        if error is not None:  # an exception's text: lone surrogates, megabytes of it
+            error = storable(error, name=f"session {self.session_id}: the turn's error")
         self._write(lambda s: s.end_turn(status, reason=reason, by=by, error=error))
         log.info("session %s turn %d ended %s", self.session_id, turn, status)
         return TurnResult(self.session_id, turn, status, text)
@@ -340,12 +350,11 @@ class Agent:
             log.warning("session %s turn %d was closed by another writer; stopping without "
                         "writing: %s", self.session_id, turn, exc)
         else:
-            self._end(turn, "failed", error=f"{type(exc).__name__}: {exc}")
+            self._end(turn, "failed", error=describe_error(exc))
 
     def _stop(self, turn: int, exc: BaseException) -> None:
         try:
-            self._end(turn, "failed", error=type(exc).__name__ + (f": {exc}" if str(exc)
-                                                                  else ""))
+            self._end(turn, "failed", error=describe_error(exc))
         except Exception as end_exc:  # noqa: BLE001 - the stop is what propagates
             self.work.discard()
             log.warning("session %s turn %d stopped by %s and left open: %s",

@@ -50,6 +50,7 @@ from terret.runtime.host import AgentHost
 from terret.runtime.ownership import WorkerLease
 from terret.runtime.pool import GroupFeed
 from terret.runtime.stops import TurnSuspended
+from terret.runtime.tools import describe_error
 from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.serving")
@@ -382,11 +383,13 @@ class Supervisor:
                 self._drive_wake(agent, waking_only=True)
             except _QUIET:
                 pass
-            except Exception as exc:
-                # The turn ended failed (recorded); the session stays served here.
-                # One line per record, as serve promises: the traceback only at DEBUG.
-                log.error("session %s: the woken turn failed: %s: %s", session_id,
-                          type(exc).__name__, " ".join(str(exc).split()),
+            except BaseException as exc:  # noqa: BLE001 - a tool's SystemExit too: said
+                # The turn ended failed (recorded); the session stays served here. A tool's
+                # KeyboardInterrupt or SystemExit stops its turn, not the server (signals reach
+                # the main thread only). One line per record, as serve promises: the traceback
+                # only at DEBUG.
+                log.error("session %s: the woken turn failed: %s", session_id,
+                          " ".join(describe_error(exc).split()),
                           exc_info=log.isEnabledFor(logging.DEBUG),
                           extra={WOKEN_TURN_FAILED: True})
 

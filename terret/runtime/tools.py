@@ -20,9 +20,12 @@ result over ``MAX_RESULT_BYTES`` is cut, with a marker saying so.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -119,8 +122,7 @@ class Tool:
             raise ConfigurationError(f"tool {self.name!r}: args is a pydantic model class, not "
                                      f"{self.args!r}")
         require_flags(f"tool {self.name!r}", self, "mutating", "idempotent")
-        if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"tool {self.name!r}: timeout must be positive, not {self.timeout}")
+        _check_definition(self)
 
     def needs_approval(self) -> bool:
         return self.approval == "always" or (self.approval == "policy" and self.mutating)
@@ -143,9 +145,13 @@ def tool(
     ``def deploy(args: DeployArgs, ctx: CallContext) -> str``."""
 
     def wrap(fn: Handler) -> Tool:
+        # getattr: a functools.partial or a callable object has no __name__ of its own.
+        named = name or getattr(fn, "__name__", None)
+        if not named:
+            raise ConfigurationError(f"tool(): {fn!r} has no __name__: give the tool a name")
         return Tool(
-            name=name or fn.__name__,
-            description=description or (fn.__doc__ or "").strip() or fn.__name__,
+            name=named,
+            description=description or (getattr(fn, "__doc__", None) or "").strip() or named,
             args=args,
             handler=fn,
             approval=approval,
@@ -155,6 +161,79 @@ def tool(
         )
 
     return wrap
+
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What a tool's name may be: what OpenAI's and Anthropic's APIs accept (a name outside it
+gets every request that offers the tool refused)."""
+
+
+def _check_definition(tool: Tool) -> None:
+    """The rest of what is checked when a tool is defined (a mistake found at the first call
+    is a turn's failure, or a success recorded for a handler that never ran)."""
+    where = f"tool {tool.name!r}"
+    if not isinstance(tool.name, str) or not TOOL_NAME.fullmatch(tool.name):
+        raise ConfigurationError(f"{where}: a name is 1 to 64 letters, digits, '_' or '-' "
+                                 "(what model APIs accept)")
+    timeout = tool.timeout
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not timeout > 0):
+        raise ConfigurationError(f"{where}: timeout is seconds above 0 (math.inf for no "
+                                 f"limit) or None, not {timeout!r}")
+    handler = tool.handler
+    if not callable(handler):
+        raise ConfigurationError(f"{where}: the handler {handler!r} is not callable")
+    if inspect.isgeneratorfunction(handler) or inspect.isasyncgenfunction(handler):
+        raise ConfigurationError(f"{where}: the handler is a generator function; a handler "
+                                 "returns its result (an async def handler is awaited)")
+    try:
+        inspect.signature(handler).bind(None, None)
+    except TypeError:
+        raise ConfigurationError(f"{where}: the handler is called as handler(args, ctx); "
+                                 f"{handler!r} cannot take those two arguments") from None
+    except ValueError:
+        pass  # no signature to read (some builtins): the call itself will tell
+
+
+def call_handler(tool: Tool, parsed: BaseModel, ctx: CallContext) -> Any:
+    """The handler's result; an ``async def`` handler's coroutine is run to its end on an
+    event loop of its own (on a thread of its own when this thread already runs a loop)."""
+    result = tool.handler(parsed, ctx)
+    if not inspect.isawaitable(result):
+        return result
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_awaited(result))
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, asyncio.run(_awaited(result))))
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
+            box.append((False, exc))
+
+    thread = threading.Thread(target=run, name=f"terret-async-{tool.name}", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` for a log or a result — also for an exception whose ``str()``
+    raises (the handler's failure is what is reported, not a second one in its text)."""
+    try:
+        detail = str(exc)
+    except Exception:  # noqa: BLE001 - any failure of a user's __str__
+        detail = "<its message could not be shown>"
+    return type(exc).__name__ + (f": {detail}" if detail else "")
 
 
 @dataclass(frozen=True)
@@ -258,6 +337,11 @@ class ToolPipeline:
         """The pre-execute waterfall, parent first (R9): the first veto ends the call."""
         for hook in self.context.waterfall():
             veto = hook(tool, ctx)
+            if veto is not None and not isinstance(veto, Veto):
+                # `return False` reads as "do not veto": said, not an AttributeError.
+                raise ConfigurationError(
+                    f"pre-execute hook {getattr(hook, '__qualname__', hook)!r} returned "
+                    f"{veto!r}: a hook returns None or a terret.runtime.Veto")
             if veto is not None:
                 return ToolOutcome(f"vetoed: {veto.reason}", is_error=True)
         return None
@@ -275,7 +359,7 @@ class ToolPipeline:
         limit = tool.timeout if tool.timeout is not None else self.timeout
         if limit is None:
             try:
-                return _outcome(tool, True, tool.handler(parsed, ctx))
+                return _outcome(tool, True, call_handler(tool, parsed, ctx))
             except BaseException as exc:  # noqa: BLE001 - a failure or a stop, recorded
                 return _outcome(tool, False, exc)
         return self._execute_within(limit, tool, parsed, ctx)
@@ -289,7 +373,7 @@ class ToolPipeline:
 
         def work() -> None:
             try:
-                box.append((True, tool.handler(parsed, ctx)))
+                box.append((True, call_handler(tool, parsed, ctx)))
             except BaseException as exc:  # noqa: BLE001 - handed to the turn's thread
                 box.append((False, exc))
             finally:
@@ -319,9 +403,11 @@ class ToolPipeline:
 def _outcome(tool: Tool, ok: bool, value: Any) -> ToolOutcome:
     """The outcome of a handler that returned ``value`` (``ok``) or raised it."""
     if not ok:
-        if isinstance(value, Exception):  # a failing tool is the model's problem
-            return ToolOutcome(f"{type(value).__name__}: {value}", is_error=True)
-        return ToolOutcome(_interrupted(tool, value), is_error=True, stop=value)
+        if isinstance(value, STOPS):
+            return ToolOutcome(_interrupted(tool, value), is_error=True, stop=value)
+        # A failing tool is the model's problem — any BaseException but a stop of the process
+        # (an asyncio.CancelledError from an async handler's own work, a GeneratorExit).
+        return ToolOutcome(describe_error(value), is_error=True)
     try:
         return ToolOutcome(_content(value))
     except Exception as exc:
@@ -329,10 +415,12 @@ def _outcome(tool: Tool, ok: bool, value: Any) -> ToolOutcome:
                            f"{type(exc).__name__}: {exc}", is_error=True)
 
 
+STOPS = (KeyboardInterrupt, SystemExit)
+"""What a handler raises to stop the process, not to fail the call: recorded, then re-raised."""
+
+
 def _interrupted(tool: Tool, exc: BaseException) -> str:
-    detail = str(exc)
-    return f"{tool.name} was interrupted: {type(exc).__name__}" + (f": {detail}" if detail
-                                                                      else "")
+    return f"{tool.name} was interrupted: {describe_error(exc)}"
 
 
 def storable(content: str, *, name: str = "a tool") -> str:
@@ -376,6 +464,8 @@ def _content(result: Any) -> str:
     if isinstance(result, BaseModel):
         return result.model_dump_json()
     try:
-        return json.dumps(result)
+        # Strict JSON (NaN is not), values JSON has no type for (a datetime, a set) as their
+        # str(); a result JSON cannot hold at all (tuple keys) as its str().
+        return json.dumps(result, allow_nan=False, default=str)
     except (TypeError, ValueError):
         return str(result)

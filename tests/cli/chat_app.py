@@ -3,7 +3,9 @@
 decides when a running tool call ends (for Ctrl-C in chat while a tool runs). The model calls it
 for a message starting with ``hold``, streams a long answer slowly for one starting with
 ``long``; it raises a RuntimeError for one starting with
-``explode`` and a ``ProviderError`` for one starting with ``unavailable``."""
+``explode`` and a ``ProviderError`` for one starting with ``unavailable``; for one starting with
+``give up`` it calls ``give_up``, which raises ``SystemExit`` (``KeyboardInterrupt`` with
+``CHAT_GIVE_UP=interrupt``)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,17 @@ def hold(args: HoldArgs, ctx: CallContext) -> str:
     return f"released {args.what}"
 
 
+class NoArgs(BaseModel):
+    pass
+
+
+@tool(args=NoArgs, description="Stops the process, as a tool that calls sys.exit would.")
+def give_up(args: NoArgs, ctx: CallContext) -> str:
+    if os.environ.get("CHAT_GIVE_UP") == "interrupt":
+        raise KeyboardInterrupt
+    raise SystemExit("the tool gave up")
+
+
 def model(request: ModelRequest) -> Reply:
     messages = [m for m in request.messages if m.role != "system"]
     last = messages[-1]
@@ -48,6 +61,8 @@ def model(request: ModelRequest) -> Reply:
         raise RuntimeError("the model blew up\n  while answering")
     if last.role == "user" and last.text.startswith("unavailable"):
         raise ProviderError("demo", "503 service unavailable")
+    if last.role == "user" and last.text.startswith("give up"):
+        return Reply(tool_calls=[call("give_up", {}, id="call-give-up")])
     if last.role == "user" and last.text.startswith("long"):
         return Reply(text=" ".join(["word"] * 100), usage=Usage(prompt_tokens=10,
                                                                 completion_tokens=100))
@@ -75,6 +90,7 @@ class SlowStream(ScriptedProvider):
 def app() -> App:
     base = demo_app()
     agent = base.agents[0]
-    base.agents = [replace(agent, tools=[*agent.tools, hold], allow=[*agent.allow, "hold"])]
+    base.agents = [replace(agent, tools=[*agent.tools, hold, give_up],
+                           allow=[*agent.allow, "hold", "give_up"])]
     base.resolver = StaticResolver({"demo": SlowStream(name="demo", default=model)})
     return base

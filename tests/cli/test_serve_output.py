@@ -69,10 +69,17 @@ def test_a_woken_turn_that_fails_is_one_line_and_the_session_stays_served(
         assert done.returncode == 0, done.stderr
         target.wait_for(sid, is_type("turn/end", turn=3, status="completed"),
                         "turn 3 completed by the same server")
+        # A tool's SystemExit stops its turn, not the server: said in one line too.
+        done = run(target, "inject", str(sid), "give up", "--wake")
+        assert done.returncode == 0, done.stderr
+        target.wait_for(sid, is_type("turn/end", turn=4, status="failed"), "turn 4 failed")
+        server.wait_for("turn 4's failure", lambda log: "SystemExit: the tool" in log)
         failed = [line for line in server.lines() if "turn failed" in line]
         assert [line.split("failed: ", 1)[1] for line in failed] == [
             "RuntimeError: the model blew up while answering",
-            "ProviderError: demo: 503 service unavailable"
+            "ProviderError: demo: 503 service unavailable",
+            "SystemExit: the tool gave up",
         ], server.text()
+        assert "Traceback" not in server.text(), server.text()
         assert "not serving" not in server.text(), server.text()
         assert all(line[:4].isdigit() for line in server.lines()[1:]), server.text()

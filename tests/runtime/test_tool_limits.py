@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from terret import Actor, CallContext, RuntimeConfig, ScriptedProvider, tool
+from terret.domain.errors import ConfigurationError
 from terret.domain.events import ToolCallData
 from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import (
@@ -231,8 +232,8 @@ def test_the_runtime_default_timeout_applies_and_a_tool_s_own_overrides_it(
 
 
 def test_a_timeout_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="timeout"):
-        tool(args=NoArgs, timeout=0)(lambda a, c: "x")
+    with pytest.raises(ConfigurationError, match="timeout"):  # more: test_tool_authoring.py
+        tool("t", args=NoArgs, timeout=0)(lambda a, c: "x")
 
 
 # --- cancelling a turn whose tool hangs -------------------------------------------------
