@@ -374,6 +374,9 @@ class BudgetExceeded(EventPayload):
 class SessionCompacted(EventPayload):
     wire_name = "session/compacted"
     model_visible = True
+    # A summary recorded while a turn runs covers only what came before that turn (R18): the
+    # turn's owner folds it in and goes on; its next step reads the summary.
+    commutative = True
     upto_seq: int = Field(ge=1)
     summary: str
 

@@ -465,16 +465,31 @@ class Session(Aggregate):
             self._record(payload)
 
     def compact(self, summary: str, *, mark: int) -> int:
-        """R18: ``upto_seq`` is the seq just before the compaction event; if any model-visible
-        event landed after ``mark`` (the version the summarizer read), decline."""
+        """R18: the summary replaces the history up to ``mark`` (the version the summarizer
+        read, taken between turns). ``upto_seq`` is the seq just before the compaction event
+        when nothing model-visible landed after the mark; when something did (a turn ran while
+        the summarizer worked), it is ``mark``, and what came after stays as it is — the summary
+        never hides history it did not read, and a busy session's compaction is not thrown
+        away at every turn. Declined when another compaction landed after the mark (this one
+        would stack a second summary of the same history)."""
         self._storable(SessionCompacted.wire_name, summary=summary)
         self._require_open()
-        if self.state.last_visible_seq > mark:
+        if self.state.last_compaction_seq > mark:
             raise errors.CompactionDeclined(
-                f"model-visible event {self.state.last_visible_seq} landed after mark {mark}"
-            )
-        self.require_compactable()
-        upto = self.version
+                f"the session was compacted at seq {self.state.last_compaction_seq}, after "
+                f"this summary's mark {mark}")
+        if self.state.last_visible_seq <= mark:
+            self.require_compactable()  # R19: between turns, the summary covering it all
+            upto = self.version
+        elif self.state.turn_open and self.state.turn_started_seq <= mark:
+            # Only a mark taken inside this turn: the summary would cut it in two.
+            raise errors.CompactionDeclined(
+                f"turn {self.state.turn} began before the mark {mark}; compact between turns")
+        else:
+            # A turn ran, or runs, since the mark: its input and its calls all come after the
+            # mark and stay as they are (the running turn's next step reads the summary and
+            # them), so recording now hides nothing and cuts no call from its result.
+            upto = mark
         self._record(SessionCompacted(upto_seq=upto, summary=summary))
         return upto
 

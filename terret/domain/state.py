@@ -171,6 +171,8 @@ class SessionState:
     closed: bool = False
     last_compaction_seq: int = 0
     last_visible_seq: int = 0
+    turn_started_seq: int = 0
+    """The seq of the last ``turn/start`` (0 in a snapshot from before it was kept)."""
     inbox: dict[str, InboxEntry] = field(default_factory=dict)
     attached: str | None = None
     owner: Owner | None = None
@@ -340,6 +342,7 @@ def _clear_turn(s: SessionState) -> None:
 @_on(TurnStarted)
 def _on_turn_start(s: SessionState, p: TurnStarted, seq: int) -> None:
     s.turn, s.turn_open, s.step, s.step_open, s.step_answered = p.turn, True, 0, False, False
+    s.turn_started_seq = seq
     _clear_turn(s)
     s.turn_input = s.last_reply_final = False
     # The last turn's cost joins the total: summed turn by turn, as the usage view sums them.

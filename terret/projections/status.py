@@ -72,8 +72,9 @@ class StatusProjection(TypedProjection):
     ``evolve``, which dispatches on the payload's class."""
 
     name = "status"
+    # 5: the state keeps the open turn's start (a summary may be recorded while it runs).
     # 4: the state folds usage/recorded (the upkeep's cost, counted by the budget).
-    version = 4  # 3: what an open turn waits on (waiting); 2: the aggregate's state is the truth
+    version = 5  # 3: what an open turn waits on (waiting); 2: the aggregate's state is the truth
     handles = LiveWireNames(_evolving)
     tables = ("status",)
     schema = """

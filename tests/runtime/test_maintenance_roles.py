@@ -22,13 +22,25 @@ from terret import (
     RuntimeConfig,
     ScriptedProvider,
     Usage,
+    call,
     open_store,
+    tool,
 )
 from terret.domain.errors import ConfigurationError
 from terret.domain.store import EventStore
 from terret.runtime import render_history
 from tests.runtime.conftest import MakeRuntime, OpenedStore
-from tests.runtime.kit import drain_upkeep, final, only, read_log, wait_for_event
+from tests.runtime.kit import (
+    Background,
+    NoArgs,
+    drain_upkeep,
+    final,
+    only,
+    read_log,
+    turn_in_background,
+    wait_for_event,
+    wait_until,
+)
 
 OPERATOR = Actor(actor="operator", id="test")
 
@@ -71,13 +83,46 @@ def test_r18_a_manual_compaction_after_another_processs_turn_takes_the_stores_he
     there = make_runtime([final("second answer")], on_store=other_store, start=False)
     assert there.run_turn(sid, "second question").status == "completed"
 
-    upto = here.compact(sid)  # declined "model-visible event N landed after mark M" before
+    upto = here.compact(sid)  # its mark is the store's head: the other turn is summarized
 
     (compacted,) = only(read_log(store, sid), "session/compacted")
     assert upto == compacted.data["upto_seq"] == compacted.seq - 1
     assert summarizer.rendered[-1].splitlines() == [
         "[user] first question", "[assistant] first answer",
         "[user] second question", "[assistant] second answer"]
+
+
+def test_r18_a_summary_lands_while_another_process_runs_the_next_turn_which_goes_on(
+        other_store: EventStore, make_runtime: MakeRuntime, store: EventStore, gates) -> None:
+    """The busy session: the summarizer (here, in a second process) is still working when the
+    owner starts the next turn. The summary is recorded while that turn runs; the owner folds
+    it in (R5), its next step sees the summary and the whole turn so far, and it completes."""
+    gate = gates()
+    provider = ScriptedProvider([final("first answer"),
+                                 Reply(tool_calls=[call("look", {}, "c-look")], gate=gate),
+                                 final("second answer")])
+    owner = make_runtime(provider, tools=[tool("look", args=NoArgs)(lambda a, c: "seen")])
+    sid = owner.create_session()
+    owner.run_turn(sid, "first question")
+    drain_upkeep(owner)
+    turns: list[Background] = []
+
+    class StartsTheNextTurn(Recording):
+        def summarize(self, messages: Sequence[Message]) -> str | None:
+            turns.append(turn_in_background(owner, sid, "second question"))
+            wait_until(lambda: len(provider.requests) == 2, what="the next turn's request")
+            return super().summarize(messages)
+
+    there = make_runtime([], on_store=other_store, start=False, summarizer=StartsTheNextTurn())
+    mark = len(read_log(store, sid))
+    assert there.compact(sid) == mark  # recorded while the owner's turn waits on its model
+    gate.set()
+    assert turns[0].join().status == "completed"
+    names = [e.name for e in read_log(store, sid)]
+    assert names.index("turn/start", mark) < names.index("session/compacted") \
+        < names.index("turn/end", mark)
+    last = [m.text for m in provider.requests[-1].messages]
+    assert last == ["a summary", "second question", "", "seen"]
 
 
 def test_r19_the_budget_trigger_compacts_after_a_heavy_turn_another_process_ran(

@@ -102,6 +102,7 @@ def test_builtin_flags_follow_the_architecture() -> None:
     assert COMMUTATIVE == {  # R5
         "approval/resolved", "inbox/queued", "policy/updated", "model/set", "session/titled",
         "turn/cancel_requested", "budget/set", "tool/in_doubt_resolved", "usage/recorded",
+        "session/compacted",
     }
     assert MODEL_VISIBLE == {
         "user/message", "context/injected", "assistant/message", "tool/result",
