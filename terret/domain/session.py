@@ -478,17 +478,20 @@ class Session(Aggregate):
             raise errors.CompactionDeclined(
                 f"the session was compacted at seq {self.state.last_compaction_seq}, after "
                 f"this summary's mark {mark}")
-        if self.state.last_visible_seq <= mark:
+        if self.state.turn_open and self.state.turn_started_seq > mark:
+            upto = mark  # the turn began after the mark: it stays after the summary, whole
+        elif self.state.last_visible_seq <= mark:
             self.require_compactable()  # R19: between turns, the summary covering it all
             upto = self.version
-        elif self.state.turn_open and self.state.turn_started_seq <= mark:
+        elif self.state.turn_open:
             # Only a mark taken inside this turn: the summary would cut it in two.
             raise errors.CompactionDeclined(
                 f"turn {self.state.turn} began before the mark {mark}; compact between turns")
         else:
-            # A turn ran, or runs, since the mark: its input and its calls all come after the
-            # mark and stay as they are (the running turn's next step reads the summary and
-            # them), so recording now hides nothing and cuts no call from its result.
+            # A turn ran since the mark: its input and its calls all come after the mark and
+            # stay as they are, so recording now hides nothing and cuts no call from its
+            # result. (So does the first branch, for a turn still running: its next step reads
+            # the summary and the turn so far.)
             upto = mark
         self._record(SessionCompacted(upto_seq=upto, summary=summary))
         return upto

@@ -133,7 +133,12 @@ def _key(db: sqlite3.Connection, session: str) -> int:
     return cursor.lastrowid
 
 
-def read_messages(db: sqlite3.Connection, stream: str) -> list[Message]:
+_ALL = 2**63 - 1
+"""The largest seq SQLite's integers hold: no bound."""
+
+
+def read_messages(db: sqlite3.Connection, stream: str, *, through: int | None = None
+                  ) -> list[Message]:
     from terret.domain.catalogue import catalogue  # the payload classes: only when read
 
     summary = db.execute(
@@ -146,8 +151,9 @@ def read_messages(db: sqlite3.Connection, stream: str) -> list[Message]:
         out.append(Message(role="user", text=summary[1]))
     for wire_name, body in db.execute(
         "SELECT role, body FROM messages WHERE key ="
-        " (SELECT key FROM message_streams WHERE session = ?) AND seq > ? ORDER BY seq",
-        (stream, upto),
+        " (SELECT key FROM message_streams WHERE session = ?) AND seq > ? AND seq <= ?"
+        " ORDER BY seq",
+        (stream, upto, _ALL if through is None else through),
     ):
         cls = catalogue.payload_class(wire_name)
         message = message_of(cls.model_validate_json(body)) if cls is not None else None

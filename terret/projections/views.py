@@ -44,9 +44,11 @@ class Views:
     def __init__(self, store: ViewStore) -> None:
         self.store = store
 
-    def messages(self, session: UUID | str) -> list[Message]:
+    def messages(self, session: UUID | str, *, through: int | None = None) -> list[Message]:
+        """The model's context; with ``through``, as it stood at that seq (a summarizer reads
+        no further than its mark)."""
         with self.store.reading() as db:
-            return messages.read_messages(db, _stream(session))
+            return messages.read_messages(db, _stream(session), through=through)
 
     def usage(self, session: UUID | str) -> UsageTotals:
         with self.store.reading() as db:

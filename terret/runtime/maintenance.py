@@ -217,13 +217,10 @@ class Compactor:
         # R18: the mark is the store's head for the stream when the compactor starts (the tail
         # other processes appended is folded in), not this process's last write.
         session = upkeep.writer.refresh(sid)
-        mark = session.version
         if after is not None and session.state.last_compaction_seq > after:
             log.info("session %s was compacted after seq %d already", sid, after)
             return None
-        # Before the summarizer is bound to a role: a closed or mid-step session is declined
-        # whatever the roles, without a model call.
-        session.require_compactable()
+        mark = _mark(session, after)
         last = session.state.last_compaction_seq
         if session.state.last_visible_seq <= last:
             # Nothing the model sees landed since the last compaction (or at all): a new
@@ -258,7 +255,8 @@ class Compactor:
         if isinstance(summarizer, RoleBound):
             summarizer = summarizer.for_session(session_roles(upkeep, session, meter))
         upkeep.catch_up_views(sid)  # the views now hold at least everything up to the mark
-        summary = summarizer.summarize(upkeep.views.messages(sid))
+        # No further than the mark: what lands after it stays verbatim after the summary (R18).
+        summary = summarizer.summarize(upkeep.views.messages(sid, through=mark))
         if summary is None:
             log.warning("compaction of %s declined by the summarizer", sid)
             record_usage(upkeep, sid, "compaction", meter)
@@ -273,6 +271,18 @@ class Compactor:
         upto, _ = upkeep.writer.execute(sid, compact)
         log.info("session %s compacted up to seq %d", sid, upto)
         return int(upto)
+
+
+def _mark(session: Session, after: int | None) -> int:
+    """Where the summary reads up to: the store's head, between turns. When the budget's turn
+    (ended at ``after``) is over and the next one began (a busy session), the end of the turn
+    that triggered it: the running turn stays as it is after the summary (R18). Otherwise a
+    closed or mid-turn session is declined here, before the summarizer is bound to a role:
+    whatever the roles, without a model call."""
+    if after is not None and session.state.turn_open and session.state.turn_started_seq > after:
+        return after
+    session.require_compactable()
+    return session.version
 
 
 class AutoTitler:

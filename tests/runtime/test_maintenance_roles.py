@@ -10,6 +10,7 @@ process has).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -148,6 +149,41 @@ def test_r19_the_budget_trigger_compacts_after_a_heavy_turn_another_process_ran(
     assert compacted.data["upto_seq"] == compacted.seq - 1
     assert summarizer.rendered[-1].splitlines()[-2:] == [
         "[user] heavy question", "[assistant] heavy answer"]
+
+
+def test_r19_the_budget_trigger_summarizes_up_to_its_turn_when_the_next_one_already_runs(
+        other_store: EventStore, make_runtime: MakeRuntime, store: EventStore, gates) -> None:
+    """A busy session: by the time the serving process's compactor looks, another process has
+    started the next turn. It summarizes the history as it stood at the heavy turn's end (it
+    skipped, and the context grew past the budget, before) and the running turn goes on."""
+    summarizer = Recording()
+    here = make_runtime(summarizer=summarizer, config=RuntimeConfig(compaction_budget=100))
+    held = threading.Event()
+    for _ in range(2):  # both upkeep threads: the trigger runs once the next turn has begun
+        here.background(held.wait)
+    gate = gates()
+    provider = ScriptedProvider([final("heavy answer", usage=Usage(500, 5)),
+                                 final("next answer", gate=gate)])
+    there = make_runtime(provider, on_store=other_store, start=False)
+    sid = there.create_session()
+    assert there.run_turn(sid, "heavy question").status == "completed"
+    heavy_end = only(read_log(store, sid), "turn/end")[-1].seq
+    job = turn_in_background(there, sid, "next question")
+    wait_until(lambda: len(provider.requests) == 2, what="the next turn's model request")
+    held.set()
+    wait_for_event(store, sid, "session/compacted")
+    gate.set()
+    assert job.join().status == "completed"  # the owner folded the summary in
+    log = read_log(store, sid)
+    (compacted,) = only(log, "session/compacted")
+    assert compacted.data["upto_seq"] == heavy_end
+    assert summarizer.rendered[-1].splitlines() == ["[user] heavy question",
+                                                    "[assistant] heavy answer"]
+    starts, ends = only(log, "turn/start"), only(log, "turn/end")
+    assert starts[-1].seq < compacted.seq < ends[-1].seq
+    here.catch_up_views(sid)
+    assert [m.text for m in here.views.messages(sid)] == [
+        "a summary", "next question", "next answer"]
 
 
 def test_r19_two_serving_processes_compact_a_heavy_turn_once(
