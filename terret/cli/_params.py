@@ -169,13 +169,19 @@ class JsonObjectType(TextType):
             return value
         text = super().convert(value, param, ctx)
         try:
-            parsed = json.loads(text)
+            parsed = json.loads(text, parse_constant=_not_json)
         except ValueError as exc:
             self.fail(f"not JSON: {exc}", param, ctx)
+        except RecursionError:
+            self.fail("nested too deeply to be a call's arguments", param, ctx)
         if not isinstance(parsed, dict):
             self.fail("a JSON object ({...}), as `approvals list --json` shows a call's args",
                       param, ctx)
         return parsed
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # Python's decoder would take NaN and Infinity
 
 
 TEXT = TextType()

@@ -35,8 +35,10 @@ def summarize(event: RecordedEvent) -> str:
     """One line for a human: the gist of the payload (one summary per payload class; any
     other, an extension's, as its data), its control characters escaped — a tool name, a
     call id, a reason or a spec holds what its author wrote, and a terminal must not act on
-    it (an escape sequence setting the window's title, writing the clipboard)."""
-    return printable(_gist(event))
+    it (an escape sequence setting the window's title, writing the clipboard). A newline is
+    escaped too: the summary is one line, and a reason holding one printed what read as the
+    next events of the log."""
+    return printable(_gist(event)).replace("\n", "\\n")
 
 
 def _gist(event: RecordedEvent) -> str:

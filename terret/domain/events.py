@@ -17,6 +17,10 @@ TurnStatus = Literal["completed", "cancelled", "rejected", "empty", "failed"]
 Verdict = Literal["approved", "denied"]
 
 TITLE_MAX = 80
+REASON_MAX = 2000
+"""The most characters a person's reason may have (a cancel, a verdict, a close, a budget): a
+cancel's is repeated in the denial, the result and the ``turn/end`` of every call it stops,
+all in one append, which must stay within a store's limit for one (1 MiB on EventStoreDB)."""
 _PROVIDER = r"[a-z][a-z0-9_-]*"
 #: The provider part of a model spec (``provider:model``). Anchored with ``\Z``: ``$`` would let
 #: a trailing newline through.

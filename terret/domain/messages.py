@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,6 +16,22 @@ class ToolCall:
     id: str
     name: str
     args: dict[str, Any] = field(default_factory=dict)
+
+
+def distinct_ids(calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
+    """The calls, each with an id of its own: one a provider gave twice in a reply (a
+    provider's bug) is told apart (``-2``, ``-3``), since a result answers a call by id and the
+    log refuses a reply whose calls share one."""
+    out = list(calls)
+    seen: set[str] = set()
+    for n, call in enumerate(out):
+        if call.id in seen:
+            suffix = 2
+            while f"{call.id}-{suffix}" in seen:
+                suffix += 1
+            out[n] = ToolCall(id=f"{call.id}-{suffix}", name=call.name, args=call.args)
+        seen.add(out[n].id)
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from terret.domain.catalogue import EventPayload, OpaquePayload, text_problem
 from terret.domain.codec import RecordedEvent
 from terret.domain.errors import shown
 from terret.domain.events import (
+    REASON_MAX,
     TITLE_MAX,
     Actor,
     AgentAttached,
@@ -208,6 +209,16 @@ class Session(Aggregate):
             if problem is not None:
                 raise errors.InvalidPayload(wire_name, name, problem)
 
+    @staticmethod
+    def _reason_fits(wire_name: str, reason: str | None) -> None:
+        """A person's reason, checked before anything is recorded: past ``REASON_MAX`` it is
+        refused (``InvalidPayload``) rather than met later, when a cancel's append — its reason
+        repeated for every call it stops — is over the store's limit and the turn cannot close."""
+        if reason is not None and len(reason) > REASON_MAX:
+            raise errors.InvalidPayload(wire_name, "reason",
+                                        f"a reason is at most {REASON_MAX} characters, not "
+                                        f"{len(reason)}")
+
     def queue(self, text: str, *, wake: bool = False, inbox_id: str | None = None) -> str:
         """Blank text is refused (``InvalidPayload``): a step would take nothing from it."""
         payload = InboxQueued(inbox_id=inbox_id or uuid4().hex, text=text, wake=wake)
@@ -356,6 +367,7 @@ class Session(Aggregate):
         """A verdict on a call in doubt in the open turn: ``rerun`` or ``skipped``. When the
         caller names the tool and arguments it decided on, they must match (as R11)."""
         self._storable(InDoubtResolved.wire_name, call_id=call_id, reason=reason)
+        self._reason_fits(InDoubtResolved.wire_name, reason)
         payload = InDoubtResolved(call_id=call_id, verdict=verdict,  # type: ignore[arg-type]
                                   reason=reason, by=by)
         doubt = self.state.doubts.get(call_id) if self.state.turn_open else None
@@ -368,14 +380,14 @@ class Session(Aggregate):
         if doubt is None:
             raise errors.CallNotInDoubt(
                 f"call {shown(call_id)} is not in doubt in the open turn of session {self.id}")
-        if name is not None and (doubt.name != name or
-                                 (args is not None and doubt.args != args)):
+        if not _decided_on(doubt, name, args):
             raise errors.CallNotInDoubt(
                 f"call {shown(call_id)} is in doubt for a different tool or arguments")
         self._record(payload)
 
     def set_budget(self, limit: float | None, *, by: Actor, reason: str | None = None) -> None:
         """The session's own budget (None: the deployment's default applies again)."""
+        self._reason_fits(BudgetSet.wire_name, reason)
         payload = BudgetSet(limit=limit, reason=reason, by=by)
         self._require_open()
         self._record(payload)
@@ -407,6 +419,7 @@ class Session(Aggregate):
         """R11: only a request pending in the open turn can be resolved; when the caller names
         the tool and arguments it decided on, they must match the request."""
         self._storable(ApprovalResolved.wire_name, call_id=call_id, reason=reason)
+        self._reason_fits(ApprovalResolved.wire_name, reason)
         request = self.state.pending.get(call_id) if self.state.turn_open else None
         if request is None:
             raise errors.ApprovalNotPending(
@@ -418,8 +431,7 @@ class Session(Aggregate):
             raise errors.ApprovalNotPending(
                 f"call {shown(call_id)} of session {self.id} will not run: turn "
                 f"{self.state.turn}'s cancel is recorded, and closing the turn denies it")
-        if name is not None and (request.name != name or
-                                 (args is not None and request.args != args)):
+        if not _decided_on(request, name, args):
             raise errors.ApprovalNotPending(
                 f"call {shown(call_id)} is pending for a different tool or arguments"
             )
@@ -429,6 +441,7 @@ class Session(Aggregate):
     def request_cancel(self, *, by: Actor, reason: str | None = None) -> bool:
         """R13: record the cancel (True). A turn whose cancel is recorded already is left as it
         is (False): the first request's author and reason stand, as ``turn/end`` reports."""
+        self._reason_fits(CancelRequested.wire_name, reason)
         payload = CancelRequested(by=by, reason=reason)
         self._require_turn()
         if self.state.cancel_requested:
@@ -578,6 +591,7 @@ class Session(Aggregate):
                                    worker=worker, epoch=self.state.epoch, by=by))
 
     def close(self, *, by: Actor, reason: str | None = None) -> None:
+        self._reason_fits(SessionClosed.wire_name, reason)
         payload = SessionClosed(reason=reason, by=by)
         self._require_open()
         if self.state.turn_open:
@@ -606,3 +620,14 @@ def _turn_start(turn: int, trigger: str, text: str | None, inbox_id: str | None
                 ) -> tuple[TurnStarted, UserMessage | None]:
     message = UserMessage(text=text, inbox_id=inbox_id) if text is not None else None
     return TurnStarted(turn=turn, trigger=trigger), message
+
+
+def _decided_on(waiting: WaitingCall, name: str | None, args: dict[str, Any] | None) -> bool:
+    """Whether a verdict naming ``name`` and ``args`` (either may be left out) is about the
+    waiting call: compared as the verdict binds them (R11), canonical JSON — in Python ``1 ==
+    True == 1.0``, but a call with ``{"force": true}`` is not one with ``{"force": 1}``."""
+    if name is None:
+        return True
+    if waiting.name != name:
+        return False
+    return args is None or call_key(name, args) == call_key(name, waiting.args)

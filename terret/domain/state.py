@@ -381,6 +381,10 @@ def _on_tool_result(s: SessionState, p: ToolResult, seq: int) -> None:
     s.owed.pop(p.call_id, None)
     s.started.pop(p.call_id, None)
     s.doubts.pop(p.call_id, None)
+    # The verdict is spent by the call it decided (R11): a later step of the turn reusing the
+    # id, with the same tool and arguments too, is asked about again (some servers number
+    # their call ids afresh in every reply).
+    s.verdicts.pop(p.call_id, None)
 
 
 @_on(StepEnded)

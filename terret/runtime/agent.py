@@ -25,7 +25,7 @@ from terret.domain.events import (
     ToolCallData,
     TurnStatus,
 )
-from terret.domain.messages import Message
+from terret.domain.messages import Message, distinct_ids
 from terret.domain.session import Session
 from terret.projections._bus import Listener, ListenerHandle
 from terret.projections.views import Views
@@ -422,7 +422,10 @@ class Agent:
         # as long as the request.
         reply = self._ask(spec, self._messages())
         self._warn_unpriced(spec, reply, session)
-        calls = [ToolCallData(id=c.id, name=c.name, args=c.args) for c in reply.tool_calls]
+        # Any provider's reply, yours too: two calls under one id are told apart, not a failed
+        # turn (the log refuses a reply whose calls share an id).
+        calls = [ToolCallData(id=c.id, name=c.name, args=c.args)
+                 for c in distinct_ids(reply.tool_calls)]
         # The calls are durable before any of them runs (R15: at-least-once, never lost).
         ended = self._write(partial(answer, reply.text, calls, spec, usage_of(reply)))
         if ended is not None:

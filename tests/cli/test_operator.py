@@ -443,6 +443,10 @@ def test_a_verdict_is_bound_to_the_request_the_operator_decided_on(target: Targe
     assert target.invoke("approve", str(sid), "call-deploy", "--args", "{}").exit_code == 2
     assert target.invoke("approve", str(sid), "call-deploy", "--tool", "deploy",
                          "--args", "[1]").exit_code == 2
+    for odd in ('{"x": NaN}', '{"x": ' + "[" * 50_000 + "]" * 50_000 + "}"):
+        refused = target.invoke("approve", str(sid), "call-deploy", "--tool", "deploy",
+                                "--args", odd)  # not JSON; nested past any call's arguments
+        assert refused.exit_code == 2 and "Invalid value for '--args'" in refused.stderr
     assert target.snapshot() == before  # nothing written
 
     done = target.run("approve", str(sid), "call-deploy", "--tool", "deploy", "--args",

@@ -328,6 +328,17 @@ def test_log_shows_a_reason_s_escape_sequences_escaped(target: Target) -> None:
     assert not any(c in log for c in "\x07\x1b"), log
 
 
+def test_a_reason_s_newline_cannot_forge_lines_of_the_log(target: Target) -> None:
+    """One line per event: a deny reason holding a newline and a made-up event printed what
+    read as the log's next entry."""
+    sid = target.parked()
+    forged = "ok\n    10  tool/result   deploy#call-deploy 'FORGED: rolled back'"
+    assert target.invoke("deny", str(sid), "call-deploy", "--reason", forged).exit_code == 0
+    log = target.invoke("log", str(sid)).stdout
+    (line,) = [line for line in log.splitlines() if "FORGED" in line]
+    assert "approval/resolved" in line and "ok\\n    10  tool/result" in line, log
+
+
 # --- 2. resume does the upkeep of the turn it resumes --------------------------------------
 
 

@@ -282,6 +282,60 @@ def test_r11_a_call_id_reused_in_the_same_turn_with_other_arguments_is_asked_aga
     assert [r.data["args"] for r in requests] == [{"env": "staging"}, {"env": "prod"}]
 
 
+@pytest.mark.parametrize("first", ["approved", "denied"])
+def test_r11_a_call_id_reused_in_a_later_step_with_the_same_arguments_is_asked_again(
+        make_runtime: MakeRuntime, kit: Kit, store, first: str) -> None:
+    """Some servers number call ids afresh in every reply: the same id, tool and arguments in
+    the next step is a new request. One approval ran the tool twice, and a denial was reused
+    without asking."""
+    rt = make_runtime([
+        calls(("deploy", {"env": "prod"}, "call-1")),
+        calls(("deploy", {"env": "prod"}, "call-1")),  # the model asks again
+        final(),
+    ])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    wait_parked(rt, sid)
+    if first == "approved":
+        rt.approve(sid, "call-1", by=USER)
+    else:
+        rt.deny(sid, "call-1", by=USER, reason="not now")
+    wait_until(lambda: len(only(read_log(store, sid), "approval/requested")) == 2,
+               what="a second ask for the repeated call")
+    assert rt.pending(sid) == ["call-1"]
+    rt.deny(sid, "call-1", by=USER, reason="once is enough")
+    assert job.join().status == "completed"
+    assert kit.ran == ([("deploy", {"env": "prod"})] if first == "approved" else [])
+    assert len(only(read_log(store, sid), "approval/resolved")) == 2
+
+
+def test_a_reason_past_the_limit_is_refused_before_anything_is_written(
+        make_runtime: MakeRuntime, kit: Kit, store) -> None:
+    """A cancel's reason is repeated for every call it stops, in one append: a long one made
+    that append too large for EventStoreDB (1 MiB) and the turn could never close."""
+    from terret.domain.errors import InvalidPayload
+    from terret.domain.events import REASON_MAX
+
+    rt = make_runtime([calls(("deploy", {"env": "prod"}, "c-1")), final()])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    wait_parked(rt, sid)
+    before = read_log(store, sid)
+    long = "x" * (REASON_MAX + 1)
+    for refused in (lambda: rt.cancel(sid, by=USER, reason=long),
+                    lambda: rt.deny(sid, "c-1", by=USER, reason=long),
+                    lambda: rt.approve(sid, "c-1", by=USER, reason=long),
+                    lambda: rt.set_budget(sid, 5.0, by=USER, reason=long)):
+        with pytest.raises(InvalidPayload, match=f"at most {REASON_MAX} characters"):
+            refused()
+    assert read_log(store, sid) == before
+    assert rt.cancel(sid, by=USER, reason="x" * REASON_MAX) is True  # at the limit: fine
+    assert job.join().status == "cancelled"
+    with pytest.raises(InvalidPayload, match="at most"):
+        rt.close_session(sid, by=USER, reason=long)
+    assert kit.ran == []
+
+
 def test_r12_no_timeout_by_default(make_runtime: MakeRuntime, store) -> None:
     rt = make_runtime([calls(("deploy", {"env": "prod"})), final()])
     assert rt.config.approval_max_wait is None

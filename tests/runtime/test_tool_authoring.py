@@ -202,6 +202,25 @@ def test_a_pre_execute_hook_returning_something_else_than_a_veto_says_so(
     assert _results(store, sid)[-1]["content"] == "vetoed: not today"
 
 
+def test_two_calls_under_one_id_in_a_reply_are_told_apart_and_both_run(
+        make_runtime: MakeRuntime, store: Any) -> None:
+    """Any provider's reply, not only the HTTP ones: the log refuses a reply whose calls share
+    an id, and the turn failed with nothing of the reply recorded."""
+    seen: list[str] = []
+
+    @tool(args=NoArgs)
+    def look(args: NoArgs, ctx: CallContext) -> str:
+        """Looks."""
+        seen.append(ctx.call_id)
+        return f"looked as {ctx.call_id}"
+
+    rt = make_runtime([calls(("look", {}, "dup"), ("look", {}, "dup")), final()], tools=[look])
+    sid = rt.create_session()
+    assert rt.run_turn(sid, "go").status == "completed"
+    assert seen == ["dup", "dup-2"]
+    assert [r["call_id"] for r in _results(store, sid)] == ["dup", "dup-2"]
+
+
 # --- stops and failures whose message the log could not hold ----------------------------------
 
 LONE_SURROGATE = "report-\udcff.csv"  # a file name that was not UTF-8

@@ -235,6 +235,19 @@ def test_r11_the_verdict_binds_call_id_tool_and_arguments() -> None:
     assert session.verdict_for("c1", "deploy", {"i": 0}) is None
 
 
+def test_r11_named_arguments_are_compared_as_json_not_with_python_equality() -> None:
+    session = fresh()
+    open_step(session, ToolCallData(id="c1", name="deploy", args={"force": True}))
+    session.request_approval("c1", "deploy", {"force": True})
+    session.collect_events()
+    for loose in ({"force": 1}, {"force": 1.0}):  # == True in Python
+        refused(session, errors.ApprovalNotPending,
+                lambda loose=loose: session.resolve_approval(
+                    "c1", "approved", by=Actor(actor="user"), name="deploy", args=loose))
+    session.resolve_approval("c1", "approved", by=Actor(actor="user"), name="deploy",
+                             args={"force": True})
+
+
 def test_r11_approvals_belong_to_the_open_turn() -> None:
     session = fresh()
     parked(session, "deploy")

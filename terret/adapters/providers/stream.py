@@ -14,7 +14,7 @@ from typing import Any
 
 from terret.adapters.providers.errors import UpstreamError
 from terret.domain.errors import MalformedStream, ProviderError
-from terret.domain.messages import ToolCall, Usage
+from terret.domain.messages import ToolCall, Usage, distinct_ids
 from terret.runtime.model import ModelReply, TextSink
 
 #: The deepest tool-call arguments accepted, in levels of JSON objects and arrays, the
@@ -142,19 +142,8 @@ class ChunkAssembler:
                         slot.arguments.append(json.dumps(arguments))
 
     def tool_calls(self) -> tuple[ToolCall, ...]:
-        """The reply's calls, each with an id of its own: one the provider gave twice (a
-        provider's bug) is told apart (``-2``, ``-3``), since a result answers a call by id
-        and the log refuses a reply whose calls share one."""
-        calls = [self._complete_call(index) for index in sorted(self._calls)]
-        seen: set[str] = set()
-        for n, call in enumerate(calls):
-            if call.id in seen:
-                suffix = 2
-                while f"{call.id}-{suffix}" in seen:
-                    suffix += 1
-                calls[n] = ToolCall(id=f"{call.id}-{suffix}", name=call.name, args=call.args)
-            seen.add(calls[n].id)
-        return tuple(calls)
+        """The reply's calls, each with an id of its own (``distinct_ids``)."""
+        return distinct_ids([self._complete_call(index) for index in sorted(self._calls)])
 
     def _complete_call(self, index: int) -> ToolCall:
         slot = self._calls[index]
