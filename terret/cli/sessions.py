@@ -79,7 +79,7 @@ def list_sessions(obj: CliContext, status: str | None, agent: str | None,
         return
     now = time.time()
     rows = [[s.id, s.status, _turn_cell(s.last_turn), owner_cell(o), str(s.events),
-             money(s.usage.cost), ago(s.last_activity, now), (s.title or "")[:40]]
+             money(s.spent), ago(s.last_activity, now), (s.title or "")[:40]]
             for s, o in zip(found, owners, strict=True)]
     obj.emit(None, table(rows, ["ID", "STATUS", "LAST TURN", "OWNER", "EVENTS", "COST",
                                 "ACTIVE", "TITLE"])

@@ -38,6 +38,9 @@ class SessionSummary:
     owner: dict[str, Any] | None = None
     """The session's owner as its log records it (``agent/attached``): ``{agent_id, worker,
     host, pid, epoch}``; None when no worker owns it."""
+    spent: float = 0.0
+    """What the session cost: its steps' (``usage``) and its upkeep's model calls (the
+    summarizer's, the titler's) — what its spend budget counts."""
 
     @property
     def id(self) -> str:
@@ -48,7 +51,7 @@ class SessionSummary:
             "id": self.id, "agent": self.agent, "title": self.title, "status": self.status,
             "created": self.created, "last_activity": self.last_activity,
             "events": self.events, "usage": self.usage.as_dict(), "closed": self.closed,
-            "last_turn": self.last_turn, "owner": self.owner,
+            "last_turn": self.last_turn, "owner": self.owner, "spent": self.spent,
         }
 
 
@@ -163,13 +166,15 @@ _FILTERS = (
 _LIST = """
     SELECT s.session, s.agent, t.title, s.created, s.last_activity, s.events, s.closed,
            st.turn_open, st.waiting, u.p, u.c, u.cost, u.steps,
-           s.last_turn, json_extract(st.state, '$.owner')
+           s.last_turn, json_extract(st.state, '$.owner'), k.cost
     FROM sessions s
     LEFT JOIN titles t ON t.session = s.session
     LEFT JOIN status st ON st.session = s.session
     LEFT JOIN (SELECT session, sum(prompt_tokens) p, sum(completion_tokens) c,
                       sum(cost) cost, sum(steps) steps
                FROM usage_turns {usage_where} GROUP BY session) u ON u.session = s.session
+    LEFT JOIN (SELECT session, sum(cost) cost
+               FROM usage_upkeep {usage_where} GROUP BY session) k ON k.session = s.session
     {where}
     ORDER BY s.last_activity DESC, s.session
 """
@@ -196,7 +201,7 @@ def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
     # One session's summary sums that session's usage only, not every session's.
     usage_where, usage_params = ("WHERE session = ?", [stream]) if stream else ("", [])
     rows = db.execute(_LIST.format(usage_where=usage_where, where=where),
-                      usage_params + [value for _, value in clauses]).fetchall()
+                      2 * usage_params + [value for _, value in clauses]).fetchall()
     kept = (r for r in rows if status is None or _status(r) == status)
     page = itertools.islice(kept, offset, None if limit is None else offset + limit)
     return [_summary(r) for r in page]
@@ -212,7 +217,8 @@ def _summary(r: tuple[Any, ...]) -> SessionSummary:
     usage = UsageTotals(r[9] or 0, r[10] or 0, r[11] or 0.0, r[12] or 0)
     return SessionSummary(r[0], r[1], r[2], _status(r), r[3], r[4], r[5], usage, bool(r[6]),
                           json.loads(r[13]) if r[13] else None,
-                          json.loads(r[14]) if r[14] else None)
+                          json.loads(r[14]) if r[14] else None,
+                          usage.cost + (r[15] or 0.0))
 
 
 def get_summary(db: sqlite3.Connection, stream: str) -> SessionSummary | None:

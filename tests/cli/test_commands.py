@@ -16,10 +16,28 @@ from tests.cli.conftest import DEMO_APP, DEPLOY_ARGS, Target, one_line_error
 
 USAGE_KEYS = {"prompt_tokens", "completion_tokens", "cost", "steps"}
 SUMMARY_KEYS = {"id", "agent", "status", "closed", "events", "created", "last_activity",
-                "title", "usage", "last_turn", "owner"}
+                "title", "usage", "last_turn", "owner", "spent"}
 
 
 # --- sessions ----------------------------------------------------------------------------------
+
+
+def test_the_cost_listed_is_what_the_session_spent_upkeep_included(target: Target) -> None:
+    """`sessions list`'s COST and `spent` count the summarizer's and titler's calls too, as the
+    session's budget does: an operator sorting by cost missed most of a busy session's spend."""
+    from terret.domain.events import UsageData
+
+    sid = target.finished(title=None)  # its steps cost $0.75
+    target.writer().execute(sid, lambda s: s.record_usage(
+        "compaction", "demo:summarizer", UsageData(prompt_tokens=900, completion_tokens=90,
+                                                   cost=2.0)))
+    listed = json.loads(target.run("--json", "sessions", "list").stdout)  # another process
+    (mine,) = [s for s in listed if s["id"] == str(sid)]
+    assert mine["usage"]["cost"] == 0.75 and mine["spent"] == 2.75
+    assert target.json("sessions", "show", str(sid))["budget"]["spent"] == 2.75
+    text = target.invoke("sessions", "list").stdout
+    (row,) = [line for line in text.splitlines() if line.startswith(str(sid))]
+    assert "$2.750000" in row, text
 
 
 def test_sessions_new_list_show(target: Target) -> None:
