@@ -1,4 +1,6 @@
-"""An in-memory store for unit tests: the same contract as the others, nothing durable."""
+"""An in-memory store for unit tests: the same contract as the others, nothing durable. An
+append and a read cost what they touch, not the stream's length (a long session in memory does
+not slow down turn by turn)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ class MemoryStore(PositionalStore):
         self._log: list[StoredRecord] = []
         self._positions: list[int] = []
         self._streams: dict[str, list[StoredRecord]] = {}
+        self._ids: dict[str, dict[UUID, int]] = {}
+        """Each stream's event ids and their seqs (R7's idempotent re-append looks them up)."""
         self._snapshots: dict[str, tuple[int, bytes]] = {}
         self._signal = threading.Condition()
         self._next_position = 1
@@ -42,7 +46,7 @@ class MemoryStore(PositionalStore):
         check_size(records, self.max_record_bytes)
         with self._signal:
             events = self._streams.get(stream, [])
-            by_id = {e.event_id: e.seq for e in events}
+            by_id = self._ids.get(stream, {})
 
             def id_at(seq: int) -> UUID | None:
                 return events[seq - 1].event_id if 0 < seq <= len(events) else None
@@ -57,6 +61,7 @@ class MemoryStore(PositionalStore):
                 return AppendResult(events[-1].position if events else 0, len(events))
             now = time.time()
             events = self._streams.setdefault(stream, [])
+            ids = self._ids.setdefault(stream, {})
             for record in records:
                 stored = StoredRecord(
                     stream=stream,
@@ -70,6 +75,7 @@ class MemoryStore(PositionalStore):
                 )
                 self._next_position += 1
                 events.append(stored)
+                ids[stored.event_id] = stored.seq
                 self._log.append(stored)
                 self._positions.append(stored.position)
             self._signal.notify_all()
@@ -83,15 +89,15 @@ class MemoryStore(PositionalStore):
         backwards: bool = False,
         limit: int | None = None,
     ) -> list[StoredRecord]:
+        # A stream's events sit at index seq - 1: a read slices what it returns.
         with self._signal:
-            events = list(self._streams.get(stream, ()))
-        if backwards:
-            start = from_seq if from_seq is not None else len(events)
-            selected = [e for e in reversed(events) if e.seq <= start]
-        else:
-            start = from_seq if from_seq is not None else 1
-            selected = [e for e in events if e.seq >= start]
-        return selected[:limit] if limit is not None else selected
+            events = self._streams.get(stream, [])
+            if backwards:
+                stop = len(events) if from_seq is None else max(0, min(from_seq, len(events)))
+                start = 0 if limit is None else max(0, stop - limit)
+                return events[start:stop][::-1]
+            start = 0 if from_seq is None else max(0, from_seq - 1)
+            return events[start:] if limit is None else events[start:start + max(0, limit)]
 
     def stream_version(self, stream: str) -> int:
         with self._signal:
@@ -124,6 +130,7 @@ class MemoryStore(PositionalStore):
     def delete_stream(self, stream: str) -> None:
         with self._signal:
             self._streams.pop(stream, None)
+            self._ids.pop(stream, None)
             self._snapshots.pop(stream, None)
             kept = [r for r in self._log if r.stream != stream]
             self._log = kept
