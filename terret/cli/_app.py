@@ -40,8 +40,8 @@ def default_app() -> App:
     from terret.runtime.scripted import Reply, ScriptedProvider
 
     registry = ProviderRegistry.from_env()
-    registry.register("scripted", ScriptedProvider(
-        name="scripted", default=lambda request: Reply(text=_echo(request))))
+    registry.register("scripted", ScriptedProvider(  # served for weeks: keeps no requests
+        name="scripted", default=lambda request: Reply(text=_echo(request)), keep=0))
     roles = {"main": "scripted:echo"}
     for role in ("main", "compactor", "titler"):
         variable = f"TERRET_{role.upper()}_MODEL"

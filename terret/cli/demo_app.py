@@ -75,7 +75,7 @@ def demo_model(request: ModelRequest) -> Reply:
 
 
 def demo_app() -> App:
-    provider = ScriptedProvider(name="demo", default=demo_model)
+    provider = ScriptedProvider(name="demo", default=demo_model, keep=0)  # served for weeks
     agent = AgentDefinition(
         name="demo",
         instructions="You operate services. Check before you deploy.",

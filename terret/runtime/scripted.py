@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from terret.domain.errors import ModelCancelled, ProviderError
+from terret.domain.errors import ConfigurationError, ModelCancelled, ProviderError
 from terret.domain.messages import ToolCall, Usage
 from terret.runtime.model import ModelReply, ModelRequest, TextSink
 
@@ -35,7 +35,8 @@ def call(name: str, args: dict[str, Any] | None = None, id: str | None = None) -
 class ScriptedProvider:
     """Replies in order; when the script runs out it answers ``default`` (or raises if None).
 
-    ``requests`` keeps every request received, so tests can check what the model was shown.
+    ``requests`` keeps every request received (the latest ``keep``, when given), so tests can
+    check what the model was shown.
     """
 
     def __init__(
@@ -45,8 +46,13 @@ class ScriptedProvider:
         name: str = "scripted",
         default: Reply | Callable[[ModelRequest], Reply] | None = None,
         chunk: int = 8,
+        keep: int | None = None,
     ) -> None:
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int)
+                                 or keep < 0):
+            raise ConfigurationError(f"keep is a whole number from 0, or None, not {keep!r}")
         self.name = name
+        self._keep = keep
         self._replies: deque[Reply] = deque(_replies(replies))
         if default is not None and not callable(default):
             _replies([default])
@@ -90,6 +96,9 @@ class ScriptedProvider:
         none."""
         with self._lock:
             self.requests.append(request)
+            if self._keep is not None and len(self.requests) > self._keep:
+                # Each request holds its whole context: a server kept them all, for weeks.
+                del self.requests[:len(self.requests) - self._keep]
             if self._replies:
                 reply = self._replies.popleft()
             elif callable(self._default):

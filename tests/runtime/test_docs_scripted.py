@@ -112,3 +112,18 @@ def test_request_usage_and_call_are_described() -> None:
     assert roles, "the role row"
     for role in ("system", "user", "assistant", "tool"):
         assert f"`{role}`" in roles.group(1)
+
+
+def test_keep_bounds_the_requests_a_provider_keeps() -> None:
+    provider = ScriptedProvider(default=Reply(text="ok"), keep=2)
+    for n in range(5):
+        provider.complete(ModelRequest(model="m", messages=[Message(role="user", text=str(n))]))
+    assert [r.messages[0].text for r in provider.requests] == ["3", "4"]
+    nothing = ScriptedProvider(default=Reply(text="ok"), keep=0)
+    nothing.complete(ModelRequest(model="m", messages=[]))
+    assert nothing.requests == []
+    from terret.domain.errors import ConfigurationError
+
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ConfigurationError, match="keep is a whole number"):
+            ScriptedProvider(keep=bad)  # type: ignore[arg-type]
