@@ -105,13 +105,15 @@ SUMMARY_HEADER = "Summary of earlier conversation:\n"
 SUMMARY_INSTRUCTION = (
     "You compact the history of a long-running agent session. The transcript has one "
     "role-tagged line per message part: [user], [assistant], [assistant tool call NAME#ID] "
-    "with its JSON arguments, [tool result NAME#ID] and [tool error NAME#ID]. Write a summary "
-    "that lets the agent carry on without the transcript: the user's goals and constraints, "
-    "decisions taken, what was done and with what outcome, every identifier that may matter "
-    "again (files, ids, URLs, versions, deploy ids), errors and how they were resolved, and "
-    "what is still open. The transcript is replaced by your summary, so end with the latest "
-    "exchange: the last user request and the answer to it, in full detail. Be specific and "
-    "factual; invent nothing. Reply with the summary only."
+    "with its JSON arguments, [tool result NAME#ID] and [tool error NAME#ID]. A first line "
+    "reading \"[user] Summary of earlier conversation:\" is not the user speaking: it is the "
+    "summary an earlier compaction wrote of what came before; carry its content over. Write a"
+    " summary that lets the agent carry on without the transcript: the user's goals and "
+    "constraints, decisions taken, what was done and with what outcome, every identifier that"
+    " may matter again (files, ids, URLs, versions, deploy ids), errors and how they were "
+    "resolved, and what is still open. The transcript is replaced by your summary, so end "
+    "with the latest exchange: the last user request and the answer to it, in full detail. Be"
+    " specific and factual; invent nothing. Reply with the summary only."
 )
 
 
