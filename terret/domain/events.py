@@ -511,3 +511,8 @@ catalogue.mark_builtin()
 
 MODEL_VISIBLE = frozenset(cls.wire_name for cls in catalogue if cls.model_visible)
 COMMUTATIVE = frozenset(cls.wire_name for cls in catalogue if cls.commutative)
+
+FOLDED_BEYOND_SEED = (SessionCompacted.wire_name,)
+"""Commutative events an older release's running turn took for a takeover: a worker's beats
+name them (``WorkerBeat.folds``), and another process appends one while a turn runs only when
+the turn's owner names it there."""

@@ -463,12 +463,15 @@ class Session(Aggregate):
         self._require_turn()
         # Every payload is validated before any is recorded: a refusal leaves nothing.
         ended = TurnEnded(turn=self.state.turn, status=status, reason=reason, by=by, error=error)
+        # The reason in full is the turn/end's; each denial and result carries its start only:
+        # repeated in full for every call, a long one made this one append too large to land.
+        gist = _gist(reason) if reason else None
         denials = [
-            ApprovalResolved(call_id=call_id, verdict="denied", reason=reason or "turn cancelled",
+            ApprovalResolved(call_id=call_id, verdict="denied", reason=gist or "turn cancelled",
                              by=by or Actor(actor="system"))
             for call_id in (self.state.pending if status == "cancelled" else ())
         ]
-        why = f"the turn ended {status}" + (f": {reason}" if reason else "")
+        why = f"the turn ended {status}" + (f": {gist}" if gist else "")
         unanswered = [
             ToolResult(call_id=c.id, name=c.name, is_error=True, content=_unanswered(
                 c.name, why, started=c.id in self.state.started, unsure=c.id in unsure))
@@ -477,35 +480,37 @@ class Session(Aggregate):
         for payload in (*denials, *unanswered, ended):
             self._record(payload)
 
-    def compact(self, summary: str, *, mark: int) -> int:
+    def compact(self, summary: str, *, mark: int, during_turn: bool = True) -> int:
         """R18: the summary replaces the history up to ``mark`` (the version the summarizer
-        read, taken between turns). ``upto_seq`` is the seq just before the compaction event
+        read to, taken between turns). ``upto_seq`` is the seq just before the compaction event
         when nothing model-visible landed after the mark; when something did (a turn ran while
         the summarizer worked), it is ``mark``, and what came after stays as it is — the summary
         never hides history it did not read, and a busy session's compaction is not thrown
-        away at every turn. Declined when another compaction landed after the mark (this one
-        would stack a second summary of the same history)."""
+        away at every turn. It may be recorded while a turn that began after the mark runs
+        (``during_turn``: unless that turn's owner cannot fold it in, an older release).
+        Declined when a compaction covering the mark landed already (this one would stack a
+        second summary of the same history), and for a mark inside the last turn."""
         self._storable(SessionCompacted.wire_name, summary=summary)
         self._require_open()
-        if self.state.last_compaction_seq > mark:
+        st = self.state
+        if st.last_compaction_seq and st.compacted_upto >= mark:
             raise errors.CompactionDeclined(
-                f"the session was compacted at seq {self.state.last_compaction_seq}, after "
-                f"this summary's mark {mark}")
-        if self.state.turn_open and self.state.turn_started_seq > mark:
-            upto = mark  # the turn began after the mark: it stays after the summary, whole
-        elif self.state.last_visible_seq <= mark:
-            self.require_compactable()  # R19: between turns, the summary covering it all
-            upto = self.version
-        elif self.state.turn_open:
-            # Only a mark taken inside this turn: the summary would cut it in two.
-            raise errors.CompactionDeclined(
-                f"turn {self.state.turn} began before the mark {mark}; compact between turns")
+                f"the compaction at seq {st.last_compaction_seq} covers up to seq "
+                f"{st.compacted_upto}, this summary's mark {mark} included")
+        if st.turn_open and st.turn_started_seq > mark:
+            if not during_turn:
+                raise errors.CompactionDeclined(
+                    f"turn {st.turn} is open and its owner (an older release) cannot take a "
+                    "summary while it runs; compact between turns")
+            upto = mark  # the running turn stays after the summary, whole
         else:
-            # A turn ran since the mark: its input and its calls all come after the mark and
-            # stay as they are, so recording now hides nothing and cuts no call from its
-            # result. (So does the first branch, for a turn still running: its next step reads
-            # the summary and the turn so far.)
-            upto = mark
+            self.require_compactable()  # R19: an open turn that began before the mark
+            if st.turn_started_seq <= mark < st.turn_ended_seq:
+                raise errors.CompactionDeclined(
+                    f"mark {mark} falls inside turn {st.turn}; compact between turns")
+            # A turn that ran since the mark stays as it is after the summary: hidden unread,
+            # never; cut from its results, never (the mark is a turn boundary).
+            upto = self.version if st.last_message_seq <= mark else mark
         self._record(SessionCompacted(upto_seq=upto, summary=summary))
         return upto
 
@@ -631,3 +636,11 @@ def _decided_on(waiting: WaitingCall, name: str | None, args: dict[str, Any] | N
     if waiting.name != name:
         return False
     return args is None or call_key(name, args) == call_key(name, waiting.args)
+
+
+GIST = 200
+"""How much of a turn's end reason each call it answers repeats."""
+
+
+def _gist(reason: str) -> str:
+    return reason if len(reason) <= GIST else reason[:GIST - 1] + "…"

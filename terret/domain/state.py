@@ -173,6 +173,12 @@ class SessionState:
     last_visible_seq: int = 0
     turn_started_seq: int = 0
     """The seq of the last ``turn/start`` (0 in a snapshot from before it was kept)."""
+    turn_ended_seq: int = 0
+    """The seq of the last ``turn/end``."""
+    compacted_upto: int = 0
+    """The latest compaction's ``upto_seq``: what its summary covers (R18)."""
+    last_message_seq: int = 0
+    """The seq of the last model-visible event but a compaction: what a summary may cover."""
     inbox: dict[str, InboxEntry] = field(default_factory=dict)
     attached: str | None = None
     owner: Owner | None = None
@@ -277,6 +283,14 @@ class SessionState:
             f["doubt_verdicts"] = {k: Verdict.from_dict(v)
                                    for k, v in f.get("doubt_verdicts", {}).items()}
             f["budget_wait"] = BudgetWait(**f["budget_wait"]) if f.get("budget_wait") else None
+            # Kept since a summary may cover less than all before it. An older snapshot's
+            # compaction covered up to the seq before it; its last message is its last
+            # model-visible event, unless that was the compaction itself.
+            compacted = int(f.get("last_compaction_seq", 0))
+            visible = int(f.get("last_visible_seq", 0))
+            f.setdefault("compacted_upto", max(0, compacted - 1))
+            f.setdefault("last_message_seq",
+                         visible if visible != compacted else max(0, compacted - 1))
         except (KeyError, AttributeError) as exc:
             raise ValueError(f"snapshot of another shape: {exc}") from None
         return cls(**f)
@@ -311,6 +325,8 @@ def evolve(state: SessionState, payload: EventPayload | OpaquePayload, seq: int)
         return
     if payload.model_visible:
         state.last_visible_seq = seq
+        if not isinstance(payload, SessionCompacted):
+            state.last_message_seq = seq
     handler = _APPLY.get(type(payload))
     if handler is not None:
         handler(state, payload, seq)
@@ -398,6 +414,7 @@ def _on_step_end(s: SessionState, p: StepEnded, seq: int) -> None:
 @_on(TurnEnded)
 def _on_turn_end(s: SessionState, p: TurnEnded, seq: int) -> None:
     s.last_turn_status = p.status
+    s.turn_ended_seq = seq
     s.turn_open, s.step_open, s.step_answered = False, False, False
     _clear_turn(s)
 
@@ -505,6 +522,7 @@ def _on_closed(s: SessionState, p: SessionClosed, seq: int) -> None:
 @_on(SessionCompacted)
 def _on_compacted(s: SessionState, p: SessionCompacted, seq: int) -> None:
     s.last_compaction_seq = seq
+    s.compacted_upto = p.upto_seq
 
 
 @_on(AgentAttached)

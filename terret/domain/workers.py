@@ -34,6 +34,9 @@ class WorkerBeat:
     upkeep: tuple[str, ...] = ()
     """The between-turn upkeep (``title``, ``compaction``) the worker does for the turns it
     runs, following the log (a started ``Runtime``): others leave that to it."""
+    folds: tuple[str, ...] = ()
+    """The events beyond R5's seed list its running turns fold in (wire names): what another
+    process may append while such a turn runs. A worker of an older release names none."""
 
     def alive(self, now: float) -> bool:
         return now - self.at <= self.ttl
@@ -47,7 +50,8 @@ class WorkerBeat:
         return cls(worker=str(raw["worker"]), host=str(raw["host"]), pid=int(raw["pid"]),
                    started=float(raw["started"]), at=float(raw["at"]), ttl=float(raw["ttl"]),
                    sessions=tuple(str(s) for s in raw.get("sessions", ())),
-                   proc_start=raw.get("proc_start"), upkeep=_purposes(raw.get("upkeep")))
+                   proc_start=raw.get("proc_start"), upkeep=_purposes(raw.get("upkeep")),
+                   folds=_purposes(raw.get("folds")))
 
 
 def _purposes(raw: object) -> tuple[str, ...]:

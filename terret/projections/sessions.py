@@ -10,6 +10,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from terret.domain.money import cost_figure
 from terret.domain.store import SESSION_PREFIX
 from terret.projections._typed import handler
 from terret.projections.base import LiveWireNames, TypedProjection
@@ -218,7 +219,7 @@ def _summary(r: tuple[Any, ...]) -> SessionSummary:
     return SessionSummary(r[0], r[1], r[2], _status(r), r[3], r[4], r[5], usage, bool(r[6]),
                           json.loads(r[13]) if r[13] else None,
                           json.loads(r[14]) if r[14] else None,
-                          usage.cost + (r[15] or 0.0))
+                          cost_figure(usage.cost + (r[15] or 0.0)))
 
 
 def get_summary(db: sqlite3.Connection, stream: str) -> SessionSummary | None:

@@ -26,7 +26,6 @@ from terret.domain.events import (
     TITLE_MAX,
     Actor,
     ContextInjected,
-    SessionCompacted,
     TurnEnded,
     UpkeepPurpose,
     UserMessage,
@@ -90,6 +89,9 @@ class UpkeepServices:
     """Queue a task on the upkeep pool in ``delay`` seconds."""
     recheck_after: float = 15.0
     """How long before upkeep left to a live owner is looked at again (a lease's TTL)."""
+    owner_folds: Callable[[Session], bool] = lambda session: True
+    """Whether the session's open turn may take a summary while it runs: its owner folds
+    ``session/compacted`` in (this release does; an older one, live, does not)."""
 
     def left_to_owner(self, session: Session, purpose: str, end: RecordedEvent,
                       again: Callable[[int], None], attempt: int) -> bool:
@@ -162,7 +164,7 @@ class Compactor:
         if prompt is None or self.budget is None or prompt < self.budget:
             return
         session = self.upkeep.writer.refresh(sid)
-        if session.state.last_compaction_seq > end.seq:
+        if session.state.compacted_upto >= end.seq:
             return  # compacted since (its owner, or another process)
         if not self.upkeep.serves(session.state.agent) or self.upkeep.left_to_owner(
                 session, "compaction", end,
@@ -191,15 +193,13 @@ class Compactor:
             self._maybe_compact(end, 0)
 
     def _last_turn_end(self, sid: UUID) -> RecordedEvent | None:
-        """The last ``turn/end``, None when a compaction came after it (read backwards: the
-        tail of a long log, not all of it)."""
+        """The last ``turn/end`` (read backwards: the tail of a long log, not all of it);
+        whether a compaction covers it is ``_maybe_compact``'s to say."""
         stream, before = session_stream(sid), None
         while True:
             page = self.upkeep.store.read_stream(stream, from_seq=before, backwards=True,
                                                  limit=100)
             for record in page:
-                if record.wire_name == SessionCompacted.wire_name:
-                    return None
                 if record.wire_name == TurnEnded.wire_name:
                     return decode(record)
             if len(page) < 100 or page[-1].seq <= 1:
@@ -217,12 +217,12 @@ class Compactor:
         # R18: the mark is the store's head for the stream when the compactor starts (the tail
         # other processes appended is folded in), not this process's last write.
         session = upkeep.writer.refresh(sid)
-        if after is not None and session.state.last_compaction_seq > after:
-            log.info("session %s was compacted after seq %d already", sid, after)
+        if after is not None and session.state.compacted_upto >= after:
+            log.info("session %s was compacted up to seq %d already", sid, after)
             return None
         mark = _mark(session, after)
         last = session.state.last_compaction_seq
-        if session.state.last_visible_seq <= last:
+        if min(session.state.last_message_seq, mark) <= session.state.compacted_upto:
             # Nothing the model sees landed since the last compaction (or at all): a new
             # summary would only summarize the summary, or nothing — and cost a model call to
             # say it, which the model would then be shown.
@@ -264,7 +264,7 @@ class Compactor:
         record = meter.record_on("compaction")
 
         def compact(s: Session) -> int:
-            upto = s.compact(summary, mark=mark)
+            upto = s.compact(summary, mark=mark, during_turn=upkeep.owner_folds(s))
             record(s)  # in the same append: the summary and what it cost
             return upto
 

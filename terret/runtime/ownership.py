@@ -125,7 +125,8 @@ class WorkerLease:
         beat = WorkerBeat(worker=self.worker, host=self.host, pid=self.pid,
                           started=self.started, at=time.time(), ttl=self.ttl,
                           sessions=tuple(sorted(self._sessions())),
-                          proc_start=process_start(self.pid), upkeep=self.upkeep())
+                          proc_start=process_start(self.pid), upkeep=self.upkeep(),
+                          folds=_folds())
         try:
             self.registry.beat(beat)
         except StoreError as exc:
@@ -208,6 +209,17 @@ class WorkerLease:
     @property
     def beating(self) -> bool:
         return self._thread is not None
+
+    def folds(self, worker: str | None, wire_name: str) -> bool:
+        """Does ``worker``'s running turn fold ``wire_name`` in when it lands (its beats'
+        ``folds``: ``terret.domain.events.FOLDED_BEYOND_SEED`` in this release)? This
+        worker's does; a gone worker runs nothing; a live one says so in its beats."""
+        if worker == self.worker:
+            return True
+        beat = self.registry.latest(worker) if worker is not None else None
+        if beat is None or not self._beat_alive(beat, time.time()):
+            return True
+        return wire_name in beat.folds
 
     def upkeeps(self, worker: str | None, purpose: str) -> bool:
         """Is ``worker`` another live worker that does this upkeep for the turns it runs?"""
@@ -334,3 +346,11 @@ class SessionLease:
             return
         s.detach(self.agent_id, self.lease.host, self.lease.pid, reason,
                  worker=self.lease.worker)
+
+
+def _folds() -> tuple[str, ...]:
+    # Imported when a beat is made (a runtime has loaded the payloads by then), not with this
+    # module: asking whether a worker lives loads no payload class.
+    from terret.domain.events import FOLDED_BEYOND_SEED
+
+    return FOLDED_BEYOND_SEED

@@ -27,6 +27,7 @@ from terret.domain.events import (
     InboxQueued,
     InDoubtResolved,
     SessionClosed,
+    SessionCompacted,
     TurnEnded,
     UserMessage,
 )
@@ -108,7 +109,8 @@ class Runtime:
         upkeep = UpkeepServices(self.store, self.writer, self.views, self.resolver,
                                 self.model_spec, self.background, self.catch_up_views,
                                 self.defines, self.writer.ended_here, self._owner_upkeeps,
-                                self.deferred.after, self.config.lease_ttl)
+                                self.deferred.after, self.config.lease_ttl,
+                                owner_folds=self._owner_folds)
         # Defaults: the role summarizer and role titler on the session's roles (R19, R20).
         self.compactor = Compactor(upkeep, summarizer, self.config.compaction_budget)
         self.titler = AutoTitler(upkeep, titler)
@@ -171,6 +173,13 @@ class Runtime:
             return ()
         return ("title", "compaction") if self.config.compaction_budget is not None \
             else ("title",)
+
+    def _owner_folds(self, session: Session) -> bool:
+        """May a summary land while the session's open turn runs? Yes unless its owner is
+        another live worker of an older release, whose writer would take the summary for a
+        takeover and stop the turn (it does not fold ``session/compacted`` in)."""
+        owner = session.state.owner
+        return owner is None or self.lease.folds(owner.worker, SessionCompacted.wire_name)
 
     def _owner_upkeeps(self, session: Session, purpose: str, end_seq: int) -> bool:
         owner = session.state.owner
@@ -500,8 +509,9 @@ class Runtime:
         found = state.owner
         if found is None or state.closed:
             return None
-        return SessionOwner(found.agent_id, found.worker, found.host, found.pid,
-                            live=self.lease.alive(found.worker))
+        live = (self.lease.valid(self.lease.generation) if found.worker == self.lease.worker
+                else self.lease.alive(found.worker))  # this worker: while its lease holds
+        return SessionOwner(found.agent_id, found.worker, found.host, found.pid, live=live)
 
     @takes_session
     def cancel(self, session_id: UUID, *, by: Actor, reason: str | None = None) -> bool:

@@ -112,8 +112,9 @@ def test_r18_upto_seq_is_computed_after_the_summarizer_returned_and_invisible_ev
 def test_r18_a_turn_landing_meanwhile_stays_after_a_summary_of_what_came_before(
         make_runtime: MakeRuntime, store) -> None:
     holder: dict[str, object] = {}
-    summarizer = Summarizer(during=lambda: holder["rt"].run_turn(  # type: ignore[attr-defined]
-        holder["sid"], "a question nobody summarized"))
+    once = iter([lambda: holder["rt"].run_turn(  # type: ignore[attr-defined]
+        holder["sid"], "a question nobody summarized")])
+    summarizer = Summarizer(during=lambda: [f() for f in once])
     rt = make_runtime([final("a"), final("b")], summarizer=summarizer)
     sid = rt.create_session()
     holder.update(rt=rt, sid=sid)
@@ -127,6 +128,11 @@ def test_r18_a_turn_landing_meanwhile_stays_after_a_summary_of_what_came_before(
     rt.catch_up_views()
     texts = [m.text for m in rt.views.messages(sid)]
     assert texts == ["a summary", "a question nobody summarized", "b"]
+    # The turn it left is new history: the next compaction takes it (not "nothing new").
+    head = len(read_log(store, sid))
+    assert rt.compact(sid) == head
+    assert summarizer.rendered[-1].splitlines() == [
+        "[user] a summary", "[user] a question nobody summarized", "[assistant] b"]
 
 
 def test_r19_a_manual_compaction_while_a_turn_is_open_declines_without_a_model_call(

@@ -248,6 +248,22 @@ def test_r11_named_arguments_are_compared_as_json_not_with_python_equality() -> 
                              args={"force": True})
 
 
+def test_a_cancel_s_reason_is_said_in_full_once_and_its_start_in_each_call_it_stops() -> None:
+    """Repeated in full in every denial and result, a long reason made the closing append
+    outgrow a store's limit for one (the turn could never close)."""
+    session = fresh()
+    parked(session, *[f"tool{i}" for i in range(50)])
+    reason = "紧急冻结 " * 399  # 1,995 characters, three bytes each in UTF-8
+    session.request_cancel(by=Actor(actor="operator"), reason=reason)
+    session.collect_events()
+    session.end_turn("cancelled", reason=reason, by=Actor(actor="operator"))
+    events = [e.payload for e in session.collect_events()]
+    assert events[-1].reason == reason  # turn/end: in full
+    cut = [p.reason for p in events if p.wire_name == "approval/resolved"]
+    assert len(cut) == 50 and all(len(r) <= 200 and reason.startswith(r[:-1]) for r in cut)
+    assert all(len(p.content) < 400 for p in events if p.wire_name == "tool/result")
+
+
 def test_r11_approvals_belong_to_the_open_turn() -> None:
     session = fresh()
     parked(session, "deploy")
@@ -392,7 +408,53 @@ def test_r18_a_compaction_after_the_mark_declines_a_second_summary() -> None:
     session.collect_events()
     error = refused(session, errors.CompactionDeclined,
                     lambda: session.compact("the second process's summary", mark=mark))
-    assert "compacted at seq" in str(error)
+    assert f"covers up to seq {mark}" in str(error)
+
+
+def test_r18_after_an_overtaken_summary_the_turn_it_left_can_be_compacted() -> None:
+    """A summary up to its mark leaves the turn that overtook it as it is — and that turn is
+    new history for the next compaction (it was 'nothing new' since the compaction's seq)."""
+    session = fresh()
+    session.start_turn(text="hello")
+    session.end_turn("completed")
+    session.collect_events()
+    mark = session.version
+    session.start_turn(text="one more thing")
+    session.end_turn("completed")
+    session.collect_events()
+    assert session.compact("summary up to the mark", mark=mark) == mark
+    session.collect_events()
+    assert session.state.compacted_upto == mark
+    assert session.state.last_message_seq > mark  # the overtaking turn: not summarized yet
+    later = session.version
+    assert session.compact("summary of it all", mark=later) == later  # the seq before it
+
+
+def test_r18_a_mark_inside_the_last_turn_is_refused() -> None:
+    session = fresh()
+    open_step(session, ToolCallData(id="c1", name="fs.read"))
+    inside = session.version  # after the call, before its result
+    session.record_tool_result("c1", "fs.read", "ok")
+    session.end_step()
+    session.end_turn("completed")
+    session.collect_events()
+    error = refused(session, errors.CompactionDeclined,
+                    lambda: session.compact("a summary that would orphan the result",
+                                            mark=inside))
+    assert "falls inside turn 1" in str(error)
+
+
+def test_r18_a_summary_waits_for_a_turn_whose_owner_cannot_fold_it_in() -> None:
+    session = fresh()
+    session.start_turn(text="hello")
+    session.end_turn("completed")
+    session.collect_events()
+    mark = session.version
+    session.start_turn(text="a turn an older release runs")
+    session.collect_events()
+    error = refused(session, errors.CompactionDeclined,
+                    lambda: session.compact("summary", mark=mark, during_turn=False))
+    assert "older release" in str(error)
 
 
 def test_r17_compaction_declines_while_a_step_owes_tool_results() -> None:

@@ -63,10 +63,12 @@ def test_a_snapshot_of_the_previous_shape_loads_into_typed_records() -> None:
     # ... and writes the same JSON back (the status view's rows and SQL read that shape).
     # (A field added since reads as its default: `released` says "may have run" at worst;
     # `call_steps` empty means each call id is its first step's; `turn_started_seq` 0 makes a
-    # summary wait for the turn's end, as before it was kept.)
+    # summary wait for the turn's end, as before it was kept; the last compaction covered up
+    # to the seq before it, and the last message is the last model-visible event.)
     assert json.loads(state.to_json()) == {**OLD_SNAPSHOT, "created_on": None,
                                               "released": False, "call_steps": {},
-                                              "turn_started_seq": 0}
+                                              "turn_started_seq": 0, "turn_ended_seq": 0,
+                                              "compacted_upto": 0, "last_message_seq": 3}
 
 
 def test_a_snapshot_of_another_shape_is_refused_so_the_log_is_replayed() -> None:
