@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -151,6 +152,10 @@ class Compactor:
         self.upkeep = upkeep
         self.summarizer: Summarizer = summarizer if summarizer is not None else RoleSummarizer()
         self.budget = budget
+        self._lock = threading.Lock()
+        self._running: dict[UUID, RecordedEvent | None] = {}
+        """The sessions whose budget trigger runs here, each with the latest turn end that
+        came meanwhile: one summary at a time per session, the next from where it left."""
 
     def on_turn_end(self, event: RecordedEvent) -> None:
         if self.budget is None or event.session_id is None:
@@ -158,6 +163,25 @@ class Compactor:
         self.upkeep.background(lambda: self._maybe_compact(event, 0))
 
     def _maybe_compact(self, end: RecordedEvent, attempt: int) -> None:
+        """The budget trigger for the turn ``end`` closed. While one runs for the session, a
+        later turn's end waits for it, then goes on from what it left (triggers queued on a
+        busy session each paid for a summary of the same history, some thrown away)."""
+        sid = end.session_id
+        assert sid is not None
+        with self._lock:
+            if sid in self._running:
+                self._running[sid] = end
+                return
+            self._running[sid] = None
+        try:
+            self._trigger(end, attempt)
+        finally:
+            with self._lock:
+                later = self._running.pop(sid, None)
+            if later is not None:
+                self.upkeep.background(lambda: self._maybe_compact(later, 0))
+
+    def _trigger(self, end: RecordedEvent, attempt: int) -> None:
         sid = end.session_id
         assert sid is not None
         prompt = self.upkeep.views.last_prompt_tokens(sid, getattr(end.payload, "turn", 0))
@@ -221,6 +245,12 @@ class Compactor:
             log.info("session %s was compacted up to seq %d already", sid, after)
             return None
         mark = _mark(session, after)
+        if session.state.turn_open and not upkeep.owner_folds(session):
+            # Its owner (an older release) would take the summary for a takeover: not while
+            # that turn runs — said before the summarizer is paid.
+            raise errors.CompactionDeclined(
+                f"turn {session.state.turn} is open and its owner (an older release) cannot "
+                "take a summary while it runs; compact between turns")
         last = session.state.last_compaction_seq
         if min(session.state.last_message_seq, mark) <= session.state.compacted_upto:
             # Nothing the model sees landed since the last compaction (or at all): a new

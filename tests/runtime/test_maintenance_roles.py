@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -184,6 +185,37 @@ def test_r19_the_budget_trigger_summarizes_up_to_its_turn_when_the_next_one_alre
     here.catch_up_views(sid)
     assert [m.text for m in here.views.messages(sid)] == [
         "a summary", "next question", "next answer"]
+
+
+def test_r19_triggers_queued_on_a_busy_session_pay_for_one_summary_at_a_time(
+        other_store: EventStore, make_runtime: MakeRuntime, store: EventStore) -> None:
+    """Three heavy turns end while the first trigger's summarizer works: the two later
+    triggers wait for it, and one summary then takes what it left — two summaries paid, each
+    recorded (three were paid before, with the same history summarized twice)."""
+    release = threading.Event()
+
+    class Slow(Recording):
+        def summarize(self, messages: Sequence[Message]) -> str | None:
+            release.wait(30)
+            return super().summarize(messages)
+
+    summarizer = Slow()
+    here = make_runtime(summarizer=summarizer, config=RuntimeConfig(compaction_budget=100))
+    there = make_runtime([final(f"answer {n}", usage=Usage(500, 5)) for n in range(3)],
+                         on_store=other_store, start=False)
+    sid = there.create_session()
+    for n in range(3):
+        assert there.run_turn(sid, f"question {n}").status == "completed"
+    here.catch_up_views(sid)
+    time.sleep(0.5)  # the later triggers reach the compactor while the first one waits
+    release.set()
+    wait_until(lambda: len(only(read_log(store, sid), "session/compacted")) == 2,
+               what="two compactions")
+    drain_upkeep(here)
+    log = read_log(store, sid)
+    assert len(summarizer.rendered) == 2
+    assert len(only(log, "session/compacted")) == 2
+    assert only(log, "session/compacted")[-1].data["upto_seq"] >= only(log, "turn/end")[-1].seq
 
 
 def test_r19_two_serving_processes_compact_a_heavy_turn_once(
