@@ -60,6 +60,9 @@ from terret.runtime.writer import SessionWriter
 
 __all__ = ["Runtime", "RuntimeConfig"]
 
+UPKEEP_THREADS = 4
+"""Threads of the upkeep pool (titles, compactions, deferred checks)."""
+
 log = logging.getLogger("terret.runtime")
 
 
@@ -97,7 +100,10 @@ class Runtime:
             self.define(definition)
         self.pre_step: list[PreStepHook] = list(pre_step)
         self.budget_guard = BudgetGuard(self.config.spend_cap)
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="terret-upkeep")
+        # Upkeep makes model calls (a summary takes seconds): a few of them side by side, so a
+        # busy session's summaries do not hold every other session's title back.
+        self._pool = ThreadPoolExecutor(max_workers=UPKEEP_THREADS,
+                                        thread_name_prefix="terret-upkeep")
         self._started = False
         self.stopping = threading.Event()
         self._build_parts(summarizer, titler)

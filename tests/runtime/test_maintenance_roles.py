@@ -31,6 +31,7 @@ from terret import (
 from terret.domain.errors import ConfigurationError
 from terret.domain.store import EventStore
 from terret.runtime import render_history
+from terret.runtime.runtime import UPKEEP_THREADS
 from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import (
     Background,
@@ -160,7 +161,8 @@ def test_r19_the_budget_trigger_summarizes_up_to_its_turn_when_the_next_one_alre
     summarizer = Recording()
     here = make_runtime(summarizer=summarizer, config=RuntimeConfig(compaction_budget=100))
     held = threading.Event()
-    for _ in range(2):  # both upkeep threads: the trigger runs once the next turn has begun
+    for _ in range(UPKEEP_THREADS):  # every upkeep thread: the trigger runs once the next
+        # turn has begun
         here.background(held.wait)
     gate = gates()
     provider = ScriptedProvider([final("heavy answer", usage=Usage(500, 5)),
