@@ -215,7 +215,9 @@ class AlreadyTitled(RuleViolation):
 
 
 class CompactionDeclined(RuleViolation):
-    """A compaction boundary would sweep history the summary never read (R18)."""
+    """A compaction refused (R18, R19): a turn is open (or the mark falls inside one), a
+    compaction covering its mark landed already, nothing is new since what the latest summary
+    covers, or the open turn's live owner (an older release) cannot take a summary."""
 
     rule = "R18"
 

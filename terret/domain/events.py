@@ -19,8 +19,9 @@ Verdict = Literal["approved", "denied"]
 TITLE_MAX = 80
 REASON_MAX = 2000
 """The most characters a person's reason may have (a cancel, a verdict, a close, a budget): a
-cancel's is repeated in the denial, the result and the ``turn/end`` of every call it stops,
-all in one append, which must stay within a store's limit for one (1 MiB on EventStoreDB)."""
+cancel's is recorded in full and its start repeated in the denial and the result of every call
+it stops, all in one append, which must stay within a store's limit for one (1 MiB on
+EventStoreDB)."""
 _PROVIDER = r"[a-z][a-z0-9_-]*"
 #: The provider part of a model spec (``provider:model``). Anchored with ``\Z``: ``$`` would let
 #: a trailing newline through.

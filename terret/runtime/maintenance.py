@@ -232,8 +232,10 @@ class Compactor:
 
     def compact(self, sid: UUID) -> int | None:
         """Summarize the history and append ``session/compacted``. Returns ``upto_seq``, or None
-        when the summarizer declined. Raises ``CompactionDeclined`` if model-visible history
-        landed while the summarizer ran (R18), and whatever the summarizer raised."""
+        when the summarizer declined. Raises ``CompactionDeclined`` while a turn is open when
+        it starts, when nothing is new since what the latest summary covers, when a compaction
+        covering its mark landed meanwhile, or when a live owner of an older release runs the
+        turn then open; and whatever the summarizer raised."""
         return self._compact(sid)
 
     def _compact(self, sid: UUID, *, after: int | None = None) -> int | None:

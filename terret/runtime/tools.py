@@ -4,7 +4,8 @@ A ``Tool`` has a pydantic arguments model (its JSON schema is what the model is 
 approval mode and a handler. A call runs through the pipeline: arguments are validated, the
 pre-execute waterfall runs (parent context first, then each forked context: the per-agent
 allow-list lives there), then the execute stage (the approvals gate, then the handler). Every
-failure on the way becomes a tool-result error the model sees; none of them ends the turn.
+failure on the way becomes a tool-result error the model sees; none of them ends the turn —
+but a pre-execute hook that raises, or returns something else than a ``Veto`` or None.
 
 The handler runs on a worker thread of its own, so the turn can stop waiting for it: past its
 timeout the call is an error result ("timed out after N s"), and when the turn's cancel event is
