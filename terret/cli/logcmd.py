@@ -27,7 +27,9 @@ PAGE = 1000
 
 
 def _short(text: str, n: int = 70) -> str:
-    text = " ".join(text.split())
+    # Escaped before it is cut: cut first, a text of control characters came out many times
+    # the length of the others.
+    text = printable(" ".join(text.split()))
     return text if len(text) <= n else text[: n - 1] + "…"
 
 

@@ -339,6 +339,13 @@ def test_a_reason_s_newline_cannot_forge_lines_of_the_log(target: Target) -> Non
     assert "approval/resolved" in line and "ok\\n    10  tool/result" in line, log
 
 
+def test_a_summary_of_control_characters_is_cut_after_it_is_escaped() -> None:
+    from terret.cli.logcmd import _short
+
+    shown = _short("\x01" * 300)
+    assert len(shown) == 70 and shown.startswith("\\x01\\x01") and shown.endswith("…")
+
+
 # --- 2. resume does the upkeep of the turn it resumes --------------------------------------
 
 
