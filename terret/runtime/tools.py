@@ -22,6 +22,7 @@ result over ``MAX_RESULT_BYTES`` is cut, with a marker saying so.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import inspect
 import json
@@ -214,7 +215,10 @@ def call_handler(tool: Tool, parsed: BaseModel, ctx: CallContext) -> Any:
         except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
             box.append((False, exc))
 
-    thread = threading.Thread(target=run, name=f"terret-async-{tool.name}", daemon=True)
+    # With the caller's context variables (a request id), as a handler under a timeout has them.
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(run,), name=f"terret-async-{tool.name}",
+                              daemon=True)
     thread.start()
     thread.join()
     ok, value = box[0]

@@ -122,6 +122,29 @@ def test_an_async_handler_runs_when_run_turn_is_called_inside_an_event_loop(
     assert result == {**result, "is_error": False, "content": "fetched"}
 
 
+def test_an_async_handler_sees_the_callers_context_variables_inside_a_running_loop(
+        make_runtime: MakeRuntime, store: Any) -> None:
+    import contextvars
+
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id",
+                                                                    default="<unset>")
+
+    @tool(args=NoArgs)
+    async def whoami(args: NoArgs, ctx: CallContext) -> str:
+        """Says which request it serves."""
+        return request_id.get()
+
+    rt = make_runtime([calls(("whoami", {})), final()], tools=[whoami])
+    sid = rt.create_session()
+
+    async def handler() -> str:  # a web request calling the runtime on the loop's thread
+        request_id.set("req-42")
+        return rt.run_turn(sid, "go").status
+
+    assert asyncio.run(handler()) == "completed"
+    assert _results(store, sid)[0]["content"] == "req-42"
+
+
 def test_an_async_handler_that_raises_is_an_error_result(
         make_runtime: MakeRuntime, store: Any) -> None:
     @tool(args=NoArgs)
