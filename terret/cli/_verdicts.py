@@ -12,7 +12,7 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import SESSION, CliContext, operator
+from terret.cli._context import SESSION, CliContext, note, operator
 from terret.cli._format import as_json
 from terret.cli._params import JSON_OBJECT, TEXT
 from terret.domain.errors import shown
@@ -46,6 +46,8 @@ class Verdicts:
 
     waiting: Callable[[Session], dict[str, object]]
     record: Record
+    after: Callable[[Session, str, str], None] = lambda session, verdict, tool: None
+    """Told what was recorded (the session as read before it, the verdict, the tool)."""
 
     def decide(self, obj: CliContext, session_id: UUID, call_id: str, verdict: str,
                reason: str | None, tool: str | None, args: dict[str, Any] | None) -> None:
@@ -61,6 +63,7 @@ class Verdicts:
         if args is None and tool == getattr(call, "name", None):
             args = getattr(call, "args", None)
         self.record(obj, session_id, call_id, verdict, reason, tool or "", args or {})
+        self.after(session, verdict, tool or "")
         obj.emit({"session": str(session_id), "call_id": call_id, "verdict": verdict,
                   "tool": tool, "args": args},
                  f"{verdict} {call_id}: {tool} {as_json(args or {})}")
@@ -101,7 +104,22 @@ def approvals() -> Verdicts:
         obj.commands().resolve(sid, call_id, verdict, by=operator(), reason=reason,
                                name=tool, args=args)
 
-    return Verdicts(lambda s: dict(s.pending_approvals()), record)
+    return Verdicts(lambda s: dict(s.pending_approvals()), record, _vetoed_when_run)
+
+
+def _vetoed_when_run(session: Session, verdict: str, tool: str) -> None:
+    """An approval the session's policy will veto (R9: an approved call goes through the
+    allow-list again — a policy set while it waited applies): said, or the operator reads
+    "approved" and the call never runs. A session with no policy of its own has its app's
+    floor, which this command does not know: nothing is said then."""
+    import fnmatch
+
+    patterns = session.state.policy
+    if verdict != "approved" or patterns is None:
+        return
+    if not any(fnmatch.fnmatchcase(tool, p) for p in patterns):
+        note(f"note: the session's policy does not allow {tool}: the call will be vetoed when "
+             f"it runs (`terret policy show {session.id}`)")
 
 
 def in_doubt() -> Verdicts:

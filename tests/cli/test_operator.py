@@ -456,6 +456,20 @@ def test_a_verdict_is_bound_to_the_request_the_operator_decided_on(target: Targe
     assert "approval/resolved" in target.types(sid)
 
 
+def test_an_approval_the_policy_will_veto_says_so(target: Target) -> None:
+    """R9: an approved call goes through the allow-list again when it runs. An approval after
+    a policy that no longer allows the tool printed "approved" and the call never ran."""
+    frozen, allowed = target.parked(), target.parked()
+    assert target.invoke("policy", "set", str(frozen), "fs.*").exit_code == 0
+    assert target.invoke("policy", "set", str(allowed), "deploy").exit_code == 0
+    done = target.run("approve", str(frozen), "call-deploy")  # another process
+    assert done.returncode == 0, done.stderr
+    assert "does not allow deploy: the call will be vetoed when it runs" in done.stderr
+    assert done.stdout.startswith("approved call-deploy")
+    other = target.run("approve", str(allowed), "call-deploy")
+    assert other.returncode == 0 and "vetoed" not in other.stderr, other.stderr
+
+
 def test_the_api_binds_a_verdict_too_and_refuses_a_blank_denial() -> None:
     from terret import Actor, Runtime, ScriptedProvider, StaticResolver
     from terret.adapters.stores.memory import MemoryStore
