@@ -510,7 +510,7 @@ class Session(Aggregate):
                     f"mark {mark} falls inside turn {st.turn}; compact between turns")
             # A turn that ran since the mark stays as it is after the summary: hidden unread,
             # never; cut from its results, never (the mark is a turn boundary).
-            upto = self.version if st.last_message_seq <= mark else mark
+            upto = self.version if st.last_visible_seq <= mark else mark
         self._record(SessionCompacted(upto_seq=upto, summary=summary))
         return upto
 

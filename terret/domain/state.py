@@ -171,14 +171,13 @@ class SessionState:
     closed: bool = False
     last_compaction_seq: int = 0
     last_visible_seq: int = 0
+    """The seq of the last model-visible event but a compaction: what a summary may cover."""
     turn_started_seq: int = 0
     """The seq of the last ``turn/start`` (0 in a snapshot from before it was kept)."""
     turn_ended_seq: int = 0
     """The seq of the last ``turn/end``."""
     compacted_upto: int = 0
     """The latest compaction's ``upto_seq``: what its summary covers (R18)."""
-    last_message_seq: int = 0
-    """The seq of the last model-visible event but a compaction: what a summary may cover."""
     inbox: dict[str, InboxEntry] = field(default_factory=dict)
     attached: str | None = None
     owner: Owner | None = None
@@ -283,14 +282,13 @@ class SessionState:
             f["doubt_verdicts"] = {k: Verdict.from_dict(v)
                                    for k, v in f.get("doubt_verdicts", {}).items()}
             f["budget_wait"] = BudgetWait(**f["budget_wait"]) if f.get("budget_wait") else None
-            # Kept since a summary may cover less than all before it. An older snapshot's
-            # compaction covered up to the seq before it; its last message is its last
-            # model-visible event, unless that was the compaction itself.
-            compacted = int(f.get("last_compaction_seq", 0))
-            visible = int(f.get("last_visible_seq", 0))
-            f.setdefault("compacted_upto", max(0, compacted - 1))
-            f.setdefault("last_message_seq",
-                         visible if visible != compacted else max(0, compacted - 1))
+            if "compacted_upto" not in f:
+                # A snapshot from before a summary could cover less than all before it: its
+                # compaction covered up to the seq before it, and counted as model-visible.
+                compacted = int(f.get("last_compaction_seq", 0))
+                f["compacted_upto"] = max(0, compacted - 1)
+                if compacted and int(f.get("last_visible_seq", 0)) == compacted:
+                    f["last_visible_seq"] = compacted - 1
         except (KeyError, AttributeError) as exc:
             raise ValueError(f"snapshot of another shape: {exc}") from None
         return cls(**f)
@@ -323,10 +321,8 @@ def evolve(state: SessionState, payload: EventPayload | OpaquePayload, seq: int)
     nothing: its shape is unknown here."""
     if isinstance(payload, OpaquePayload):
         return
-    if payload.model_visible:
+    if payload.model_visible and not isinstance(payload, SessionCompacted):
         state.last_visible_seq = seq
-        if not isinstance(payload, SessionCompacted):
-            state.last_message_seq = seq
     handler = _APPLY.get(type(payload))
     if handler is not None:
         handler(state, payload, seq)

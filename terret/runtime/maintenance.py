@@ -254,7 +254,7 @@ class Compactor:
                 f"turn {session.state.turn} is open and its owner (an older release) cannot "
                 "take a summary while it runs; compact between turns")
         last = session.state.last_compaction_seq
-        if min(session.state.last_message_seq, mark) <= session.state.compacted_upto:
+        if min(session.state.last_visible_seq, mark) <= session.state.compacted_upto:
             # Nothing the model sees landed since the last compaction (or at all): a new
             # summary would only summarize the summary, or nothing — and cost a model call to
             # say it, which the model would then be shown.

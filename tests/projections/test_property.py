@@ -60,7 +60,7 @@ def _choices(s: Session) -> list[str]:
     if state.closed:
         return ["purge"]
     side = ["title", "policy", "model", "queue", "attach"]
-    if not state.owed and state.last_visible_seq > state.last_compaction_seq:
+    if not state.owed and state.last_visible_seq > state.compacted_upto:
         side.append("compact")
     if not state.turn_open:
         return [*side, *["start_turn"] * 6, "close", "close"]

@@ -63,6 +63,17 @@ def only(log: Iterable[Ev], name: str) -> list[Ev]:
     return [e for e in log if e.name == name]
 
 
+def tool_results(store: EventStore, session_id: UUID) -> list[dict[str, Any]]:
+    """The data of the session's ``tool/result`` events, in order."""
+    return [e.data for e in only(read_log(store, session_id), "tool/result")]
+
+
+def turn_end(store: EventStore, session_id: UUID) -> dict[str, Any]:
+    """The data of the session's one ``turn/end``."""
+    (end,) = only(read_log(store, session_id), "turn/end")
+    return end.data
+
+
 def first_index(log: list[Ev], name: str, **match: Any) -> int:
     for i, e in enumerate(log):
         if e.name == name and all(e.data.get(k) == v for k, v in match.items()):

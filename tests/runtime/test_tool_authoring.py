@@ -17,16 +17,17 @@ from terret import CallContext, ScriptedProvider, Tool, tool
 from terret.domain.errors import ConfigurationError
 from terret.runtime import Veto
 from tests.runtime.conftest import MakeRuntime
-from tests.runtime.kit import Background, NoArgs, calls, final, only, read_log
+from tests.runtime.kit import Background, NoArgs, calls, final, tool_results, turn_end
 
 
-def _results(store: Any, sid: Any) -> list[dict[str, Any]]:
-    return [e.data for e in only(read_log(store, sid), "tool/result")]
-
-
-def _end(store: Any, sid: Any) -> dict[str, Any]:
-    (end,) = only(read_log(store, sid), "turn/end")
-    return end.data
+def the_result_of_one_call(make_runtime: MakeRuntime, store: Any, one: Tool) -> dict[str, Any]:
+    """A turn in which the model calls ``one`` once, then answers: it completes, and the call's
+    one ``tool/result``."""
+    rt = make_runtime([calls((one.name, {})), final()], tools=[one])
+    sid = rt.create_session()
+    assert rt.run_turn(sid, "go").status == "completed"
+    (result,) = tool_results(store, sid)
+    return result
 
 
 def _handler(args: NoArgs, ctx: CallContext) -> str:
@@ -95,10 +96,7 @@ def test_an_async_handler_is_awaited_and_its_result_recorded(
         ran.append(ctx.call_id)
         return f"fetched for {ctx.call_id}"
 
-    rt = make_runtime([calls(("fetch", {})), final()], tools=[fetch])
-    sid = rt.create_session()
-    assert rt.run_turn(sid, "go").status == "completed"
-    (result,) = _results(store, sid)
+    result = the_result_of_one_call(make_runtime, store, fetch)
     assert len(ran) == 1
     assert result["is_error"] is False and result["content"] == f"fetched for {ran[0]}"
 
@@ -118,7 +116,7 @@ def test_an_async_handler_runs_when_run_turn_is_called_inside_an_event_loop(
         return rt.run_turn(sid, "go").status
 
     assert asyncio.run(app()) == "completed"
-    (result,) = _results(store, sid)
+    (result,) = tool_results(store, sid)
     assert result == {**result, "is_error": False, "content": "fetched"}
 
 
@@ -142,7 +140,7 @@ def test_an_async_handler_sees_the_callers_context_variables_inside_a_running_lo
         return rt.run_turn(sid, "go").status
 
     assert asyncio.run(handler()) == "completed"
-    assert _results(store, sid)[0]["content"] == "req-42"
+    assert tool_results(store, sid)[0]["content"] == "req-42"
 
 
 def test_an_async_handler_that_raises_is_an_error_result(
@@ -153,10 +151,7 @@ def test_an_async_handler_that_raises_is_an_error_result(
         await asyncio.sleep(0)
         raise asyncio.CancelledError("the upstream call was cancelled")
 
-    rt = make_runtime([calls(("broken", {})), final()], tools=[broken])
-    sid = rt.create_session()
-    assert rt.run_turn(sid, "go").status == "completed"
-    (result,) = _results(store, sid)
+    result = the_result_of_one_call(make_runtime, store, broken)
     assert result["is_error"] and result["content"].startswith("CancelledError")
 
 
@@ -181,10 +176,7 @@ def test_a_handler_failure_that_is_no_stop_is_an_error_result_and_the_turn_goes_
         """Fails oddly."""
         raise raised
 
-    rt = make_runtime([calls(("odd", {})), final()], tools=[odd])
-    sid = rt.create_session()
-    assert rt.run_turn(sid, "go").status == "completed"
-    (result,) = _results(store, sid)
+    result = the_result_of_one_call(make_runtime, store, odd)
     assert result["is_error"] and result["content"].startswith(type(raised).__name__)
     assert "was not run" not in result["content"]
 
@@ -202,7 +194,7 @@ def test_results_are_rendered_as_documented(make_runtime: MakeRuntime, store: An
     rt = make_runtime([calls(("give", {}), ("give", {}), ("give", {})), final()], tools=[give])
     sid = rt.create_session()
     assert rt.run_turn(sid, "go").status == "completed"
-    contents = [r["content"] for r in _results(store, sid)]
+    contents = [r["content"] for r in tool_results(store, sid)]
     assert contents == ['{"at": "2026-01-02 03:04:05"}', str({"x": math.nan}),
                         str({(1, 2): "tuple key"})]
 
@@ -219,10 +211,10 @@ def test_a_pre_execute_hook_returning_something_else_than_a_veto_says_so(
     with pytest.raises(ConfigurationError, match="returned False: a hook returns None or a "
                                                  "terret.runtime.Veto"):
         rt.run_turn(sid, "go")
-    assert _end(store, sid)["status"] == "failed"
+    assert turn_end(store, sid)["status"] == "failed"
     rt.tool_context.pre_execute[-1] = lambda t, ctx: Veto("not today")
     assert rt.run_turn(sid, "again").status == "completed"
-    assert _results(store, sid)[-1]["content"] == "vetoed: not today"
+    assert tool_results(store, sid)[-1]["content"] == "vetoed: not today"
 
 
 def test_two_calls_under_one_id_in_a_reply_are_told_apart_and_both_run(
@@ -241,7 +233,7 @@ def test_two_calls_under_one_id_in_a_reply_are_told_apart_and_both_run(
     sid = rt.create_session()
     assert rt.run_turn(sid, "go").status == "completed"
     assert seen == ["dup", "dup-2"]
-    assert [r["call_id"] for r in _results(store, sid)] == ["dup", "dup-2"]
+    assert [r["call_id"] for r in tool_results(store, sid)] == ["dup", "dup-2"]
 
 
 @pytest.mark.parametrize("args", [[1, 2], "x=1"], ids=["a list", "a string"])
@@ -256,7 +248,7 @@ def test_a_call_whose_arguments_are_not_an_object_fails_the_step_as_a_malformed_
     sid = rt.create_session()
     with pytest.raises(MalformedStream, match="arguments that are a JSON object"):
         rt.run_turn(sid, "go")
-    assert _end(store, sid)["error"].startswith("MalformedStream: ")
+    assert turn_end(store, sid)["error"].startswith("MalformedStream: ")
 
 
 # --- stops and failures whose message the log could not hold ----------------------------------
@@ -281,7 +273,7 @@ def test_a_stop_with_a_message_the_log_cannot_hold_closes_the_turn_and_runs_noth
     job = Background(lambda: rt.run_turn(sid, "go"))
     with pytest.raises(SystemExit):
         job.join(timeout=30)
-    end = _end(store, sid)
+    end = turn_end(store, sid)
     assert end["status"] == "failed" and end["error"].startswith("SystemExit: ")
     assert len(end["error"].encode()) <= 256 * 1024 + 200
     assert not rt.resumable(sid)
@@ -301,7 +293,7 @@ def test_a_hook_failing_with_megabytes_of_message_fails_the_turn_with_its_own_er
     sid = rt.create_session()
     with pytest.raises(RuntimeError, match="policy service said"):
         rt.run_turn(sid, "go")
-    end = _end(store, sid)
+    end = turn_end(store, sid)
     assert end["status"] == "failed" and end["error"].startswith("RuntimeError: policy service")
     assert "truncated by terret" in end["error"]
     assert not rt.resumable(sid)

@@ -24,9 +24,9 @@ from tests.runtime.kit import (
     NoArgs,
     calls,
     final,
-    only,
     other_process,
-    read_log,
+    tool_results,
+    turn_end,
     turn_in_background,
     wait_until,
 )
@@ -41,13 +41,6 @@ def _stored_size(content: str) -> int:
     return len(json.dumps(content, ensure_ascii=False).encode()) - 2
 
 
-def _results(store, sid) -> list[dict]:
-    return [e.data for e in only(read_log(store, sid), "tool/result")]
-
-
-def _end(store, sid) -> dict:
-    (end,) = only(read_log(store, sid), "turn/end")
-    return end.data
 
 
 class Hang:
@@ -96,9 +89,9 @@ def test_an_oversize_result_is_truncated_with_a_marker_and_the_turn_goes_on(
     sid = rt.create_session()
     result = rt.run_turn(sid, "dump it")
     assert result.status == "completed"
-    assert _end(store, sid)["status"] == "completed"
+    assert turn_end(store, sid)["status"] == "completed"
     assert not rt.resumable(sid)
-    big, nul = _results(store, sid)
+    big, nul = tool_results(store, sid)
     for data in (big, nul):
         assert data["is_error"] is False  # the start of the output is still the output
         assert _stored_size(data["content"]) <= MAX_RESULT_BYTES
@@ -132,8 +125,8 @@ def test_a_resumed_turn_owing_an_oversize_result_completes(make_runtime: MakeRun
     assert rt.resumable(sid)
     result = rt.resume_turn(sid)
     assert (result.status, result.text) == ("completed", "resumed")
-    assert _end(store, sid)["status"] == "completed"
-    (res,) = _results(store, sid)
+    assert turn_end(store, sid)["status"] == "completed"
+    (res,) = tool_results(store, sid)
     assert res["is_error"] is False and TRUNCATED_MARK in res["content"]
     assert not rt.resumable(sid)
 
@@ -149,7 +142,7 @@ def test_a_result_under_the_limit_is_kept_whole(make_runtime: MakeRuntime, store
     rt = make_runtime([calls(("fits", {})), final()], tools=[fits])
     sid = rt.create_session()
     assert rt.run_turn(sid, "go").status == "completed"
-    assert _results(store, sid)[0]["content"] == text
+    assert tool_results(store, sid)[0]["content"] == text
 
 
 def test_lone_surrogates_are_replaced_so_the_result_is_stored(make_runtime: MakeRuntime,
@@ -168,8 +161,8 @@ def test_lone_surrogates_are_replaced_so_the_result_is_stored(make_runtime: Make
     rt = make_runtime(provider, tools=[mangled, fails])
     sid = rt.create_session()
     assert rt.run_turn(sid, "go").status == "completed"
-    assert _end(store, sid)["status"] == "completed"
-    ok, err = _results(store, sid)
+    assert turn_end(store, sid)["status"] == "completed"
+    ok, err = tool_results(store, sid)
     # A lone surrogate becomes U+FFFD; a surrogate pair becomes the character it encodes.
     assert ok == {"call_id": ok["call_id"], "name": "mangled",
                   "content": "caf\ufffd ok \U0001f600", "is_error": False}
@@ -200,10 +193,10 @@ def test_a_tool_past_its_timeout_becomes_an_error_result_and_the_turn_goes_on(
     assert time.monotonic() - started < 10
     assert entered.is_set()
     assert result.status == "completed" and result.text == "gave up on it"
-    (res,) = _results(store, sid)
+    (res,) = tool_results(store, sid)
     assert res["is_error"] is True
     assert res["content"] == "stuck timed out after 0.3 s"
-    assert _end(store, sid)["status"] == "completed"
+    assert turn_end(store, sid)["status"] == "completed"
     seen = [m for m in provider.requests[1].messages if m.role == "tool"]
     assert [(m.text, m.is_error) for m in seen] == [("stuck timed out after 0.3 s", True)]
 
@@ -226,7 +219,7 @@ def test_the_runtime_default_timeout_applies_and_a_tool_s_own_overrides_it(
                       config=RuntimeConfig(tool_timeout=0.2))
     sid = rt.create_session()
     assert hang.track(turn_in_background(rt, sid, "go")).join(timeout=10).status == "completed"
-    first, second = _results(store, sid)
+    first, second = tool_results(store, sid)
     assert (first["content"], first["is_error"]) == ("stuck timed out after 0.2 s", True)
     assert (second["content"], second["is_error"]) == ("took its time", False)
 
@@ -258,10 +251,10 @@ def test_a_cancel_from_another_process_closes_the_turn_while_its_tool_hangs(
     other_process(opened.uri, "cancel", str(sid))
     result = job.join(timeout=15)
     assert result.status == "cancelled"
-    end = _end(store, sid)
+    end = turn_end(store, sid)
     assert end["status"] == "cancelled"
     assert end["by"] == {"actor": "operator", "id": "proc"}
-    abandoned, second = _results(store, sid)
+    abandoned, second = tool_results(store, sid)
     assert abandoned["is_error"] is True
     assert abandoned["content"].startswith("stuck was abandoned: the turn was cancelled")
     assert second["is_error"] is True and "was not run" in second["content"]
@@ -290,9 +283,9 @@ def test_without_a_timeout_a_cancel_is_honoured_when_the_handler_returns(
     with rt.runner._pause:
         other_process(opened.uri, "cancel", str(sid))
         release.set()
-        wait_until(lambda: len(_results(store, sid)) == 2, what="both calls answered")
+        wait_until(lambda: len(tool_results(store, sid)) == 2, what="both calls answered")
     assert job.join(timeout=15).status == "cancelled"
-    first, second = _results(store, sid)
+    first, second = tool_results(store, sid)
     assert (first["is_error"], first["content"]) == (False, "finished")  # it ran: it is kept
     assert second["is_error"] is True and "was not run" in second["content"]
     assert len(provider.requests) == 1
@@ -315,9 +308,9 @@ def test_a_cancel_in_this_process_closes_the_turn_before_the_timeout_fires(
     assert entered.wait(10)
     rt.cancel(sid, by=Actor(actor="user", id="u1"), reason="taking too long")
     assert job.join(timeout=10).status == "cancelled"
-    end = _end(store, sid)
+    end = turn_end(store, sid)
     assert (end["status"], end["reason"]) == ("cancelled", "taking too long")
-    (res,) = _results(store, sid)
+    (res,) = tool_results(store, sid)
     assert res["is_error"] and "abandoned" in res["content"]
 
 
@@ -338,10 +331,10 @@ def test_a_handler_raising_a_stop_closes_the_turn_failed_and_the_stop_propagates
     job = Background(lambda: rt.run_turn(sid, "go"))
     with pytest.raises(stop):
         job.join(timeout=10)
-    end = _end(store, sid)
+    end = turn_end(store, sid)
     assert end["status"] == "failed"
     assert end["error"].startswith(stop.__name__)
-    first, second = _results(store, sid)
+    first, second = tool_results(store, sid)
     assert first["is_error"] is True
     assert first["content"].startswith(f"quitter was interrupted: {stop.__name__}")
     assert "was not run" in second["content"]  # the stop ends the turn: no second run
@@ -365,9 +358,9 @@ def test_ctrl_c_while_a_tool_runs_closes_the_turn_failed_and_reaches_the_caller(
     sid = rt.create_session()
     with pytest.raises(KeyboardInterrupt):
         rt.run_turn(sid, "go")  # in the main thread, as a CLI runs it
-    end = _end(store, sid)
+    end = turn_end(store, sid)
     assert end["status"] == "failed" and end["error"].startswith("KeyboardInterrupt")
-    (res,) = _results(store, sid)
+    (res,) = tool_results(store, sid)
     assert res["is_error"] and res["content"].startswith("long was interrupted: KeyboardInterrupt")
     assert not rt.resumable(sid)
     assert rt.run_turn(sid, "again").status == "completed"  # the session goes on

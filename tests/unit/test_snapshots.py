@@ -68,7 +68,7 @@ def test_a_snapshot_of_the_previous_shape_loads_into_typed_records() -> None:
     assert json.loads(state.to_json()) == {**OLD_SNAPSHOT, "created_on": None,
                                               "released": False, "call_steps": {},
                                               "turn_started_seq": 0, "turn_ended_seq": 0,
-                                              "compacted_upto": 0, "last_message_seq": 3}
+                                              "compacted_upto": 0}
 
 
 def test_a_snapshot_of_another_shape_is_refused_so_the_log_is_replayed() -> None:
