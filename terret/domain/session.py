@@ -491,6 +491,14 @@ class Session(Aggregate):
         Declined when a compaction covering the mark landed already (this one would stack a
         second summary of the same history), and for a mark inside the last turn."""
         self._storable(SessionCompacted.wire_name, summary=summary)
+        upto = self.compaction_upto(mark, during_turn=during_turn)
+        self._record(SessionCompacted(upto_seq=upto, summary=summary))
+        return upto
+
+    def compaction_upto(self, mark: int, *, during_turn: bool = True) -> int:
+        """The ``upto_seq`` a summary read up to ``mark`` would take if recorded now — or the
+        refusal ``compact`` would meet (asked before a summarizer is paid, and again when the
+        summary is recorded)."""
         self._require_open()
         st = self.state
         if st.last_compaction_seq and st.compacted_upto >= mark:
@@ -511,7 +519,6 @@ class Session(Aggregate):
             # A turn that ran since the mark stays as it is after the summary: hidden unread,
             # never; cut from its results, never (the mark is a turn boundary).
             upto = self.version if st.last_visible_seq <= mark else mark
-        self._record(SessionCompacted(upto_seq=upto, summary=summary))
         return upto
 
     def require_compactable(self) -> None:

@@ -247,12 +247,10 @@ class Compactor:
             log.info("session %s was compacted up to seq %d already", sid, after)
             return None
         mark = _mark(session, after)
-        if session.state.turn_open and not upkeep.owner_folds(session):
-            # Its owner (an older release) would take the summary for a takeover: not while
-            # that turn runs — said before the summarizer is paid.
-            raise errors.CompactionDeclined(
-                f"turn {session.state.turn} is open and its owner (an older release) cannot "
-                "take a summary while it runs; compact between turns")
+        # Whatever the roles, a summary the session would refuse is declined here, before the
+        # summarizer is bound to a role or paid: a closed or mid-turn session, a turn an older
+        # release runs, a compaction covering the mark already.
+        session.compaction_upto(mark, during_turn=upkeep.owner_folds(session))
         last = session.state.last_compaction_seq
         if min(session.state.last_visible_seq, mark) <= session.state.compacted_upto:
             # Nothing the model sees landed since the last compaction (or at all): a new
@@ -306,14 +304,11 @@ class Compactor:
 
 
 def _mark(session: Session, after: int | None) -> int:
-    """Where the summary reads up to: the store's head, between turns. When the budget's turn
-    (ended at ``after``) is over and the next one began (a busy session), the end of the turn
-    that triggered it: the running turn stays as it is after the summary (R18). Otherwise a
-    closed or mid-turn session is declined here, before the summarizer is bound to a role:
-    whatever the roles, without a model call."""
+    """Where the summary reads up to: the store's head. When the budget's turn (ended at
+    ``after``) is over and the next one began (a busy session), the end of the turn that
+    triggered it: the running turn stays as it is after the summary (R18)."""
     if after is not None and session.state.turn_open and session.state.turn_started_seq > after:
         return after
-    session.require_compactable()
     return session.version
 
 
