@@ -200,16 +200,14 @@ class Compactor:
         except Exception as exc:  # a decline or a summarizer error is never fatal here
             log.warning("automatic compaction of %s skipped: %s", sid, exc)
 
-    def catch_up(self, sid: UUID) -> None:
-        """At serve start: the session's last turn ended over the budget and nothing compacted
-        it since — the process that ran it stopped before its upkeep. Compact it now, as
-        that turn's end would have (left to its owner if that is a live, budgeted worker)."""
+    def catch_up(self, sid: UUID, turn: int) -> None:
+        """At serve start, for a session between turns whose last one, ``turn``, ended over the
+        budget and nothing compacted it since — the process that ran it stopped before its
+        upkeep: compact it now, as that turn's end would have (left to its owner if that is a
+        live, budgeted worker)."""
         if self.budget is None:
             return
-        status = self.upkeep.views.status(sid)
-        if status is None or status.closed or status.turn_open or not status.turn:
-            return
-        prompt = self.upkeep.views.last_prompt_tokens(sid, status.turn)
+        prompt = self.upkeep.views.last_prompt_tokens(sid, turn)
         if prompt is None or prompt < self.budget:
             return
         end = self._last_turn_end(sid)

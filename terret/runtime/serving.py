@@ -74,7 +74,7 @@ class ServingServices:
     catch_up_views: Callable[[], None]
     background: Callable[[Callable[[], object]], None]
     title_now: Callable[[UUID], None]
-    compact_left_undone: Callable[[UUID], None]
+    compact_left_undone: Callable[[UUID, int], None]
 
 
 LIVE_FOR = 0.25
@@ -440,20 +440,19 @@ class Supervisor:
         second automatic title), and the compaction of a last turn that ended over the
         budget (refused if another process compacted meanwhile)."""
         rt = self.services
-        open_sessions = []
-        for summary in rt.views.sessions():
-            if summary.closed:
+        between_turns: list[tuple[UUID, int]] = []  # idle, a turn ended: (session, that turn)
+        for summary in rt.views.sessions():  # one read of the views for both
+            if summary.closed or summary.last_turn is None:
                 continue
             sid = UUID(summary.id)
-            open_sessions.append(sid)
             if summary.title is None:
-                status = rt.views.status(summary.session)
-                if status is not None and status.last_turn_status is not None:
-                    rt.background(partial(rt.title_now, sid))
+                rt.background(partial(rt.title_now, sid))
+            if summary.status == "idle":
+                between_turns.append((sid, int(summary.last_turn["turn"])))
 
         def compact_left_undone() -> None:
-            for sid in open_sessions:
-                rt.compact_left_undone(sid)
+            for sid, turn in between_turns:
+                rt.compact_left_undone(sid, turn)
 
         rt.background(compact_left_undone)
 
