@@ -424,7 +424,8 @@ class Agent:
         self._warn_unpriced(spec, reply, session)
         # Any provider's reply, yours too: two calls under one id are told apart, not a failed
         # turn (the log refuses a reply whose calls share an id).
-        calls = [_call_data(spec, c) for c in distinct_ids(reply.tool_calls)]
+        calls = [_call_data(spec, c)
+                 for c in distinct_ids([_shaped(spec, c) for c in reply.tool_calls])]
         # The calls are durable before any of them runs (R15: at-least-once, never lost).
         ended = self._write(partial(answer, reply.text, calls, spec, usage_of(reply)))
         if ended is not None:
@@ -601,18 +602,23 @@ class Agent:
                               on_park=lambda: self._parked("budget"))
 
 
-def _call_data(spec: str, call: ToolCall) -> ToolCallData:
-    """A reply's call as the log records it. A provider of your own (or a script) whose call
-    is of another shape fails the step as the HTTP providers' malformed replies do
-    (``MalformedStream``), not with the payload's validation error."""
+def _shaped(spec: str, call: ToolCall) -> ToolCall:
+    """A reply's call, of the shape a call has. A provider of your own (or a script) whose
+    call is of another shape fails the step as the HTTP providers' malformed replies do
+    (``MalformedStream``), not with the payload's validation error — checked before the ids
+    are told apart (an id that is no text cannot be)."""
     if not isinstance(call.args, dict) or not isinstance(call.name, str) \
             or not isinstance(call.id, str):
         raise errors.MalformedStream(
             spec, f"tool call {call.name!r} is not an id and a name (text) with arguments "
                   f"that are a JSON object (its arguments: {type(call.args).__name__})")
+    return call
+
+
+def _call_data(spec: str, call: ToolCall) -> ToolCallData:
+    """A reply's call as the log records it (``MalformedStream`` for a value the payload
+    refuses, an empty name say)."""
     try:
         return ToolCallData(id=call.id, name=call.name, args=call.args)
-    except errors.InvalidPayload:
-        raise
     except ValueError as exc:  # pydantic's, for a value the payload refuses
         raise errors.MalformedStream(spec, f"tool call {call.name!r}: {exc}") from None

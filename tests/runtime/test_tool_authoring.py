@@ -236,14 +236,15 @@ def test_two_calls_under_one_id_in_a_reply_are_told_apart_and_both_run(
     assert [r["call_id"] for r in tool_results(store, sid)] == ["dup", "dup-2"]
 
 
-@pytest.mark.parametrize("args", [[1, 2], "x=1"], ids=["a list", "a string"])
-def test_a_call_whose_arguments_are_not_an_object_fails_the_step_as_a_malformed_reply(
-        make_runtime: MakeRuntime, store: Any, args: Any) -> None:
+@pytest.mark.parametrize(("call_id", "args"), [("c1", [1, 2]), ("c1", "x=1"), (["c1"], {})],
+                         ids=["list arguments", "string arguments", "an id that is a list"])
+def test_a_call_of_another_shape_fails_the_step_as_a_malformed_reply(
+        make_runtime: MakeRuntime, store: Any, call_id: Any, args: Any) -> None:
     from terret import Reply
     from terret.domain.errors import MalformedStream
     from terret.domain.messages import ToolCall
 
-    rt = make_runtime([Reply(tool_calls=[ToolCall(id="c1", name="look", args=args)])],
+    rt = make_runtime([Reply(tool_calls=[ToolCall(id=call_id, name="look", args=args)])],
                       tools=[tool("look", args=NoArgs)(_handler)])
     sid = rt.create_session()
     with pytest.raises(MalformedStream, match="arguments that are a JSON object"):
