@@ -22,7 +22,6 @@ result over ``MAX_RESULT_BYTES`` is cut, with a marker saying so.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import inspect
 import json
@@ -207,24 +206,31 @@ def call_handler(tool: Tool, parsed: BaseModel, ctx: CallContext) -> Any:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(_awaited(result))
-    box: list[tuple[bool, Any]] = []
-
-    def run() -> None:
-        try:
-            box.append((True, asyncio.run(_awaited(result))))
-        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
-            box.append((False, exc))
-
-    # With the caller's context variables (a request id), as a handler under a timeout has them.
-    context = contextvars.copy_context()
-    thread = threading.Thread(target=context.run, args=(run,), name=f"terret-async-{tool.name}",
-                              daemon=True)
-    thread.start()
-    thread.join()
+    done, box = handed_over(lambda: asyncio.run(_awaited(result)))
+    done.wait()
     ok, value = box[0]
     if not ok:
         raise value
     return value
+
+
+def handed_over(call: Callable[[], Any]) -> tuple[threading.Event, list[tuple[bool, Any]]]:
+    """Run ``call`` on a handler thread (``HANDLERS``: with a copy of the caller's context
+    variables); its outcome — ``(True, value)`` or ``(False, exception)`` — lands in the box,
+    and the event is set after."""
+    done = threading.Event()
+    box: list[tuple[bool, Any]] = []
+
+    def work() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    HANDLERS.run(work)
+    return done, box
 
 
 async def _awaited(awaitable: Any) -> Any:
@@ -373,20 +379,9 @@ class ToolPipeline:
                         ctx: CallContext) -> ToolOutcome:
         """The handler on a handler thread; the turn waits for it until ``limit`` seconds or
         the turn's cancel, whichever comes first."""
-        done = threading.Event()
-        box: list[tuple[bool, Any]] = []
-
-        def work() -> None:
-            try:
-                box.append((True, call_handler(tool, parsed, ctx)))
-            except BaseException as exc:  # noqa: BLE001 - handed to the turn's thread
-                box.append((False, exc))
-            finally:
-                done.set()
-
         deadline = time.monotonic() + limit
         try:
-            HANDLERS.run(work)
+            done, box = handed_over(lambda: call_handler(tool, parsed, ctx))
             while not done.wait(max(0.0, min(self.poll, deadline - time.monotonic()))):
                 if self.cancel is not None and self.cancel.is_set():
                     log.warning("session %s: call %s (%s) abandoned by the turn's cancel; its "
