@@ -23,6 +23,7 @@ from uuid import UUID
 import click
 from click.shell_completion import CompletionItem
 
+from terret._text import one_line
 from terret.cli._format import may_hold_secret, printable
 from terret.domain.errors import SessionNotFound, StoreUnavailable, ViewsBehind, ViewsBusy
 from terret.domain.errors import shown as cut
@@ -198,7 +199,7 @@ class Staleness:
         for name, lag in sorted(self.behind.items()):
             if name in self.halted:
                 position, error = self.halted[name]
-                parts.append(f"{name} halted at position {position} ({_cut(error, 80)}), "
+                parts.append(f"{name} halted at position {position} ({one_line(error, 80)}), "
                              f"{lag} behind")
             else:
                 parts.append(f"{name} {lag} behind")
@@ -208,9 +209,6 @@ class Staleness:
                 f"{'; '.join(parts)} — see `terret doctor`")
 
 
-def _cut(text: str, n: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 class WarningLines(logging.Handler):

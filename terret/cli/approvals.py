@@ -7,6 +7,7 @@ from uuid import UUID
 
 import click
 
+from terret._text import cut
 from terret.cli._context import SESSION, CliContext
 from terret.cli._format import as_json, table
 from terret.cli._verdicts import approvals as approvals_verdicts
@@ -37,7 +38,7 @@ def list_approvals(obj: CliContext, session_id: UUID | None) -> None:
     data = [{"session": p.session.removeprefix("session-"), "call_id": p.call_id,
              "tool": p.name, "args": p.args, "turn": p.turn, "waiting": waiting}
             for p, waiting in zip(found, waits, strict=True)]
-    rows = [[p.session.removeprefix("session-"), p.call_id, p.name, _cut(as_json(p.args), 60),
+    rows = [[p.session.removeprefix("session-"), p.call_id, p.name, cut(as_json(p.args), 60),
              waiting] for p, waiting in zip(found, waits, strict=True)]
     doubts = in_doubt_rows(obj, session_id)
     data += doubts
@@ -46,8 +47,6 @@ def list_approvals(obj: CliContext, session_id: UUID | None) -> None:
              else "no pending approvals")
 
 
-def _cut(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 _VERDICTS = approvals_verdicts()

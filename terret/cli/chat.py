@@ -21,6 +21,7 @@ from uuid import UUID
 
 import click
 
+from terret._text import one_line
 from terret.cli._app import check_resolves
 from terret.cli._chat_questions import ApprovalQuestions
 from terret.cli._chat_terminal import Input, Screen
@@ -93,7 +94,7 @@ class Chat:
                 self.screen.line(f"  → {c.name}({as_json(c.args)})", fg="yellow")
         elif isinstance(p, ToolResult):
             colour = "red" if p.is_error else "green"
-            self.screen.line(f"  ← {p.name}: {_one_line(p.content, 200)}", fg=colour)
+            self.screen.line(f"  ← {p.name}: {one_line(p.content, 200)}", fg=colour)
             self.screen.agent_prefix = True  # the text after a tool round is a new answer
         elif isinstance(p, SessionCompacted):
             self.screen.line("  (history compacted)", dim=True)
@@ -115,19 +116,19 @@ class Chat:
             self._attached(p)
         elif isinstance(p, UserMessage):
             if p.inbox_id is not None:  # queued by another process: not the user's own line
-                self.screen.line(f"inbox> {_one_line(p.text, 300)}", dim=True)
+                self.screen.line(f"inbox> {one_line(p.text, 300)}", dim=True)
                 self.screen.agent_prefix = True
             elif self.agent is None:  # a turn another process started (its run_turn)
-                self.screen.line(f"user> {_one_line(p.text, 300)}  (from another process)",
+                self.screen.line(f"user> {one_line(p.text, 300)}  (from another process)",
                                  dim=True)
                 self.screen.agent_prefix = True
         elif isinstance(p, ContextInjected):
-            self.screen.line(f"  (injected: {_one_line(p.text, 200)})", dim=True)
+            self.screen.line(f"  (injected: {one_line(p.text, 200)})", dim=True)
         elif isinstance(p, TurnEnded) and at_prompt:
             if p.status != "completed":
                 why = p.error or p.reason
                 self.screen.line(f"  (turn {p.turn} {p.status}"
-                                 + (f": {_one_line(why, 200)})" if why else ")"), dim=True)
+                                 + (f": {one_line(why, 200)})" if why else ")"), dim=True)
             self.input.show_again(self.screen)
         elif isinstance(p, ApprovalRequested) and at_prompt:
             self.questions.needs_approval(p.call_id, p.name, p.args)
@@ -197,7 +198,7 @@ class Chat:
             return
         by = actor_text(last.get("by"))
         self.screen.line(f"  (turn {last['turn']} {last['status']}" + (f" by {by}" if by else "")
-                         + (f": {_one_line(last['reason'], 200)})" if last.get("reason")
+                         + (f": {one_line(last['reason'], 200)})" if last.get("reason")
                             else ")"), dim=True)
 
     def _cancel(self, done: threading.Event) -> None:
@@ -259,7 +260,7 @@ class Chat:
                     self.screen.line("  (the turn stopped: this process is stopping)",
                                      dim=True)
             except Exception as exc:  # one line, as every error: not a thread's traceback
-                self.screen.line(f"  Error: {type(exc).__name__}: {_one_line(str(exc), 300)}",
+                self.screen.line(f"  Error: {type(exc).__name__}: {one_line(str(exc), 300)}",
                                  fg="red")
             finally:
                 done.set()
@@ -305,14 +306,14 @@ class Chat:
         self.screen.line("— the last exchanges —", dim=True)
         for m in tail:
             if m.role == "user":
-                self.screen.line(f"you> {_one_line(m.text, 300)}", dim=True)
+                self.screen.line(f"you> {one_line(m.text, 300)}", dim=True)
             elif m.role == "assistant":  # its text first, then its calls: as shown live
                 if m.text:
-                    self.screen.line(f"agent> {_one_line(m.text, 300)}", dim=True)
+                    self.screen.line(f"agent> {one_line(m.text, 300)}", dim=True)
                 for c in m.tool_calls:
                     self.screen.line(f"  → {c.name}({as_json(c.args)})", dim=True)
             elif m.role == "tool":
-                self.screen.line(f"  ← {m.tool_name}: {_one_line(m.text, 120)}", dim=True)
+                self.screen.line(f"  ← {m.tool_name}: {one_line(m.text, 120)}", dim=True)
         self.screen.line("—", dim=True)
 
     def loop(self) -> None:
@@ -522,11 +523,6 @@ a number its store cannot take)."""
 LEAVING_GRACE = 30.0
 """How long leaving waits for a turn of this chat to reach a step boundary (a parked one
 stops at once; a running tool finishes first)."""
-
-
-def _one_line(text: str, n: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 @click.command("chat")

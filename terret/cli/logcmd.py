@@ -13,6 +13,7 @@ from uuid import UUID
 
 import click
 
+from terret._text import cut
 from terret.cli._context import SESSION, CliContext, note
 from terret.cli._format import money, printable
 from terret.cli._params import JSON_LINES, TEXT, IntRange
@@ -29,8 +30,7 @@ PAGE = 1000
 def _short(text: str, n: int = 70) -> str:
     # Escaped before it is cut: cut first, a text of control characters came out many times
     # the length of the others.
-    text = printable(" ".join(text.split()))
-    return text if len(text) <= n else text[: n - 1] + "…"
+    return cut(printable(" ".join(text.split())), n)
 
 
 def summarize(event: RecordedEvent) -> str:

@@ -15,6 +15,7 @@ from uuid import UUID, uuid4
 
 from eventsourcing.domain import Aggregate
 
+from terret._text import cut
 from terret.domain import errors
 from terret.domain.catalogue import EventPayload, OpaquePayload, text_problem
 from terret.domain.codec import RecordedEvent
@@ -650,4 +651,4 @@ GIST = 200
 
 
 def _gist(reason: str) -> str:
-    return reason if len(reason) <= GIST else reason[:GIST - 1] + "…"
+    return cut(reason, GIST)

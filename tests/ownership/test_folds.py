@@ -41,4 +41,5 @@ def test_this_release_says_what_it_folds_in_its_beats() -> None:
     assert beat is not None and beat.folds == FOLDED_BEYOND_SEED
     assert WorkerBeat.from_json(beat.to_json()).folds == FOLDED_BEYOND_SEED
     old = _beat("old").to_json().replace(b',"folds":[]', b"")  # an older release's beat
+    assert b'"folds"' not in old
     assert WorkerBeat.from_json(old).folds == ()
