@@ -21,7 +21,6 @@ from terret.domain.catalogue import EventPayload, OpaquePayload, text_problem
 from terret.domain.codec import RecordedEvent
 from terret.domain.errors import shown
 from terret.domain.events import (
-    REASON_MAX,
     TITLE_MAX,
     Actor,
     AgentAttached,
@@ -54,6 +53,7 @@ from terret.domain.events import (
     UsageData,
     UsageRecorded,
     UserMessage,
+    reason_problem,
 )
 from terret.domain.state import (
     EVOLVING,
@@ -215,10 +215,9 @@ class Session(Aggregate):
         """A person's reason, checked before anything is recorded: past ``REASON_MAX`` it is
         refused (``InvalidPayload``) rather than met later, when a cancel's append — its reason
         repeated for every call it stops — is over the store's limit and the turn cannot close."""
-        if reason is not None and len(reason) > REASON_MAX:
-            raise errors.InvalidPayload(wire_name, "reason",
-                                        f"a reason is at most {REASON_MAX} characters, not "
-                                        f"{len(reason)}")
+        problem = reason_problem(reason)
+        if problem is not None:
+            raise errors.InvalidPayload(wire_name, "reason", problem)
 
     def queue(self, text: str, *, wake: bool = False, inbox_id: str | None = None) -> str:
         """Blank text is refused (``InvalidPayload``): a step would take nothing from it."""

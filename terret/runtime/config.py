@@ -13,6 +13,10 @@ from terret.domain.session import MAX_STEPS
 _WHOLE = ("max_steps", "max_agents")
 _OPTIONAL_WHOLE = ("compaction_budget",)
 _SECONDS = ("wait_timeout", "lease_ttl")
+_MOST_SECONDS = 366 * 86400.0
+"""The longest ``wait_timeout`` and ``lease_ttl``: each becomes a clock time (a lease's end in
+the log, a thread's wait), which past a few centuries Python cannot represent; neither has a
+meaning for no limit."""
 _OPTIONAL_SECONDS = ("approval_max_wait", "tool_timeout")
 
 
@@ -52,6 +56,9 @@ class RuntimeConfig:
             except ValueError as exc:  # its message never quotes a spec (it may hold a key)
                 raise ConfigurationError(f"RuntimeConfig.roles: role {role[:40]!r}: {exc}") \
                     from None
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
         for name in (*_WHOLE, *_OPTIONAL_WHOLE):
             value = getattr(self, name)
             if value is None and name in _OPTIONAL_WHOLE:
@@ -69,3 +76,6 @@ class RuntimeConfig:
                     or (finite and math.isinf(value))):
                 what = "a finite amount from 0" if finite else "a number of seconds above 0"
                 raise ConfigurationError(f"RuntimeConfig.{name} is {what}, not {value!r}")
+            if name in _SECONDS and value > _MOST_SECONDS:
+                raise ConfigurationError(f"RuntimeConfig.{name} is at most 366 days "
+                                         f"({_MOST_SECONDS:.0f} seconds), not {value!r}")

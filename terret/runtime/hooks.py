@@ -8,7 +8,7 @@ from typing import get_args
 from uuid import UUID
 
 from terret.domain.errors import ConfigurationError
-from terret.domain.events import ActorKind
+from terret.domain.events import ActorKind, reason_problem
 from terret.domain.money import cost_figure
 from terret.domain.session import SessionState
 
@@ -39,6 +39,11 @@ class Refusal:
         if self.actor not in kinds:
             raise ConfigurationError(f"Refusal actor {self.actor!r} is not one of "
                                      f"{', '.join(kinds)}; name who refused with id=")
+        # Checked here, where the hook's author sees it: the reason goes into the turn/end
+        # (and its start into every call the turn stops), which must fit one append.
+        problem = reason_problem(self.reason)
+        if problem is not None:
+            raise ConfigurationError(f"Refusal reason: {problem}")
 
 
 PreStepHook = Callable[[StepClaim], Refusal | None]

@@ -21,6 +21,7 @@ from functools import partial
 from uuid import UUID, uuid4
 
 from terret.domain import errors
+from terret.domain.events import AgentDetached, reason_problem
 from terret.domain.session import Session
 from terret.runtime.agent import Agent
 from terret.runtime.definition import AgentDefinition, TurnResult
@@ -207,6 +208,11 @@ class AgentHost:
             return agent
 
     def dispose(self, agent_id: str, *, reason: str | None = None) -> None:
+        """``InvalidPayload`` for a reason the release could not record, before anything
+        changes (the agent was gone from the process while the log still named it owner)."""
+        problem = reason_problem(reason)
+        if problem is not None:
+            raise errors.InvalidPayload(AgentDetached.wire_name, "reason", problem)
         with self._lock:
             agent = self._agents.get(agent_id)
             if agent is None:

@@ -9,8 +9,13 @@ from functools import partial
 from uuid import UUID
 
 from terret.domain.codec import encode
-from terret.domain.errors import ExpiryUnsupported, RuleViolation, SessionExpiring
-from terret.domain.events import Actor, SessionPurged
+from terret.domain.errors import (
+    ExpiryUnsupported,
+    InvalidPayload,
+    RuleViolation,
+    SessionExpiring,
+)
+from terret.domain.events import Actor, SessionPurged, reason_problem
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
 from terret.domain.store import RETENTION_STREAM, EventStore, StreamState, session_stream
@@ -38,6 +43,9 @@ def refuse_purge(load: Callable[[], Session], store: EventStore, max_age: int | 
 def purge_session(repository: SessionRepository, session_id: UUID, *, by: Actor,
                   reason: str | None = None, max_age: int | None = None) -> None:
     store = repository.store
+    problem = reason_problem(reason)
+    if problem is not None:
+        raise InvalidPayload(SessionPurged.wire_name, "reason", problem)
     refuse_purge(partial(repository.get, session_id), store, max_age)
     record = encode(SessionPurged(session_id=str(session_id), reason=reason, by=by,
                                   max_age_seconds=max_age))

@@ -147,8 +147,8 @@ def tool(
 
     def wrap(fn: Handler) -> Tool:
         # getattr: a functools.partial or a callable object has no __name__ of its own.
-        named = name or getattr(fn, "__name__", None)
-        if not named:
+        named = name if name is not None else getattr(fn, "__name__", None)
+        if named is None:
             raise ConfigurationError(f"tool(): {fn!r} has no __name__: give the tool a name")
         return Tool(
             name=named,

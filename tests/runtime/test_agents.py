@@ -22,6 +22,7 @@ from terret.domain.errors import (
     AgentBusy,
     AgentCapExceeded,
     AgentExists,
+    InvalidPayload,
     LostOwnership,
     MaxStepsExceeded,
     ProviderError,
@@ -115,6 +116,24 @@ def test_r22_only_an_idle_agent_is_disposed_and_its_listeners_go_with_it(
     provider.script(final())
     assert rt.run_turn(sid, "a new agent reads the log").status == "completed"
     assert rt.agent_for_session(sid) is not agent
+
+
+def test_r22_a_disposal_whose_reason_the_log_cannot_hold_changes_nothing(
+        make_runtime: MakeRuntime, store) -> None:
+    """A reason of megabytes failed the release's append after the agent had left the
+    process: the log still named it the owner, ``owner(sid)`` said it was live. Now the reason
+    is checked first."""
+    rt = make_runtime()
+    sid = rt.create_session()
+    agent = rt.spawn_agent(sid)
+    before = read_log(store, sid)
+    with pytest.raises(InvalidPayload, match="at most 2000 characters"):
+        rt.dispose_agent(agent.id, reason="D" * 1_200_000)
+    assert rt.agent_for_session(sid) is agent and rt.agents == [agent]
+    assert read_log(store, sid) == before
+    rt.dispose_agent(agent.id, reason="D" * 2000)
+    assert rt.agent_for_session(sid) is None
+    assert only(read_log(store, sid), "agent/detached")[0].data["reason"] == "D" * 2000
 
 
 def test_r22_agent_for_session_is_the_index(make_runtime: MakeRuntime) -> None:

@@ -333,6 +333,11 @@ def test_a_reason_past_the_limit_is_refused_before_anything_is_written(
     assert job.join().status == "cancelled"
     with pytest.raises(InvalidPayload, match="at most"):
         rt.close_session(sid, by=USER, reason=long)
+    rt.close_session(sid, by=USER)
+    closed = read_log(store, sid)
+    with pytest.raises(InvalidPayload, match="at most"):  # the purge's is recorded too
+        rt.purge(sid, by=USER, reason=long)
+    assert read_log(store, sid) == closed
     assert kit.ran == []
 
 

@@ -54,20 +54,23 @@ def test_a_hook_returning_something_else_than_a_refusal_is_said_so(
     {"wait_timeout": 0}, {"tool_timeout": -1}, {"tool_timeout": "3"}, {"max_steps": "5"},
     {"max_steps": 0}, {"max_agents": -1}, {"approval_max_wait": -5}, {"lease_ttl": 0},
     {"roles": "scripted:x"}, {"compaction_budget": 0}, {"roles": {"main": "nocolon"}},
-    {"roles": {"Main": "scripted:x"}},
+    {"roles": {"Main": "scripted:x"}}, {"lease_ttl": float("inf")}, {"lease_ttl": 1e12},
+    {"wait_timeout": float("inf")}, {"wait_timeout": 1e12},
     {"roles": {"main": "openai-compatible:m@http://bob:SECRETpw@127.0.0.1:8000/v1"}},
 ])
 def test_a_runtime_config_value_no_turn_could_use_is_refused_when_made(
         options: dict[str, Any]) -> None:
-    """Each was accepted, then failed every turn (a negative cap, a zero wait), switched a limit
-    off silently (a NaN cap), or raised an untyped TypeError mid-turn."""
+    """Each was accepted, then failed every turn (a negative cap, a zero wait, a lease without
+    end: its end is a clock time), switched a limit off silently (a NaN cap), or raised an
+    untyped TypeError or OverflowError later (a wait of 1e12 seconds)."""
     from terret import RuntimeConfig
 
     (name,) = options
     with pytest.raises(ConfigurationError, match=f"RuntimeConfig.{name}[ :]") as info:
         RuntimeConfig(**options)
     assert "SECRET" not in str(info.value)  # a spec with a key is refused, never quoted
-    RuntimeConfig(tool_timeout=float("inf"), spend_cap=0, approval_max_wait=0.3)  # all fine
+    RuntimeConfig(tool_timeout=float("inf"), spend_cap=0, approval_max_wait=0.3,
+                  lease_ttl=366 * 86400, wait_timeout=366 * 86400.0)  # all fine
 
 
 def test_the_views_take_a_session_id_in_every_form_the_runtime_takes(

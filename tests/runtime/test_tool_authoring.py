@@ -47,6 +47,9 @@ def test_a_timeout_that_is_not_seconds_above_zero_is_refused(timeout: Any) -> No
 def test_a_name_model_apis_refuse_is_refused(name: Any) -> None:
     with pytest.raises(ConfigurationError, match="1 to 64 letters, digits"):
         Tool(name=name, description="d", args=NoArgs, handler=_handler)
+    # The decorator too: an empty name given to it took the function's name instead.
+    with pytest.raises(ConfigurationError, match="1 to 64 letters, digits"):
+        tool(name, args=NoArgs)(_handler)
 
 
 def test_a_lambda_needs_a_name_and_a_partial_without_one_says_so() -> None:

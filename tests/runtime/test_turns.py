@@ -22,6 +22,7 @@ from terret.domain.errors import (
     TurnAlreadyRunning,
     TurnOpenInLog,
 )
+from terret.domain.events import REASON_MAX
 from terret.runtime import Refusal, StepClaim
 from tests.runtime.conftest import MakeRuntime
 from tests.runtime.kit import (
@@ -217,6 +218,25 @@ def test_r3_a_refusal_names_its_component_by_id_and_a_foreign_actor_kind_is_refu
     assert rt.run_turn(sid, "hello").status == "rejected"
     (end,) = only(read_log(store, sid), "turn/end")
     assert end.data["by"] == {"actor": "system", "id": "hours-guard"}
+
+
+def test_r3_a_refusal_with_a_reason_no_append_could_hold_is_refused_where_made(
+        make_runtime: MakeRuntime, store) -> None:
+    """A hook's reason of megabytes made the turn's closing append too large for the store:
+    ``run_turn`` raised ``PayloadTooLarge`` with the turn left open. Now the ``Refusal`` is
+    refused where it is made; a hook that makes one fails its turn with that error."""
+    Refusal("system", "x" * REASON_MAX)
+    with pytest.raises(ConfigurationError, match=f"at most {REASON_MAX} characters"):
+        Refusal("system", "x" * (REASON_MAX + 1))
+    with pytest.raises(ConfigurationError, match="a reason is text"):
+        Refusal("system", 123)  # type: ignore[arg-type]
+    rt = make_runtime([final()], pre_step=[lambda claim: Refusal("system", "x" * 1_200_000)])
+    sid = rt.create_session()
+    with pytest.raises(ConfigurationError, match="Refusal reason"):
+        rt.run_turn(sid, "hello")
+    (end,) = only(read_log(store, sid), "turn/end")
+    assert end.data["status"] == "failed" and "at most 2000" in end.data["error"]
+    assert not rt.resumable(sid)
 
 
 def test_r3_an_agent_definition_hook_can_reject_too(make_runtime: MakeRuntime, kit: Kit,
