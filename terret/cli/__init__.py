@@ -224,7 +224,17 @@ def cut_quotes(message: str) -> str:
         quote, text = found.group(1), found.group(2)
         return f"{quote}{text[:SHOWN_MAX - 2]}… ({len(text)} characters)"
 
-    return QUOTED.sub(cut, message)
+    return LONG_WORD.sub(_cut_word, QUOTED.sub(cut, message))
+
+
+LONG_WORD = re.compile(r"\S{201,}")
+"""A word no message needs whole — a path or a store address, given unquoted, of hundreds or
+thousands of characters: it keeps its start and its end (a file's name), and says its length."""
+
+
+def _cut_word(found: re.Match[str]) -> str:
+    word = found.group()
+    return f"{word[:120]}…{word[-60:]} ({len(word)} characters)"
 
 
 class DomainFailure(click.ClickException):

@@ -114,7 +114,8 @@ def parked_json(wait: dict[str, Any] | None) -> dict[str, Any] | None:
     """A turn parked on its budget, for ``--json``: its figures rounded as ``usage`` rounds."""
     if wait is None:
         return None
-    return {"turn": wait["turn"], "limit": wait["limit"], "spent": cost_figure(wait["spent"]),
+    return {"turn": wait["turn"], "limit": cost_figure(wait["limit"]),
+            "spent": cost_figure(wait["spent"]),
             "estimate": cost_figure(wait["estimate"])}
 
 

@@ -27,7 +27,7 @@ class LimitType(click.ParamType):
                 ctx: click.Context | None) -> float:
         if isinstance(value, float):
             return value
-        text = str(value).strip()
+        text = str(value)  # as typed: ' 5 ' is no amount people write either
         sign = text[0] if text.startswith(("-", "+")) else ""
         digits = text[len(sign):].removeprefix("$")  # $5, -$5
         if sign == "-" and digits.strip("0.") != "":  # -1, -$5, -inf: negative, whatever else
@@ -35,11 +35,12 @@ class LimitType(click.ParamType):
         if not _AMOUNT.match(digits):  # no exponent, no '_', no nan: money as people write it
             self.fail(f"{shown(value)} is not an amount (say 5.00; at most {_MAX_DIGITS} digits "
                       "before the point)", param, ctx)
-        return float(digits)  # a sign left here is '+', or '-' on a zero
+        return cost_figure(float(digits))  # a sign left here is '+', or '-' on a zero
 
 
 _MAX_DIGITS = 12
-_AMOUNT = re.compile(rf"(?:\d{{1,{_MAX_DIGITS}}}(?:\.\d*)?|\.\d+)\Z")
+_AMOUNT = re.compile(rf"(?:[0-9]{{1,{_MAX_DIGITS}}}(?:\.[0-9]*)?|\.[0-9]+)\Z")
+"""ASCII digits only: ``\\d`` took Arabic-Indic and full-width digits, which ``float`` reads."""
 
 
 LIMIT = LimitType()
@@ -83,8 +84,8 @@ def show(obj: CliContext, session_id: UUID) -> None:
 @click.option("--reason", type=TEXT, default=None, help="Recorded with the budget.")
 @click.pass_obj
 def set_budget(obj: CliContext, session_id: UUID, limit: float, reason: str | None) -> None:
-    """Give the session a budget of its own (lifetime cost, in the providers' currency). A
-    turn parked on its budget goes on if the new one covers its next step."""
+    """Give the session a budget of its own (lifetime cost, in dollars as every cost is shown).
+    A turn parked on its budget goes on if the new one covers its next step."""
     obj.require_session(session_id)
     obj.commands().set_budget(session_id, limit, by=operator(), reason=reason)
     obj.emit({"session": str(session_id), "budget": limit},

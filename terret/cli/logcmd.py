@@ -33,6 +33,26 @@ def _short(text: str, n: int = 70) -> str:
     return cut(printable(" ".join(text.split())), n)
 
 
+_QUOTE_ESCAPES = {"'": "\\'", "\\": "\\\\"}
+
+
+def _quoted(text: str, n: int = 70) -> str:
+    """``text`` quoted as Python shows a string — a control character as ``\\x1b``, a
+    backslash doubled, so that the one cannot pass for the other — and cut to about ``n``
+    characters of what is shown, never inside an escape. (``repr`` of the escaped text doubled
+    the escapes' backslashes: an ESC read as the four characters ``\\x1b``.)"""
+    shown: list[str] = []
+    room = n - 1
+    for ch in " ".join(text.split()):
+        token = (_QUOTE_ESCAPES.get(ch) or ch) if ch.isprintable() else repr(ch)[1:-1]
+        room -= len(token)
+        if room < 0:
+            shown.append("…")
+            break
+        shown.append(token)
+    return "'" + "".join(shown) + "'"
+
+
 def summarize(event: RecordedEvent) -> str:
     """One line for a human: the gist of the payload (one summary per payload class; any
     other, an extension's, as its data), its control characters escaped — a tool name, a
@@ -57,7 +77,7 @@ def _gist(event: RecordedEvent) -> str:
 
 
 def _text(p: ev.UserMessage | ev.ContextInjected) -> str:
-    return repr(_short(p.text))
+    return _quoted(p.text)
 
 
 def _assistant(p: ev.AssistantMessage) -> str:
@@ -67,12 +87,12 @@ def _assistant(p: ev.AssistantMessage) -> str:
     if p.model is not None:  # the model call's usage, durable with its reply
         metered = f" [{p.model} " + (_tokens(p.usage) if p.usage is not None
                                      else "no usage reported") + "]"
-    return ((repr(_short(p.text)) if p.text else "") + (f" calls {calls}" if calls else "")
+    return ((_quoted(p.text) if p.text else "") + (f" calls {calls}" if calls else "")
             + metered).lstrip()
 
 
 def _tool_result(p: ev.ToolResult) -> str:
-    return f"{p.name}#{p.call_id} {'ERROR ' if p.is_error else ''}{_short(p.content, 50)!r}"
+    return f"{p.name}#{p.call_id} {'ERROR ' if p.is_error else ''}{_quoted(p.content, 50)}"
 
 
 def _turn_start(p: ev.TurnStarted) -> str:
@@ -124,7 +144,7 @@ def _approval_requested(p: ev.ApprovalRequested) -> str:
 
 
 def _compacted(p: ev.SessionCompacted) -> str:
-    return f"up to seq {p.upto_seq}: {_short(p.summary, 50)!r}"
+    return f"up to seq {p.upto_seq}: {_quoted(p.summary, 50)}"
 
 
 def _titled(p: ev.SessionTitled) -> str:
@@ -140,11 +160,11 @@ def _policy(p: ev.PolicyUpdated) -> str:
 
 
 def _model_set(p: ev.ModelSet) -> str:
-    return f"{p.role} = {p.spec}"
+    return f"{p.role} = {_short(p.spec, 120)}"
 
 
 def _inbox(p: ev.InboxQueued) -> str:
-    return f"{p.inbox_id[:8]} {'wake ' if p.wake else ''}{_short(p.text)!r}"
+    return f"{p.inbox_id[:8]} {'wake ' if p.wake else ''}{_quoted(p.text)}"
 
 
 @functools.cache

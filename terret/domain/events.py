@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from terret.domain.errors import shown
+from terret.domain.money import cost_figure
 from terret.domain.payloads import EventPayload, catalogue, creating, event_type, text_problem
 
 ActorKind = Literal["user", "operator", "budget", "reaper", "supervisor", "agent", "system"]
@@ -371,6 +372,13 @@ class BudgetSet(EventPayload):
     limit: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     reason: str | None = None
     by: Actor
+
+    @field_validator("limit")
+    @classmethod
+    def _limit(cls, limit: float | None) -> float | None:
+        # A cost figure, as every spend it is compared with: the budget recorded is the one
+        # every report shows (5.123456789012345 was recorded, 5.123456789 reported).
+        return None if limit is None else cost_figure(limit)
 
 
 @event_type

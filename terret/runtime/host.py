@@ -144,7 +144,7 @@ class AgentHost:
         except errors.TerretError as exc:  # purged, closed meanwhile: nothing left to release
             log.info("session %s: its release was not recorded (%s)", agent.session_id, exc)
         finally:
-            self._unwatch_unheld(agent.session_id)
+            self.unwatch_unheld(agent.session_id)
 
     def _servable(self, session_id: UUID, *, for_new_turn: bool) -> Session:
         """The session, read outside the registry lock; refused if it is closed, or (for a
@@ -226,7 +226,7 @@ class AgentHost:
             self.writer.execute(agent.session_id,
                                 lambda s: agent.ownership.release(s, reason or "disposed"))
         finally:
-            self._unwatch_unheld(agent.session_id)
+            self.unwatch_unheld(agent.session_id)
 
     def let_go(self, session_id: UUID, reason: str, *, wait: float = 0.0) -> None:
         """Drop this process's agent for a session that ended (``session/closed``, from any
@@ -277,9 +277,9 @@ class AgentHost:
         with self._lock:
             self._unregister(agent)
         agent.release()
-        self._unwatch_unheld(agent.session_id)
+        self.unwatch_unheld(agent.session_id)
 
-    def _unwatch_unheld(self, session_id: UUID) -> None:
+    def unwatch_unheld(self, session_id: UUID) -> None:
         """Unwatch the session unless an agent holds it again: under its spawn lock, which a
         spawn holds from its registration through its watch, so the two cannot interleave."""
         with self._spawning(session_id):

@@ -110,6 +110,19 @@ class UpkeepServices:
         return True
 
 
+def last_turn_end(store: EventStore, sid: UUID) -> RecordedEvent | None:
+    """The session's last ``turn/end`` (read backwards: the tail of a long log, not all)."""
+    stream, before = session_stream(sid), None
+    while True:
+        page = store.read_stream(stream, from_seq=before, backwards=True, limit=100)
+        for record in page:
+            if record.wire_name == TurnEnded.wire_name:
+                return decode(record)
+        if len(page) < 100 or page[-1].seq <= 1:
+            return None
+        before = page[-1].seq - 1
+
+
 MAX_RECHECKS = 40
 """How many times upkeep left to a live owner is looked at again (at 15 s, ten minutes)."""
 
@@ -210,23 +223,9 @@ class Compactor:
         prompt = self.upkeep.views.last_prompt_tokens(sid, turn)
         if prompt is None or prompt < self.budget:
             return
-        end = self._last_turn_end(sid)
-        if end is not None:
+        end = last_turn_end(self.upkeep.store, sid)
+        if end is not None:  # whether a compaction covers it is _maybe_compact's to say
             self._maybe_compact(end, 0)
-
-    def _last_turn_end(self, sid: UUID) -> RecordedEvent | None:
-        """The last ``turn/end`` (read backwards: the tail of a long log, not all of it);
-        whether a compaction covers it is ``_maybe_compact``'s to say."""
-        stream, before = session_stream(sid), None
-        while True:
-            page = self.upkeep.store.read_stream(stream, from_seq=before, backwards=True,
-                                                 limit=100)
-            for record in page:
-                if record.wire_name == TurnEnded.wire_name:
-                    return decode(record)
-            if len(page) < 100 or page[-1].seq <= 1:
-                return None
-            before = page[-1].seq - 1
 
     def compact(self, sid: UUID) -> int | None:
         """Summarize the history and append ``session/compacted``. Returns ``upto_seq``, or None
@@ -335,6 +334,16 @@ class AutoTitler:
                 lambda n: self.upkeep.background(lambda: self._after_turn(end, n)), attempt):
             return  # titled already, or its owner titles it
         self.title_now(sid)
+
+    def catch_up(self, sid: UUID) -> None:
+        """For an untitled session whose worker stopped (or died) before titling it: title it
+        now, as its last turn's end would have — left to its owner if that is a live worker
+        that titles (a deploy's new worker starting beside an old one in its titler)."""
+        if self.upkeep.views.title(sid) is not None:
+            return
+        end = last_turn_end(self.upkeep.store, sid)
+        if end is not None:
+            self._after_turn(end, 0)
 
     def title_now(self, sid: UUID) -> None:
         if self.upkeep.views.title(sid) is not None:

@@ -129,8 +129,8 @@ class Runtime:
         self._turn_services = self._turn_services_of()
         self.supervisor = Supervisor(self.agent_host, ServingServices(
             self.writer, self.views, self.lease, self.stopping, self.start,
-            self.catch_up_views, self.background, self.titler.title_now,
-            self.compactor.catch_up))
+            self.catch_up_views, self.background, self.titler.catch_up,
+            self.compactor.catch_up, self._upkeep_left_by_the_dead))
         self.host = self.lease.host
 
     def _turn_services_of(self) -> TurnServices:
@@ -696,6 +696,22 @@ class Runtime:
 
     def _unwatch(self, session_id: UUID) -> None:
         self.runner.unwatch(session_stream(session_id))
+
+    def _upkeep_left_by_the_dead(self, session_id: UUID, turn: int) -> None:
+        """The upkeep of ``turn`` — a session's last, ended — that its worker died before doing
+        (a pool member finds the session in that worker's last beat: nothing else tells it,
+        as it follows only the sessions it serves). Its views take the session in for it and
+        let it go after, unless an agent of this process took the session meanwhile."""
+        stream = session_stream(session_id)
+        taken_in = not self.runner.follows(stream)
+        if taken_in:
+            self.runner.watch(stream)
+        try:
+            self.titler.catch_up(session_id)
+            self.compactor.catch_up(session_id, turn)
+        finally:
+            if taken_in:
+                self.agent_host.unwatch_unheld(session_id)
 
 
 def _require_reason(wire_name: str, reason: str) -> None:

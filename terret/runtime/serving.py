@@ -73,8 +73,11 @@ class ServingServices:
     start: Callable[[], object]
     catch_up_views: Callable[[], None]
     background: Callable[[Callable[[], object]], None]
-    title_now: Callable[[UUID], None]
+    title_left_undone: Callable[[UUID], None]
     compact_left_undone: Callable[[UUID, int], None]
+    upkeep_left_by_the_dead: Callable[[UUID, int], None]
+    """The title and compaction of a session's last turn, which its worker died before doing
+    (a pool member's: it follows only the sessions it serves)."""
 
 
 LIVE_FOR = 0.25
@@ -238,9 +241,21 @@ class Supervisor:
             if session.closed or not _needs_worker(session) or (
                     owner is not None and owner.worker != worker):
                 self._settled.add((worker, str(sid)))
+                if owner is not None and owner.worker == worker and not session.closed:
+                    self._upkeep_of_the_dead(sid, session)
             elif self._offer(sid, now=now):
                 taken.append(sid)
         return taken
+
+    def _upkeep_of_the_dead(self, sid: UUID, session: Session) -> None:
+        """A session between turns that a crashed worker owned: its last turn's title or
+        compaction may be what the worker died doing (none of this member's events says so).
+        The preferred live worker does it; the aggregate keeps a title single, and a
+        compaction declines when one covering its mark landed meanwhile."""
+        turn = session.state.turn
+        if turn and not session.turn_open and self._first_to_try(sid, now=True):
+            self.services.background(
+                partial(self.services.upkeep_left_by_the_dead, sid, turn))
 
     def _offer(self, sid: UUID, *, now: bool, leaving: str | None = None,
                chosen: bool = False) -> bool:
@@ -446,7 +461,7 @@ class Supervisor:
                 continue
             sid = UUID(summary.id)
             if summary.title is None:
-                rt.background(partial(rt.title_now, sid))
+                rt.background(partial(rt.title_left_undone, sid))
             if summary.status == "idle":
                 between_turns.append((sid, int(summary.last_turn["turn"])))
 

@@ -52,32 +52,45 @@ def record_result(call: ToolCallData, content: str, is_error: bool, s: Session, 
         s.end_step(resumed=resumed)
 
 
+MOST_TOKENS = 10**12
+"""More tokens than any request has had: a count above it is a provider's bug (and past 2**63
+it would not fit the views' integers)."""
+MOST_COST = 1_000_000.0
+"""More than any one model call has cost, in dollars: a cost above it is a provider's bug (one
+of 1e300 made every later sum of the session's spend meaningless)."""
+
+
 def usage_of(reply: ModelReply) -> UsageData | None:
-    """The reply's usage as recorded. A figure no request can have — a count that is not a
-    whole number from 0, a cost that is negative, NaN or infinite (a provider's bug) — is
-    recorded as unknown (0 tokens, no cost) with a WARNING: the reply was paid for and is kept,
-    and what the log holds is what this process counts."""
+    """The reply's usage as recorded. When any figure is one no request can have — a count that
+    is not a whole number from 0 to ``MOST_TOKENS``, a cost that is negative, NaN, infinite or
+    above ``MOST_COST`` (a provider's bug) — the usage is recorded as unknown (0 tokens, no
+    cost) with a WARNING: the reply was paid for and is kept, and what the log holds is what
+    this process counts (a figure beside a wrong one is not trusted either)."""
     usage = reply.usage
     if usage is None:
         return None
     prompt, completion = _count(usage.prompt_tokens), _count(usage.completion_tokens)
     cost = usage.cost
-    if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int | float)
-                             or not math.isfinite(cost) or cost < 0):
-        cost = None
-    unknown = UsageData(prompt_tokens=prompt or 0, completion_tokens=completion or 0, cost=cost)
-    if None in (prompt, completion) or cost != usage.cost:
-        log.warning("the model reported usage no request can have (prompt_tokens=%r, "
-                    "completion_tokens=%r, cost=%r): recorded as %s", usage.prompt_tokens,
-                    usage.completion_tokens, usage.cost, unknown.model_dump())
+    if None not in (prompt, completion) and (cost is None or _possible_cost(cost)):
+        return UsageData(prompt_tokens=prompt or 0, completion_tokens=completion or 0,
+                         cost=cost)
+    unknown = UsageData(prompt_tokens=0, completion_tokens=0, cost=None)
+    log.warning("the model reported usage no request can have (prompt_tokens=%r, "
+                "completion_tokens=%r, cost=%r): recorded as unknown, %s", usage.prompt_tokens,
+                usage.completion_tokens, usage.cost, unknown.model_dump())
     return unknown
+
+
+def _possible_cost(cost: object) -> bool:
+    return (not isinstance(cost, bool) and isinstance(cost, int | float)
+            and math.isfinite(cost) and 0 <= cost <= MOST_COST)
 
 
 def _count(value: object) -> int | None:
     """A token count as recorded (a whole float is one), or None for one no request has."""
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MOST_TOKENS:
         value = int(value)
-    return value if type(value) is int and value >= 0 else None
+    return value if type(value) is int and 0 <= value <= MOST_TOKENS else None
 
 
 def end_cancelled(s: Session, unsure: Collection[str] = ()) -> None:

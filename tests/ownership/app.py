@@ -10,12 +10,14 @@ produced them, so a test can tell which worker wrote what. ``OWNERSHIP_TTL`` set
 ``tool/started`` before it runs, in doubt after a crash), ``OWNERSHIP_KEYS`` names a file each
 execution appends ``<call id> <idempotency key>`` to, ``OWNERSHIP_USAGE=1`` makes every
 reply report ``USAGE``, and ``OWNERSHIP_COMPACT_BUDGET`` sets the compaction budget (a fixed
-summarizer, no model call)."""
+summarizer, no model call). ``OWNERSHIP_UPKEEP_SECONDS`` makes the titler and the summarizer
+take that long, and name the pid that made them (a test kills a worker in its upkeep)."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 
 from pydantic import BaseModel
 
@@ -32,6 +34,7 @@ from terret import (
     tool,
 )
 from terret.cli._app import App
+from terret.domain.messages import Message
 from terret.runtime.model import ModelRequest
 
 
@@ -86,6 +89,22 @@ def _reply(request: ModelRequest) -> Reply:
                  tool_calls=[call(name, {}, f"c-{turn}" + (f"-{done + 1}" if done else ""))])
 
 
+UPKEEP_SECONDS = float(os.environ.get("OWNERSHIP_UPKEEP_SECONDS", "0"))
+
+
+class SlowTitler:
+    def title(self, messages: Sequence[Message]) -> str:
+        time.sleep(UPKEEP_SECONDS)
+        return f"titled by {os.getpid()}"
+
+
+class SlowSummarizer(FixedSummarizer):
+    def summarize(self, messages: Sequence[Message]) -> str | None:
+        time.sleep(UPKEEP_SECONDS)
+        summary = super().summarize(messages)
+        return None if summary is None else f"summarized by {os.getpid()}\n{summary}"
+
+
 def app() -> App:
     provider = ScriptedProvider(name="scripted", default=_reply)
     ttl = float(os.environ.get("OWNERSHIP_TTL", "3"))
@@ -94,4 +113,5 @@ def app() -> App:
                agents=[AgentDefinition(tools=[work, gated], allow=["*"])],
                config=RuntimeConfig(roles={"main": "scripted:default"}, lease_ttl=ttl,
                                     compaction_budget=int(budget) if budget else None),
-               summarizer=FixedSummarizer())
+               summarizer=SlowSummarizer() if UPKEEP_SECONDS else FixedSummarizer(),
+               titler=SlowTitler() if UPKEEP_SECONDS else None)

@@ -133,6 +133,32 @@ def test_serve_compacts_at_start_what_a_stopped_worker_left_over_budget(pool: Po
     assert pool.names(sid).count("session/compacted") == 1, pool.names(sid)
 
 
+def test_a_worker_killed_in_its_upkeep_leaves_the_title_and_summary_to_a_survivor(
+        pool: Pool) -> None:
+    """The worker that ran a turn dies while its titler and summarizer work: a live worker
+    does both once it sees the death — on EventStoreDB a pool member too, which follows only
+    the sessions it serves and learns of this one from the dead worker's last beat (it did
+    neither, for good)."""
+    env = {"OWNERSHIP_TOOL_SECONDS": "0", "OWNERSHIP_USAGE": "1",
+           "OWNERSHIP_COMPACT_BUDGET": "50", "OWNERSHIP_UPKEEP_SECONDS": "30"}
+    first = pool.serve("a", **env)
+    sid = pool.new_session()
+    pool.runtime().inject(sid, "go", wake=True)
+    pool.wait_for(sid, "turn/end")
+    survivor = pool.serve("b", **{**env, "OWNERSHIP_UPKEEP_SECONDS": "0.2"})
+    time.sleep(0.5)  # first is in its upkeep (30 s of it)
+    assert "session/titled" not in pool.names(sid)
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    log = pool.wait_for(sid, "session/compacted", timeout=30)
+    log = pool.wait_for(sid, "session/titled", timeout=10)
+    titles = [d for n, d in log if n == "session/titled"]
+    summaries = [d for n, d in log if n == "session/compacted"]
+    assert [t["title"] for t in titles] == [f"titled by {survivor.pid}"]
+    assert len(summaries) == 1 and f"summarized by {survivor.pid}" in summaries[0]["summary"]
+    assert _owners(pool, sid) == [first.pid]  # nothing was claimed for it: idle, it needs none
+
+
 def test_a_frozen_owner_loses_the_session_and_writes_nothing_when_it_wakes(pool: Pool) -> None:
     workers = {w.pid: w for w in (pool.serve("a", OWNERSHIP_TOOL_SECONDS="2"),
                                   pool.serve("b", OWNERSHIP_TOOL_SECONDS="2"))}
