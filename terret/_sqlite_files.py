@@ -42,3 +42,18 @@ def rollback(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass  # the original failure is the one to report
+
+
+def sql_statements(script: str) -> list[str]:
+    """The statements of ``script``, each whole (a trigger's body keeps its ``;``s), to run one
+    by one inside a transaction: ``executescript`` commits whatever transaction is open first."""
+    statements, pending = [], ""
+    for part in script.split(";"):
+        pending += part + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \t\r\n;"):
+                statements.append(pending)
+            pending = ""
+    if pending.strip(" \t\r\n;"):
+        statements.append(pending)  # incomplete: executing it says what is wrong
+    return statements

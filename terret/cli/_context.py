@@ -397,7 +397,7 @@ class CliContext:
         from terret.projections.registry import serving_projections
 
         store, views = self.store(), self.view_store()
-        if LogCheck(store, views).check():
+        if LogCheck(store, views, serving_projections()).check():
             return False  # emptied: they replay from position 0
         with views.reading() as db:
             tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())

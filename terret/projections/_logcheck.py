@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Sequence
 
 from terret.domain.errors import ViewsMismatch
 from terret.domain.store import EventStore
-from terret.projections.base import LogMark, ViewStore
+from terret.projections.base import LogMark, Projection, ViewStore
 
 log = logging.getLogger("terret.projections")
 
@@ -57,9 +58,12 @@ class LogCheck:
     """One runner's check of its views against its store. ``generation`` is the views'
     generation the last check accepted (None before the first check)."""
 
-    def __init__(self, store: EventStore, views: ViewStore) -> None:
+    def __init__(self, store: EventStore, views: ViewStore,
+                 projections: Sequence[Projection] = ()) -> None:
         self.store = store
         self.views = views
+        self.projections = projections
+        """Whose tables a reset creates again at once (``ViewStore.reset``)."""
         self.generation: str | None = None
 
     def check(self) -> bool:
@@ -74,7 +78,8 @@ class LogCheck:
             if reason is None:
                 self.generation = self.views.adopt(store_id, tracked or None)
                 return False
-            generation = self.views.reset(store_id, mark.generation if mark else None)
+            generation = self.views.reset(store_id, mark.generation if mark else None,
+                                          self.projections)
             if generation is None:
                 continue  # another process reset or marked the views meanwhile: look again
             log.warning("the views in %s were not built from the log of %s (%s); rebuilding "

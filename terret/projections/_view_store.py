@@ -398,11 +398,14 @@ class ViewStore(TrackingRecorder):
                            (store_id,))
             return str(row[1])
 
-    def reset(self, store_id: str | None, expected: str | None) -> str | None:
+    def reset(self, store_id: str | None, expected: str | None,
+              projections: Sequence[Projection] = ()) -> str | None:
         """Empty the file as if it were new — drop every table, the projections' and the
-        bookkeeping — and record ``store_id`` with a new generation. Only if the generation is
-        still ``expected`` (None: no mark): returns None, changing nothing, when another
-        process reset or marked the views meanwhile. The caller re-creates its tables."""
+        bookkeeping — and record ``store_id`` with a new generation, creating the tables of
+        ``projections`` again in the same transaction: a reader in another process meanwhile
+        sees the views as they were or empty, never without their tables. Only if the
+        generation is still ``expected`` (None: no mark): returns None, changing nothing, when
+        another process reset or marked the views meanwhile."""
         generation = uuid4().hex
         with self.reading() as db:
             db.execute("BEGIN IMMEDIATE")
@@ -421,6 +424,10 @@ class ViewStore(TrackingRecorder):
                         db.execute(statement)
                 db.execute("INSERT INTO views_log (id, store_id, generation) VALUES (0, ?, ?)",
                            (store_id, generation))
+                for projection in projections:
+                    projection.create(db)
+                    db.execute("INSERT OR REPLACE INTO projection_versions VALUES (?, ?)",
+                               (projection.name, projection.version))
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:

@@ -13,6 +13,7 @@ from collections.abc import Set as AbstractSet
 from types import MethodType, ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+from terret._sqlite_files import sql_statements
 from terret.domain.store import SESSION_PREFIX
 from terret.projections._typed import Dispatch, Handler, marked
 from terret.projections._view_store import (
@@ -131,7 +132,10 @@ class Projection(ABC):
                 db.execute(f"DELETE FROM {table} WHERE session = ?", (stream,))
 
     def create(self, db: sqlite3.Connection) -> None:
-        db.executescript(self.schema)
+        """Create the tables of ``schema``, statement by statement: inside the caller's
+        transaction, where there is one (a reset of the views creates them in its own)."""
+        for statement in sql_statements(self.schema):
+            db.execute(statement)
 
     def drop(self, db: sqlite3.Connection) -> None:
         for table in self.tables:

@@ -112,7 +112,7 @@ class ProjectionRunner:
         (every row the batch touched written, the view's pages rewritten at its commit) and
         holds one batch in memory, which a one-off pass can afford eight times over."""
         self.registry = registry
-        self._log = LogCheck(store, views)
+        self._log = LogCheck(store, views, self.projections)
         self._applier = BatchApplier(views, registry, self._log.guard)
         self._bus = ListenerBus()
         self._pause = threading.RLock()

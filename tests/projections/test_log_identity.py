@@ -157,6 +157,35 @@ def test_views_built_from_another_store_are_rebuilt_from_its_log(
     assert sid in only_other and len(only_other) == 7  # nothing left of the first store
 
 
+def test_views_emptied_for_another_store_never_lack_their_tables(
+        store: EventStore, writer: Writer, another: Callable[[], EventStore], views_path: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The reset dropped every table and left the projections' to the runner afterwards: a
+    command reading the same views file in another process meanwhile (two stores' CLIs in one
+    directory share ``terret-views.db``) failed with sqlite's raw ``no such table``. Now the
+    reset creates them in its own transaction: a reader sees the views as they were, or empty."""
+    from terret.projections._logcheck import LogCheck
+
+    caplog.set_level(logging.WARNING, "terret.projections")
+    sid = writer.start()
+    _, first = built(store, views_path)
+    first.close()
+    other = another()
+    older_copy(Writer, other, sid, ["status"], padding=2)
+    resetting = ViewStore(views_path)
+    reader = ViewStore(views_path)  # another process's connection, reading meanwhile
+    try:
+        assert LogCheck(other, resetting, default_projections()).check()  # emptied
+        assert Views(reader).sessions() == [] and Views(reader).policy(sid) is None
+        runner = ProjectionRunner(other, resetting, default_projections())
+        assert runner._log.projections == runner.projections  # the runner's reset does it too
+        runner.catch_up()
+        assert {UUID(s.id) for s in Views(reader).sessions()} == sessions_in(other, views_path)
+    finally:
+        resetting.close()
+        reader.close()
+
+
 def test_views_ahead_of_a_restored_copy_are_rebuilt(
         store: EventStore, writer: Writer, another: Callable[[], EventStore], views_path: str,
         caplog: pytest.LogCaptureFixture) -> None:
