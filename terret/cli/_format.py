@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -121,6 +122,26 @@ def parked_json(wait: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def strict_json(value: Any, **options: Any) -> str:
+    """``value`` as standard JSON: a number JSON has no form for (NaN, an infinity — a record
+    another client appended may hold one; Python's decoder reads them) as its name in a string,
+    ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; strict parsers refuse the bare tokens."""
+    try:
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError:
+        return json.dumps(_named_non_finite(value), allow_nan=False, **options)
+
+
+def _named_non_finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)  # NaN, Infinity, -Infinity
+    if isinstance(value, dict):
+        return {k: _named_non_finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_named_non_finite(v) for v in value]
+    return value
 
 
 def as_json(value: Any) -> str:

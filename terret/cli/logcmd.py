@@ -15,7 +15,7 @@ import click
 
 from terret._text import cut
 from terret.cli._context import SESSION, CliContext, note
-from terret.cli._format import money, printable
+from terret.cli._format import money, printable, strict_json
 from terret.cli._params import JSON_LINES, TEXT, IntRange
 from terret.domain.errors import shown
 from terret.domain.store import RETENTION_STREAM, StoredRecord, session_stream
@@ -254,7 +254,7 @@ def _printer(obj: CliContext, *, full: bool, stamps: bool) -> Callable[[StoredRe
     def show(record: StoredRecord) -> None:
         event = decode(record)  # a record that cannot be decoded raises CorruptRecord
         if obj.json_output:
-            click.echo(json.dumps(_as_dict(record, event), sort_keys=True))
+            click.echo(strict_json(_as_dict(record, event), sort_keys=True))
         else:
             click.echo(_line(event, record, full=full, stamps=stamps))
 

@@ -113,7 +113,7 @@ class RecordDecoder:
             if cls is not None and cls.version == version:
                 try:  # what ``model_validate_json`` calls, without its Python wrapper
                     payload = cls.__pydantic_validator__.validate_json(record.data)
-                except Exception:  # noqa: BLE001 - the general path reports it
+                except (Exception, SystemExit):  # noqa: BLE001 - the general path reports it
                     pass
                 else:
                     return RecordedEvent(

@@ -427,7 +427,8 @@ class EventCatalogue:
         except ValidationError as exc:
             loc, msg = _first_error(exc)
             raise InvalidPayload(wire_name, loc, msg) from None
-        except Exception as exc:  # noqa: BLE001 - a validator's bug on stored data: unreadable
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a validator's bug on stored
+            # data (its sys.exit too: it would stop every reader of the log): unreadable
             raise InvalidPayload(wire_name, "<validator>", _failure(exc)) from exc
 
 
@@ -439,7 +440,8 @@ def _upcast(step: Upcaster, wire_name: str, version: int,
     an unnamed error that stops every reader of the log."""
     try:
         upcast = step(dict(data))
-    except Exception as exc:  # noqa: BLE001 - reported, with the record's position, by decode
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported, with the record's
+        # position, by decode (a sys.exit in one stopped every reader of the log: serve, rebuild)
         raise InvalidPayload(wire_name, "<upcaster>",
                              f"the upcaster from version {version} failed: {_failure(exc)}"
                              ) from exc
@@ -450,7 +452,7 @@ def _upcast(step: Upcaster, wire_name: str, version: int,
     return upcast
 
 
-def _failure(exc: Exception) -> str:
+def _failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -24,7 +24,7 @@ def register_projection(cls: P) -> P:
     with no arguments (``verify`` builds a fresh one), has no ``name``, takes a name already
     taken by a built-in projection or another class, or claims a table another projection
     (or the view store itself) has. Registering the same class again does
-    nothing (a module imported twice)."""
+    nothing (a module imported twice); the class of a module reloaded replaces it."""
     if not isinstance(cls, type) or not issubclass(cls, Projection):
         raise ConfigurationError(f"register_projection takes a Projection subclass, not "
                                  f"{shown(cls)}")
@@ -35,7 +35,7 @@ def register_projection(cls: P) -> P:
     if name in _builtin_names():
         raise ConfigurationError(f"projection name {name!r} is a built-in projection's")
     taken = _registered.get(name)
-    if taken is not None and taken is not cls:
+    if taken is not None and _defined_at(taken) != _defined_at(cls):
         raise ConfigurationError(f"projection name {name!r} is taken by "
                                  f"{taken.__module__}.{taken.__qualname__}")
     try:
@@ -51,6 +51,12 @@ def register_projection(cls: P) -> P:
     _check_version_and_schema(cls, name)
     _registered[name] = cls
     return cls
+
+
+def _defined_at(cls: type) -> tuple[str, str]:
+    """Where a class is defined: a module reloaded defines another class object there, which
+    is the same projection (as the catalogue takes a reloaded event class or upcaster)."""
+    return cls.__module__, cls.__qualname__
 
 
 def _check_version_and_schema(cls: type[Projection], name: str) -> None:

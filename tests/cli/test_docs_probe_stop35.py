@@ -86,3 +86,30 @@ def test_a_path_of_thousands_of_characters_is_cut_in_the_error_line(tmp_path) ->
     ordinary = str(tmp_path / ("d" * 80) / "events.db")
     line = one_line_error(invoke_cli("--store", ordinary, "sessions", "list").stderr)
     assert ordinary in line
+
+
+def test_log_json_is_standard_json_even_for_a_foreign_record_holding_nan(
+        target: Target) -> None:
+    """docs/cli.md: ``--json`` prints JSON Lines. A record another client appended with
+    ``NaN`` in its data (Python's decoder reads it) was printed with the bare token, which
+    strict JSON parsers refuse."""
+    from uuid import uuid4
+
+    from terret.domain import NewRecord, session_stream
+
+    sid = target.new_session()
+    stream = session_stream(sid)
+    store = target.store()
+    store.append(stream, [NewRecord(uuid4(), "acme.unknown/odd",
+                                    b'{"a": NaN, "b": [Infinity, -Infinity, 1.5]}', b"{}")],
+                 store.stream_version(stream))
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"not JSON: {token}")
+
+    done = target.run("--json", "log", str(sid))
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line, parse_constant=refuse) for line in done.stdout.splitlines()]
+    assert lines[-1]["data"] == {"a": "NaN", "b": ["Infinity", "-Infinity", 1.5]}
+    shown = target.run("log", str(sid), "--full")  # the text shows it as stored
+    assert '"a": NaN' in shown.stdout

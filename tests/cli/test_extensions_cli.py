@@ -11,6 +11,8 @@ import subprocess
 import sys
 from uuid import UUID
 
+import pytest
+
 from tests.cli.conftest import Target, one_line_error, subprocess_env
 
 MODULE = '''
@@ -105,6 +107,11 @@ def _v1(data):
     return data
 '''
 
+EXITING = UPCASTING.replace(
+    'data["body"] = data.pop("body_v1")',
+    'if "body_v1" not in data:\n        raise SystemExit(3)  # its author\'s "cannot happen"\n'
+    '    data["body"] = data.pop("body_v1")')
+
 OLD_WRITER = '''
 import sys
 from uuid import UUID, uuid4
@@ -120,14 +127,18 @@ store.close()
 '''
 
 
+@pytest.mark.parametrize(("module", "failure"), [(UPCASTING, "KeyError"),
+                                                  (EXITING, "SystemExit")])
 def test_an_upcaster_that_raises_makes_that_record_unreadable_but_halts_no_count(
-        target: Target) -> None:
+        target: Target, module: str, failure: str) -> None:
     """An upcaster is application code run on whatever the log holds. One that raises on an
     old record makes that record unreadable (a CorruptRecord naming its position, for whoever
     reads its fields: ``log``, a projection of it, which halts there). It used to be an unnamed
     KeyError from every command; then it halted the session index, which reads no field of it,
-    so that ``sessions list`` stopped at that record for every session after it."""
-    (target.cwd / "acme_notes.py").write_text(UPCASTING)
+    so that ``sessions list`` stopped at that record for every session after it. One that
+    calls ``sys.exit`` stopped every reader of the log — serve, rebuild, sessions list — with
+    no word said."""
+    (target.cwd / "acme_notes.py").write_text(module)
     (target.cwd / "write_old_note.py").write_text(OLD_WRITER)
     sid = target.new_session()
     done = subprocess.run([sys.executable, "write_old_note.py", target.uri, str(sid)],
@@ -156,7 +167,7 @@ def test_an_upcaster_that_raises_makes_that_record_unreadable_but_halts_no_count
     assert shown.returncode == 1
     assert one_line_error(shown.stderr).startswith(
         f"Error: CorruptRecord: record at position {position} cannot be decoded"), shown.stderr
-    assert "the upcaster from version 1 failed: KeyError" in shown.stderr
+    assert f"the upcaster from version 1 failed: {failure}" in shown.stderr
 
 
 MARKS = '''

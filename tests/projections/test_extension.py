@@ -273,3 +273,42 @@ def test_a_registered_projection_is_maintained_by_the_runtime(
         terret.projections.unregister_projection("acme.notes")
     with pytest.raises(terret.errors.ConfigurationError, match="claims table"):
         ProjectionRunner(MemoryStore(), ViewStore(":memory:"), [NotesProjection(), Copy()])
+
+
+RELOADABLE = '''
+import terret
+from terret.projections import Projection
+
+
+@terret.register_projection
+class Reloadable(Projection):
+    name = "acme.reloadable"
+    handles = frozenset({"session/titled"})
+    tables = ("acme_reloadable",)
+    schema = "CREATE TABLE IF NOT EXISTS acme_reloadable (session TEXT)"
+
+    def process(self, db, event):
+        db.execute("INSERT INTO acme_reloadable VALUES (?)", (event.stream,))
+'''
+
+
+def test_a_module_registering_a_projection_can_be_reloaded(tmp_path, monkeypatch) -> None:
+    """docs/projections.md: a reloaded module's class replaces the one registered (a dev
+    server's or a notebook's reload raised "name 'acme.reloadable' is taken by" itself)."""
+    import importlib
+    import sys
+
+    from terret.projections.registry import registered_projections
+
+    (tmp_path / "acme_reloadable.py").write_text(RELOADABLE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("acme_reloadable")
+    try:
+        first = module.Reloadable
+        reloaded = importlib.reload(module).Reloadable
+        assert reloaded is not first
+        (ours,) = [p for p in registered_projections() if p.name == "acme.reloadable"]
+        assert type(ours) is reloaded
+    finally:
+        terret.projections.unregister_projection("acme.reloadable")
+        sys.modules.pop("acme_reloadable", None)
