@@ -396,8 +396,8 @@ class CliContext:
         from terret.projections._logcheck import LogCheck
         from terret.projections.registry import serving_projections
 
-        store, views = self.store(), self.view_store()
-        if LogCheck(store, views, serving_projections()).check():
+        store, views, projections = self.store(), self.view_store(), serving_projections()
+        if LogCheck(store, views, projections).check():
             return False  # emptied: they replay from position 0
         with views.reading() as db:
             tracked = dict(db.execute("SELECT projection, position FROM tracking").fetchall())
@@ -408,7 +408,7 @@ class CliContext:
             return False
         head = store.head_position()  # after the views (another process may move both)
         return all(tracked.get(p.name) == head and versions.get(p.name) == p.version
-                   for p in serving_projections())
+                   for p in projections)
 
     def _staleness(self, reads: Iterable[str] | None) -> Staleness | None:
         """Read from the views' bookkeeping, which needs no write (a runner's start-up does,

@@ -41,16 +41,18 @@ def _quoted(text: str, n: int = 70) -> str:
     backslash doubled, so that the one cannot pass for the other — and cut to about ``n``
     characters of what is shown, never inside an escape. (``repr`` of the escaped text doubled
     the escapes' backslashes: an ESC read as the four characters ``\\x1b``.)"""
-    shown: list[str] = []
-    room = n - 1
-    for ch in " ".join(text.split()):
-        token = (_QUOTE_ESCAPES.get(ch) or ch) if ch.isprintable() else repr(ch)[1:-1]
+    collapsed = " ".join(text.split())
+    tokens = [(_QUOTE_ESCAPES.get(ch) or ch) if ch.isprintable() else repr(ch)[1:-1]
+              for ch in collapsed[:n + 1]]  # each shows as one character at least
+    if len(collapsed) <= n and sum(map(len, tokens)) <= n:
+        return "'" + "".join(tokens) + "'"
+    shown, room = [], n - 1  # the ellipsis takes one
+    for token in tokens:
         room -= len(token)
         if room < 0:
-            shown.append("…")
             break
         shown.append(token)
-    return "'" + "".join(shown) + "'"
+    return "'" + "".join(shown) + "…'"
 
 
 def summarize(event: RecordedEvent) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -11,8 +12,9 @@ from typing import TYPE_CHECKING
 import click
 
 from terret.adapters.stores.sqlite import SQLiteStore
+from terret.adapters.stores.uri import sqlite_path
 from terret.cli._context import CliContext, default_views_path, note
-from terret.cli._format import table
+from terret.cli._format import plural, table
 from terret.domain.errors import InvalidStoreURI, StoreUnavailable, TerretError, ViewsBusy
 
 if TYPE_CHECKING:
@@ -248,7 +250,8 @@ def _check_store(obj: CliContext, checks: list[str], problems: list[str]) -> int
         message = " ".join(str(exc).split())  # gRPC errors span several lines
         # Unreachable is most often a server that is down, not a wrong address: say both.
         hint = (" — is the server up? If it is, check --store / TERRET_STORE"
-                if isinstance(exc, StoreUnavailable) else "")
+                if isinstance(exc, StoreUnavailable) and sqlite_path(obj.store_uri) is None
+                else "")
         raise click.ClickException(f"{type(exc).__name__}: {message}{hint}") from None
     return head
 
@@ -257,7 +260,13 @@ def _check_checkpoint(store: SQLiteStore, checks: list[str], problems: list[str]
     """docs/operations.md's backup by copying the file: doctor is the "open and close it once"
     step, so it says whether the file now holds every event."""
     whole, why = store.checkpoint()
-    if whole:
+    writers = len(store.workers().live(time.time()))
+    if whole and writers:
+        # Folded for now: a live worker's next append puts events in the WAL again.
+        checks.append(f"store WAL folded into the file, but {plural(writers, 'live worker')} "
+                      "(terret serve) write to it: back up with SQLite's online backup "
+                      "(sqlite3 FILE \".backup COPY\"), not by copying the file")
+    elif whole:
         checks.append("store WAL folded into the file (a copy of it alone is a whole backup "
                       "while nothing writes)")
     elif why is None:

@@ -19,10 +19,10 @@ Verdict = Literal["approved", "denied"]
 
 TITLE_MAX = 80
 REASON_MAX = 2000
-"""The most characters a reason may have — a person's (a cancel, a verdict, a close, a budget)
-or code's (a pre-step hook's refusal, an agent's disposal): a cancel's is recorded in full and
-its start repeated in the denial and the result of every call it stops, all in one append,
-which must stay within a store's limit for one (1 MiB on EventStoreDB)."""
+"""The most characters a reason may have — a person's (a cancel, a verdict, a close, a budget,
+a purge) or code's (a pre-step hook's refusal, an agent's disposal): a cancel's is recorded in
+full and its start repeated in the denial and the result of every call it stops, all in one
+append, which must stay within a store's limit for one (1 MiB on EventStoreDB)."""
 
 
 def reason_problem(reason: object) -> str | None:
@@ -35,6 +35,8 @@ def reason_problem(reason: object) -> str | None:
     if len(reason) > REASON_MAX:
         return f"a reason is at most {REASON_MAX} characters, not {len(reason)}"
     return text_problem(reason)
+
+
 _PROVIDER = r"[a-z][a-z0-9_-]*"
 #: The provider part of a model spec (``provider:model``). Anchored with ``\Z``: ``$`` would let
 #: a trailing newline through.

@@ -62,8 +62,10 @@ class LogCheck:
                  projections: Sequence[Projection] = ()) -> None:
         self.store = store
         self.views = views
-        self.projections = projections
-        """Whose tables a reset creates again at once (``ViewStore.reset``)."""
+        self.projections = [p for p in projections if type(p).create is Projection.create]
+        """Whose tables a reset creates again in its own transaction (``ViewStore.reset``):
+        those created from their ``schema``. A projection with a ``create`` of its own (which
+        may commit, as ``executescript`` does) has them created after, by the runner."""
         self.generation: str | None = None
 
     def check(self) -> bool:

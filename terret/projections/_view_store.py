@@ -34,7 +34,7 @@ from uuid import UUID, uuid4
 
 from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
 
-from terret._sqlite_files import listed, open_read_only, table_names
+from terret._sqlite_files import listed, open_read_only, sql_statements, table_names
 from terret.domain.errors import (
     NotAViewsFile,
     ProjectionNotHalted,
@@ -419,9 +419,8 @@ class ViewStore(TrackingRecorder):
                 for kind, name in objects:
                     quoted = name.replace('"', '""')
                     db.execute(f'DROP {kind.upper()} IF EXISTS "{quoted}"')
-                for statement in _VIEW_SCHEMA.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                for statement in sql_statements(_VIEW_SCHEMA):
+                    db.execute(statement)
                 db.execute("INSERT INTO views_log (id, store_id, generation) VALUES (0, ?, ?)",
                            (store_id, generation))
                 for projection in projections:

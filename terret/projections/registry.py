@@ -5,8 +5,10 @@ that imports the module — a ``Runtime``, ``terret serve --app``, a CLI command
 
 from __future__ import annotations
 
+import sys
 from typing import TypeVar
 
+from terret._sqlite_files import sql_statements
 from terret.domain.errors import ConfigurationError, shown
 from terret.projections._view_store import table_clash
 from terret.projections.base import Projection
@@ -35,7 +37,7 @@ def register_projection(cls: P) -> P:
     if name in _builtin_names():
         raise ConfigurationError(f"projection name {name!r} is a built-in projection's")
     taken = _registered.get(name)
-    if taken is not None and _defined_at(taken) != _defined_at(cls):
+    if taken is not None and taken is not cls and not _reloaded(taken, cls):
         raise ConfigurationError(f"projection name {name!r} is taken by "
                                  f"{taken.__module__}.{taken.__qualname__}")
     try:
@@ -53,10 +55,19 @@ def register_projection(cls: P) -> P:
     return cls
 
 
-def _defined_at(cls: type) -> tuple[str, str]:
-    """Where a class is defined: a module reloaded defines another class object there, which
-    is the same projection (as the catalogue takes a reloaded event class or upcaster)."""
-    return cls.__module__, cls.__qualname__
+def _reloaded(taken: type, cls: type) -> bool:
+    """Whether ``cls`` is ``taken`` defined again by its module reloaded (``importlib.reload``,
+    a notebook cell run again): the same module and name, which the module holds — the class
+    registered, until the reloaded statement binds the new one (the decorator runs first) —
+    not a class made in a function or under a name the module does not hold."""
+    if (taken.__module__, taken.__qualname__) != (cls.__module__, cls.__qualname__) \
+            or "<locals>" in cls.__qualname__:
+        return False
+    module = sys.modules.get(cls.__module__)
+    held: object = module
+    for part in cls.__qualname__.split("."):
+        held = getattr(held, part, None)
+    return held is taken or held is cls
 
 
 def _check_version_and_schema(cls: type[Projection], name: str) -> None:
@@ -77,8 +88,12 @@ def _check_version_and_schema(cls: type[Projection], name: str) -> None:
         raise ConfigurationError(f"projection {name!r}: schema is a string of CREATE "
                                  "statements and tables a tuple of the table names it creates")
     scratch = sqlite3.connect(":memory:")
-    try:
-        scratch.executescript(schema)
+    try:  # as it runs: statement by statement, inside the views' transaction (a reset's)
+        scratch.execute("BEGIN")
+        for statement in sql_statements(schema):
+            scratch.execute(statement)
+        if not scratch.in_transaction:
+            raise sqlite3.OperationalError("it ends the transaction it runs in (COMMIT)")
         made = {row[0] for row in scratch.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.Error as exc:

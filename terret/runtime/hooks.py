@@ -41,7 +41,8 @@ class Refusal:
                                      f"{', '.join(kinds)}; name who refused with id=")
         # Checked here, where the hook's author sees it: the reason goes into the turn/end
         # (and its start into every call the turn stops), which must fit one append.
-        problem = reason_problem(self.reason)
+        problem = ("a reason is text" if not isinstance(self.reason, str)
+                   else reason_problem(self.reason))
         if problem is not None:
             raise ConfigurationError(f"Refusal reason: {problem}")
 

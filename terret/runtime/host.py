@@ -67,6 +67,9 @@ class AgentHost:
         """Set (under the registry lock) once ``release_all`` began: a spawn then refuses."""
         self._pinned: set[str] = set()
         """The agents ``spawn_agent`` made: the caller's to dispose, never let go at the cap."""
+        self._kept_watched: dict[UUID, int] = {}
+        """Sessions whose stream a task of this process that is no agent follows (``watching``),
+        by how many such tasks: an agent let go meanwhile does not unwatch it."""
 
     # --- reading the registry -------------------------------------------------------------
 
@@ -280,11 +283,30 @@ class AgentHost:
         self.unwatch_unheld(agent.session_id)
 
     def unwatch_unheld(self, session_id: UUID) -> None:
-        """Unwatch the session unless an agent holds it again: under its spawn lock, which a
-        spawn holds from its registration through its watch, so the two cannot interleave."""
+        """Unwatch the session unless an agent holds it again, or a task keeps it watched:
+        under its spawn lock, which a spawn holds from its registration through its watch, so
+        the two cannot interleave."""
         with self._spawning(session_id):
-            if self.agent_for_session(session_id) is None:
+            if self.agent_for_session(session_id) is None \
+                    and session_id not in self._kept_watched:
                 self._unwatch(session_id)
+
+    @contextmanager
+    def watching(self, session_id: UUID) -> Iterator[None]:
+        """Keep this process's views following the session for the length of a task that is
+        no agent (an upkeep a dead worker left): an agent of the session let go meanwhile does
+        not unwatch it under the task (which would read views that stopped following)."""
+        with self._spawning(session_id):
+            self._kept_watched[session_id] = self._kept_watched.get(session_id, 0) + 1
+            self._watch(session_id)
+        try:
+            yield
+        finally:
+            with self._spawning(session_id):
+                left = self._kept_watched.pop(session_id) - 1
+                if left:
+                    self._kept_watched[session_id] = left
+            self.unwatch_unheld(session_id)
 
     def _unregister(self, agent: Agent) -> None:
         self._agents.pop(agent.id, None)

@@ -213,7 +213,7 @@ class Compactor:
         except Exception as exc:  # a decline or a summarizer error is never fatal here
             log.warning("automatic compaction of %s skipped: %s", sid, exc)
 
-    def catch_up(self, sid: UUID, turn: int) -> None:
+    def catch_up(self, sid: UUID, turn: int, end: RecordedEvent | None = None) -> None:
         """At serve start, for a session between turns whose last one, ``turn``, ended over the
         budget and nothing compacted it since — the process that ran it stopped before its
         upkeep: compact it now, as that turn's end would have (left to its owner if that is a
@@ -223,7 +223,7 @@ class Compactor:
         prompt = self.upkeep.views.last_prompt_tokens(sid, turn)
         if prompt is None or prompt < self.budget:
             return
-        end = last_turn_end(self.upkeep.store, sid)
+        end = end or last_turn_end(self.upkeep.store, sid)
         if end is not None:  # whether a compaction covers it is _maybe_compact's to say
             self._maybe_compact(end, 0)
 
@@ -335,13 +335,14 @@ class AutoTitler:
             return  # titled already, or its owner titles it
         self.title_now(sid)
 
-    def catch_up(self, sid: UUID) -> None:
+    def catch_up(self, sid: UUID, end: RecordedEvent | None = None) -> None:
         """For an untitled session whose worker stopped (or died) before titling it: title it
-        now, as its last turn's end would have — left to its owner if that is a live worker
-        that titles (a deploy's new worker starting beside an old one in its titler)."""
+        now, as its last turn's end (``end``, read when not given) would have — left to its
+        owner if that is a live worker that titles (a deploy's new worker starting beside an
+        old one in its titler)."""
         if self.upkeep.views.title(sid) is not None:
             return
-        end = last_turn_end(self.upkeep.store, sid)
+        end = end or last_turn_end(self.upkeep.store, sid)
         if end is not None:
             self._after_turn(end, 0)
 

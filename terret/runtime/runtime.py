@@ -48,7 +48,13 @@ from terret.runtime.deferred import Deferred
 from terret.runtime.definition import AgentDefinition, TurnResult
 from terret.runtime.hooks import BudgetCheck, BudgetGuard, PreStepHook
 from terret.runtime.host import AgentHost
-from terret.runtime.maintenance import AutoTitler, Compactor, Titler, UpkeepServices
+from terret.runtime.maintenance import (
+    AutoTitler,
+    Compactor,
+    Titler,
+    UpkeepServices,
+    last_turn_end,
+)
 from terret.runtime.model import ModelResolver
 from terret.runtime.ownership import SessionOwner, WorkerLease
 from terret.runtime.pool import WIRE_NAMES as POOL_WIRE_NAMES
@@ -697,21 +703,30 @@ class Runtime:
     def _unwatch(self, session_id: UUID) -> None:
         self.runner.unwatch(session_stream(session_id))
 
-    def _upkeep_left_by_the_dead(self, session_id: UUID, turn: int) -> None:
-        """The upkeep of ``turn`` — a session's last, ended — that its worker died before doing
-        (a pool member finds the session in that worker's last beat: nothing else tells it,
-        as it follows only the sessions it serves). Its views take the session in for it and
-        let it go after, unless an agent of this process took the session meanwhile."""
-        stream = session_stream(session_id)
-        taken_in = not self.runner.follows(stream)
-        if taken_in:
-            self.runner.watch(stream)
-        try:
-            self.titler.catch_up(session_id)
-            self.compactor.catch_up(session_id, turn)
-        finally:
-            if taken_in:
-                self.agent_host.unwatch_unheld(session_id)
+    def _upkeep_left_by_the_dead(self, session: Session) -> Callable[[], object] | None:
+        """The upkeep of a session's last turn (ended) that its worker died before doing, as a
+        task for the upkeep pool; None when none is left (titled, compacted since, no
+        compaction budget here, another app's agent). A pool member finds the session in that
+        worker's last beat — nothing else tells it, as it follows only the sessions it serves:
+        its views take the session in for the task and let it go after (``watching``)."""
+        s = session.state
+        untitled = not s.titled
+        uncompacted = (self.config.compaction_budget is not None
+                       and s.compacted_upto < s.turn_ended_seq)
+        if s.turn_open or not s.turn or not (untitled or uncompacted) \
+                or not self.defines(s.agent):
+            return None
+        sid, turn = session.id, s.turn
+
+        def upkeep() -> None:
+            end = last_turn_end(self.store, sid)
+            if end is None:
+                return
+            with self.agent_host.watching(sid):
+                self.titler.catch_up(sid, end)
+                self.compactor.catch_up(sid, turn, end)
+
+        return upkeep
 
 
 def _require_reason(wire_name: str, reason: str) -> None:

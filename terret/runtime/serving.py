@@ -75,9 +75,10 @@ class ServingServices:
     background: Callable[[Callable[[], object]], None]
     title_left_undone: Callable[[UUID], None]
     compact_left_undone: Callable[[UUID, int], None]
-    upkeep_left_by_the_dead: Callable[[UUID, int], None]
+    upkeep_left_by_the_dead: Callable[[Session], Callable[[], object] | None]
     """The title and compaction of a session's last turn, which its worker died before doing
-    (a pool member's: it follows only the sessions it serves)."""
+    (a pool member's: it follows only the sessions it serves), as a task; None if none is
+    left."""
 
 
 LIVE_FOR = 0.25
@@ -100,6 +101,9 @@ class Supervisor:
         self._held_notes: list[tuple[UUID, Exception]] = []
         self._feed: GroupFeed | None = None
         self._settled: set[tuple[str, str]] = set()
+        self._upkeep_since: dict[UUID, float] = {}
+        """Idle sessions of crashed workers with upkeep left, since this worker first saw them
+        (``_upkeep_of_the_dead``)."""
         """Orphans (worker, session) found settled: taken over, closed, or needing no one."""
 
     @property
@@ -240,22 +244,33 @@ class Supervisor:
             owner = session.state.owner
             if session.closed or not _needs_worker(session) or (
                     owner is not None and owner.worker != worker):
+                if owner is not None and owner.worker == worker and not session.closed \
+                        and not self._upkeep_of_the_dead(sid, session):
+                    continue  # looked at again at the next scan
                 self._settled.add((worker, str(sid)))
-                if owner is not None and owner.worker == worker and not session.closed:
-                    self._upkeep_of_the_dead(sid, session)
             elif self._offer(sid, now=now):
                 taken.append(sid)
         return taken
 
-    def _upkeep_of_the_dead(self, sid: UUID, session: Session) -> None:
+    def _upkeep_of_the_dead(self, sid: UUID, session: Session) -> bool:
         """A session between turns that a crashed worker owned: its last turn's title or
         compaction may be what the worker died doing (none of this member's events says so).
-        The preferred live worker does it; the aggregate keeps a title single, and a
-        compaction declines when one covering its mark landed meanwhile."""
-        turn = session.state.turn
-        if turn and not session.turn_open and self._first_to_try(sid, now=True):
-            self.services.background(
-                partial(self.services.upkeep_left_by_the_dead, sid, turn))
+        The preferred live worker does it at once; any other after two lease TTLs (the
+        preferred may be no pool member, or serve another app) — the aggregate keeps a title
+        single, and a compaction declines when one covering its mark landed meanwhile. True
+        once queued or when none is left; False: not yet this worker's to do."""
+        task = self.services.upkeep_left_by_the_dead(session)
+        if task is None:
+            return True
+        with self._lock:
+            first = self._upkeep_since.setdefault(sid, time.monotonic())
+        waited = time.monotonic() - first >= 2 * self.services.lease.ttl
+        if not waited and not self._first_to_try(sid, now=True):
+            return False
+        with self._lock:
+            self._upkeep_since.pop(sid, None)
+        self.services.background(task)
+        return True
 
     def _offer(self, sid: UUID, *, now: bool, leaving: str | None = None,
                chosen: bool = False) -> bool:

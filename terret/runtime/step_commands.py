@@ -61,29 +61,33 @@ of 1e300 made every later sum of the session's spend meaningless)."""
 
 
 def usage_of(reply: ModelReply) -> UsageData | None:
-    """The reply's usage as recorded. When any figure is one no request can have — a count that
-    is not a whole number from 0 to ``MOST_TOKENS``, a cost that is negative, NaN, infinite or
-    above ``MOST_COST`` (a provider's bug) — the usage is recorded as unknown (0 tokens, no
-    cost) with a WARNING: the reply was paid for and is kept, and what the log holds is what
-    this process counts (a figure beside a wrong one is not trusted either)."""
+    """The reply's usage as recorded, with a WARNING for a figure no request can have (a
+    provider's bug): a count that is not a whole number from 0 to ``MOST_TOKENS`` makes the
+    whole usage unknown (0 tokens, no cost: a cost beside a wrong count is not trusted either);
+    a cost that is negative, NaN, infinite or above ``MOST_COST`` is dropped (no cost), its
+    counts kept — the compaction budget reads the prompt's. The reply was paid for and is
+    kept, and what the log holds is what this process counts."""
     usage = reply.usage
     if usage is None:
         return None
     prompt, completion = _count(usage.prompt_tokens), _count(usage.completion_tokens)
-    cost = usage.cost
-    if None not in (prompt, completion) and (cost is None or _possible_cost(cost)):
-        return UsageData(prompt_tokens=prompt or 0, completion_tokens=completion or 0,
-                         cost=cost)
-    unknown = UsageData(prompt_tokens=0, completion_tokens=0, cost=None)
+    cost = usage.cost if usage.cost is None or _possible_cost(usage.cost) else None
+    if prompt is None or completion is None:
+        recorded = UsageData(prompt_tokens=0, completion_tokens=0, cost=None)
+    else:
+        recorded = UsageData(prompt_tokens=prompt, completion_tokens=completion, cost=cost)
+        if cost is usage.cost:
+            return recorded
     log.warning("the model reported usage no request can have (prompt_tokens=%r, "
-                "completion_tokens=%r, cost=%r): recorded as unknown, %s", usage.prompt_tokens,
-                usage.completion_tokens, usage.cost, unknown.model_dump())
-    return unknown
+                "completion_tokens=%r, cost=%r): recorded as %s", usage.prompt_tokens,
+                usage.completion_tokens, usage.cost, recorded.model_dump())
+    return recorded
 
 
 def _possible_cost(cost: object) -> bool:
+    # The range first: an int past a float's (a JSON cost of 10**400) overflows isfinite.
     return (not isinstance(cost, bool) and isinstance(cost, int | float)
-            and math.isfinite(cost) and 0 <= cost <= MOST_COST)
+            and 0 <= cost <= MOST_COST and math.isfinite(cost))
 
 
 def _count(value: object) -> int | None:

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from uuid import UUID
 
 import pytest
@@ -295,3 +296,28 @@ def test_log_follow_ends_when_another_shell_purges_the_session(target: Target) -
     code, _, err = follow.finish(timeout=30)
     assert code == 0, err
     assert f"session {sid} was purged; nothing more will be logged" in err
+
+
+def test_doctor_beside_a_running_serve_says_to_use_the_online_backup(served: Served) -> None:
+    """docs/operations.md: doctor says whether a copy of the file alone is a whole backup. Beside
+    a running serve it always folded the WAL (its checkpoint waits for the writers) and said
+    so, never steering the operator to the online backup, though the next append puts events
+    in the WAL again."""
+    t = served.target
+    if t.kind != "sqlite":
+        pytest.skip("the WAL is SQLite's")
+    t.new_session()
+    code, out, err = Proc.start(t, "--json", "doctor").finish(60)
+    assert code == 0, err
+    (line,) = [c for c in json.loads(out)["checks"] if c.startswith("store WAL")]
+    assert line.startswith("store WAL folded into the file, but 1 live worker (terret serve) "
+                           "write to it: back up with SQLite's online backup"), line
+
+
+def test_doctor_on_a_missing_file_names_the_file_not_a_server(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nowhere.db")
+    result = invoke_cli("--store", missing, "doctor")
+    assert result.exit_code == 1
+    line = one_line_error(result.stderr)
+    assert line.startswith(f"Error: StoreUnavailable: no store at {missing}"), line
+    assert "server" not in line

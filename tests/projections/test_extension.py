@@ -243,6 +243,10 @@ def test_a_registered_projection_is_maintained_by_the_runtime(
     class Unschemed(NotesProjection):  # failed every command given the module, unnamed
         name, tables, schema = "acme.unschemed", ("acme_x",), "CREATE TABLEX nonsense"
 
+    class Committing(NotesProjection):  # it would end the transaction of a views reset
+        name, tables = "acme.committing", ("acme_z",)
+        schema = "BEGIN; CREATE TABLE acme_z (a); COMMIT"
+
     class Sneaky(NotesProjection):  # a table it does not declare escaped the ownership check
         name, tables = "acme.sneaky", ("acme_y",)
         schema = "CREATE TABLE acme_y (a); CREATE TABLE titles2 (b)"
@@ -250,6 +254,7 @@ def test_a_registered_projection_is_maintained_by_the_runtime(
     for bad, says in ((Versioned, "version is a whole number from 1, not '2'"),
                       (Unversioned, "version is a whole number from 1, not 0"),
                       (Unschemed, "'acme.unschemed': its schema does not run: "),
+                      (Committing, "'acme.committing': its schema does not run: "),
                       (Sneaky, "its schema creates 'titles2', which tables does not declare")):
         with pytest.raises(terret.errors.ConfigurationError, match=says):
             terret.register_projection(bad)
@@ -312,3 +317,28 @@ def test_a_module_registering_a_projection_can_be_reloaded(tmp_path, monkeypatch
     finally:
         terret.projections.unregister_projection("acme.reloadable")
         sys.modules.pop("acme_reloadable", None)
+
+
+def test_another_class_of_a_registered_name_is_refused_even_from_the_same_module() -> None:
+    """Only a reload replaces a registration: a class of the same name made in a function
+    (here, this test's) is another projection, refused as before."""
+
+    def make() -> type[Projection]:
+        class Reloadable(Projection):
+            name = "acme.reloadable2"
+            handles = frozenset({"session/titled"})
+            tables = ("acme_reloadable2",)
+            schema = "CREATE TABLE IF NOT EXISTS acme_reloadable2 (session TEXT)"
+
+            def process(self, db: Any, event: Any) -> None:
+                pass
+
+        return Reloadable
+
+    first = make()
+    terret.register_projection(first)
+    try:
+        with pytest.raises(terret.errors.ConfigurationError, match="is taken by"):
+            terret.register_projection(make())
+    finally:
+        terret.projections.unregister_projection("acme.reloadable2")

@@ -29,6 +29,7 @@ from terret.domain.errors import NotAViewsFile, StoreFull, ViewsCorrupt, ViewsMi
 from terret.domain.store import (
     EventStore,
 )
+from terret.projections import Projection as ProjectionBase
 from terret.projections import ProjectionRunner, Views, ViewStore, default_projections
 from terret.runtime.retention import purge_session
 from tests.projections.conftest import OpenedStore
@@ -184,6 +185,46 @@ def test_views_emptied_for_another_store_never_lack_their_tables(
     finally:
         resetting.close()
         reader.close()
+
+
+class OwnCreate(ProjectionBase):
+    """A projection creating its tables its own way — ``executescript``, which commits."""
+
+    name = "acme.own_create"
+    handles = frozenset({"session/titled"})
+    tables = ("acme_own",)
+    schema = "CREATE TABLE IF NOT EXISTS acme_own (session TEXT)"
+
+    def create(self, db: sqlite3.Connection) -> None:
+        db.executescript(self.schema)
+
+    def process(self, db: sqlite3.Connection, event: Any) -> None:
+        db.execute("INSERT INTO acme_own VALUES (?)", (event.stream,))
+
+
+def test_a_projection_with_a_create_of_its_own_is_created_after_a_reset(
+        store: EventStore, writer: Writer, another: Callable[[], EventStore],
+        views_path: str) -> None:
+    """Its create may commit: it stays out of the reset's transaction (which would be cut in
+    two) and the runner creates its tables after, as before."""
+    sid = writer.start()
+    writer.do(sid, titled("first"))
+    view_store = ViewStore(views_path)
+    ProjectionRunner(store, view_store, [*default_projections(), OwnCreate()]).catch_up()
+    view_store.close()
+    other = another()
+    older_copy(Writer, other, sid, ["status"])
+    Writer(other).do(sid, titled("again"))
+    view_store = ViewStore(views_path)
+    try:
+        runner = ProjectionRunner(other, view_store, [*default_projections(), OwnCreate()])
+        assert [p.name for p in runner._log.projections] == [
+            p.name for p in default_projections()]
+        runner.catch_up()
+        with view_store.reading() as db:
+            assert db.execute("SELECT count(*) FROM acme_own").fetchone()[0] == 1
+    finally:
+        view_store.close()
 
 
 def test_views_ahead_of_a_restored_copy_are_rebuilt(

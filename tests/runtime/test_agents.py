@@ -136,6 +136,33 @@ def test_r22_a_disposal_whose_reason_the_log_cannot_hold_changes_nothing(
     assert only(read_log(store, sid), "agent/detached")[0].data["reason"] == "D" * 2000
 
 
+def test_a_task_watching_a_session_keeps_it_followed_when_its_agent_goes(
+        make_runtime: MakeRuntime, store) -> None:
+    """A pool member's upkeep of a dead worker's session follows its stream for the length of
+    the task (``AgentHost.watching``): an agent of the session let go meanwhile unwatched it
+    under the task, whose summary then read views that no longer followed the log."""
+    from terret.domain.store import session_stream
+
+    rt = make_runtime(start=False)
+    rt.runner.scope_to()  # a pool member's views: only the sessions it serves
+    rt.start()
+    sid = rt.create_session()
+    stream = session_stream(sid)
+    assert not rt.runner.follows(stream)
+    with rt.agent_host.watching(sid):
+        assert rt.runner.follows(stream)
+        agent = rt.spawn_agent(sid)  # a wake claims it meanwhile, then it is let go
+        rt.dispose_agent(agent.id)
+        assert rt.runner.follows(stream)  # kept for the task
+    assert not rt.runner.follows(stream)  # and let go after it
+    agent = rt.spawn_agent(sid)
+    with rt.agent_host.watching(sid):
+        pass
+    assert rt.runner.follows(stream)  # an agent holding it keeps it followed
+    rt.dispose_agent(agent.id)
+    assert not rt.runner.follows(stream)
+
+
 def test_r22_agent_for_session_is_the_index(make_runtime: MakeRuntime) -> None:
     rt = make_runtime()
     sids = [rt.create_session() for _ in range(4)]

@@ -24,6 +24,7 @@ OPERATOR = Actor(actor="operator", id="ops")
     Usage(prompt_tokens=10, completion_tokens=3, cost=-0.5),
     Usage(prompt_tokens=10, completion_tokens=3, cost=1e300),
     Usage(prompt_tokens=10**13, completion_tokens=3, cost=0.01),
+    Usage(prompt_tokens=10, completion_tokens=3, cost=10**400),  # overflowed isfinite
 ])
 def test_impossible_usage_is_recorded_as_unknown_and_the_reply_kept(
         make_runtime: MakeRuntime, opened: OpenedStore, usage: Usage,
@@ -36,9 +37,12 @@ def test_impossible_usage_is_recorded_as_unknown_and_the_reply_kept(
     assert (result.status, result.text) == ("completed", "paid for")
     assert any("no request can have" in r.getMessage() for r in caplog.records)
     (message,) = only(read_log(opened.store, sid), "assistant/message")
-    # The whole usage is unknown, as docs/providers.md says: a figure beside a wrong one is not
-    # trusted either (a negative count kept its cost, a bad cost kept its counts).
-    assert message.data["usage"] == {"prompt_tokens": 0, "completion_tokens": 0}
+    # As docs/providers.md says: a wrong count makes the whole usage unknown (a negative count
+    # kept its cost); a wrong cost is dropped, the counts kept (the compaction budget's).
+    counts_right = usage.prompt_tokens in range(10**12 + 1)
+    assert message.data["usage"] == ({"prompt_tokens": 10, "completion_tokens": 3}
+                                     if counts_right else
+                                     {"prompt_tokens": 0, "completion_tokens": 0})
     assert rt.run_turn(sid, "and again").status == "completed"  # the budget check reads it
     spent = rt.usage(sid)["cost"]
     assert spent == other_process(opened.uri, "usage", str(sid))["cost"]

@@ -230,6 +230,8 @@ def test_r3_a_refusal_with_a_reason_no_append_could_hold_is_refused_where_made(
         Refusal("system", "x" * (REASON_MAX + 1))
     with pytest.raises(ConfigurationError, match="a reason is text"):
         Refusal("system", 123)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="a reason is text"):
+        Refusal("system", None)  # type: ignore[arg-type]
     rt = make_runtime([final()], pre_step=[lambda claim: Refusal("system", "x" * 1_200_000)])
     sid = rt.create_session()
     with pytest.raises(ConfigurationError, match="Refusal reason"):
