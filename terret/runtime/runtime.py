@@ -231,7 +231,9 @@ class Runtime:
         by the grace and a margin, so that a store that does not answer (an outage: each
         write retried for the store's timeout) cannot hold a stop past what its supervisor
         waits. Left undone, the lease expires and other workers take the sessions over, as
-        after a crash."""
+        after a crash. All of it within ``STOP_MARGIN`` past the grace, the catch-up included
+        (it added its own second before the margin began)."""
+        end = max(deadline, time.monotonic()) + STOP_MARGIN
         if self._started:
             # Deliver what this process wrote to the upkeep listeners (a turn/end to title or
             # compact), then let the queued upkeep finish: it is short and must not be lost.
@@ -243,10 +245,9 @@ class Runtime:
                     log.warning("stopping before the views caught up; upkeep resumes at next "
                                 "start")
 
-            finish_within(max(deadline, time.monotonic() + 0.1) + 1.0, "catching the views up",
-                          catch_up)
+            finish_within(min(max(deadline, time.monotonic() + 0.1) + 1.0, end),
+                          "catching the views up", catch_up)
         self.deferred.close()
-        end = max(deadline, time.monotonic()) + STOP_MARGIN
         upkeep = partial(self._pool.shutdown, wait=True)
         if finish_within(end, "the between-turn upkeep", upkeep) \
                 and finish_within(end, "releasing the sessions",
