@@ -35,10 +35,11 @@ def may_hold_secret(text: str) -> bool:
                for run in _KEY_LIKE.findall(text))
 
 
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 """The control characters (C0 but newline and tab, DEL, C1): a terminal acts on them (a bell,
 an escape sequence that recolours or moves the cursor, a carriage return that writes over the
-line) instead of showing them."""
+line) instead of showing them. And the bidirectional overrides and isolates, which reorder
+what follows on the line (a reason that reads as another)."""
 
 
 def printable(text: str) -> str:
@@ -135,13 +136,23 @@ def strict_json(value: Any, **options: Any) -> str:
 
 
 def _named_non_finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return json.dumps(value)  # NaN, Infinity, -Infinity
-    if isinstance(value, dict):
-        return {k: _named_non_finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_named_non_finite(v) for v in value]
-    return value
+    """A copy of ``value`` with each non-finite float named. Without recursion: a record may
+    nest as deep as the JSON decoder let it, which the encoder prints (Python frames would
+    not)."""
+    root: list[Any] = [value]
+    slots: list[tuple[Any, Any]] = [(root, 0)]
+    while slots:
+        holder, key = slots.pop()
+        item = holder[key]
+        if isinstance(item, float) and not math.isfinite(item):
+            holder[key] = json.dumps(item)  # NaN, Infinity, -Infinity
+        elif isinstance(item, dict):
+            holder[key] = mapping = dict(item)
+            slots.extend((mapping, k) for k in mapping)
+        elif isinstance(item, list | tuple):
+            holder[key] = items = list(item)
+            slots.extend((items, i) for i in range(len(items)))
+    return root[0]
 
 
 def as_json(value: Any) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -15,6 +14,7 @@ from terret.adapters.stores.sqlite import SQLiteStore
 from terret.adapters.stores.uri import sqlite_path
 from terret.cli._context import CliContext, default_views_path, note
 from terret.cli._format import plural, table
+from terret.cli._owners import Liveness
 from terret.domain.errors import InvalidStoreURI, StoreUnavailable, TerretError, ViewsBusy
 
 if TYPE_CHECKING:
@@ -260,12 +260,14 @@ def _check_checkpoint(store: SQLiteStore, checks: list[str], problems: list[str]
     """docs/operations.md's backup by copying the file: doctor is the "open and close it once"
     step, so it says whether the file now holds every event."""
     whole, why = store.checkpoint()
-    writers = len(store.workers().live(time.time()))
+    liveness = Liveness(store)  # as `terret workers` says: a killed one here is gone at once
+    writers = sum(1 for beat in liveness.beats.values() if liveness.live(beat))
     if whole and writers:
         # Folded for now: a live worker's next append puts events in the WAL again.
-        checks.append(f"store WAL folded into the file, but {plural(writers, 'live worker')} "
-                      "(terret serve) write to it: back up with SQLite's online backup "
-                      "(sqlite3 FILE \".backup COPY\"), not by copying the file")
+        checks.append(f"store WAL folded into the file, but "
+                      f"{plural(writers, 'live worker')} (terret serve) "
+                      f"{'writes' if writers == 1 else 'write'} to it: back up with SQLite's "
+                      "online backup (sqlite3 FILE \".backup COPY\"), not by copying the file")
     elif whole:
         checks.append("store WAL folded into the file (a copy of it alone is a whole backup "
                       "while nothing writes)")

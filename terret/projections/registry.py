@@ -92,8 +92,9 @@ def _check_version_and_schema(cls: type[Projection], name: str) -> None:
         scratch.execute("BEGIN")
         for statement in sql_statements(schema):
             scratch.execute(statement)
-        if not scratch.in_transaction:
-            raise sqlite3.OperationalError("it ends the transaction it runs in (COMMIT)")
+            if not scratch.in_transaction:  # checked at each: COMMIT; BEGIN; … ends it too
+                raise sqlite3.OperationalError("it ends the transaction it runs in (COMMIT, "
+                                               "END or ROLLBACK)")
         made = {row[0] for row in scratch.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.Error as exc:

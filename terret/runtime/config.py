@@ -4,9 +4,10 @@ parts read their values from it without importing the runtime)."""
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 
-from terret.domain.errors import ConfigurationError
+from terret.domain.errors import ConfigurationError, shown
 from terret.domain.events import validate_model_spec, validate_role
 from terret.domain.session import MAX_STEPS
 
@@ -72,10 +73,13 @@ class RuntimeConfig:
                 continue
             finite = name == "spend_cap"
             if (isinstance(value, bool) or not isinstance(value, int | float)
-                    or math.isnan(value) or value < 0 or (value == 0 and not finite)
-                    or (finite and math.isinf(value))):
+                    # an int past a float's range (10**400) failed every clock sum later
+                    or (isinstance(value, int) and value > sys.float_info.max)
+                    or math.isnan(value) or value < 0
+                    or (value == 0 and not finite) or (finite and math.isinf(value))):
                 what = "a finite amount from 0" if finite else "a number of seconds above 0"
-                raise ConfigurationError(f"RuntimeConfig.{name} is {what}, not {value!r}")
+                raise ConfigurationError(f"RuntimeConfig.{name} is {what}, not "
+                                         f"{shown(value)}")
             if name in _SECONDS and value > _MOST_SECONDS:
                 raise ConfigurationError(f"RuntimeConfig.{name} is at most 366 days "
                                          f"({_MOST_SECONDS:.0f} seconds), not {value!r}")

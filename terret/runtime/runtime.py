@@ -59,7 +59,7 @@ from terret.runtime.model import ModelResolver
 from terret.runtime.ownership import SessionOwner, WorkerLease
 from terret.runtime.pool import WIRE_NAMES as POOL_WIRE_NAMES
 from terret.runtime.serving import ServingServices, Supervisor
-from terret.runtime.stops import STOP_MARGIN, TurnSuspended, finish_within
+from terret.runtime.stops import STOP_MARGIN, STOP_RESERVE, TurnSuspended, finish_within
 from terret.runtime.summarizer import Summarizer
 from terret.runtime.tools import ToolContext
 from terret.runtime.writer import SessionWriter
@@ -233,7 +233,9 @@ class Runtime:
         waits. Left undone, the lease expires and other workers take the sessions over, as
         after a crash. All of it within ``STOP_MARGIN`` past the grace, the catch-up included
         (it added its own second before the margin began)."""
-        end = max(deadline, time.monotonic()) + STOP_MARGIN
+        # What follows the last writes (closing the views; the caller's store) has a moment
+        # of the margin: the stop as a whole ends within it.
+        end = max(deadline, time.monotonic()) + STOP_MARGIN - STOP_RESERVE
         if self._started:
             # Deliver what this process wrote to the upkeep listeners (a turn/end to title or
             # compact), then let the queued upkeep finish: it is short and must not be lost.

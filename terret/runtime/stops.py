@@ -14,11 +14,15 @@ from terret.domain.errors import TurnCancelled, TurnSuspended
 
 log = logging.getLogger("terret.runtime")
 
-__all__ = ["STOP_MARGIN", "TurnCancelled", "TurnSuspended", "finish_within"]
+__all__ = ["STOP_MARGIN", "STOP_RESERVE", "TurnCancelled", "TurnSuspended", "finish_within"]
 
 
 STOP_MARGIN = 5.0
 """Seconds a stop may take past its grace for its last writes (the releases, the registry)."""
+
+STOP_RESERVE = 0.5
+"""Of the margin, what is kept for the closing that follows the last writes (the views, the
+store's connections): with the store down, the last writes take the rest."""
 
 
 def finish_within(end: float, what: str, work: Callable[[], object]) -> bool:

@@ -27,6 +27,7 @@ import inspect
 import json
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +38,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
-from terret.domain.errors import ConfigurationError, require_flags
+from terret.domain.errors import ConfigurationError, require_flags, shown
 from terret.domain.payloads import describe_validation
 from terret.runtime._handlers import HANDLERS
 from terret.runtime.model import ToolSpec
@@ -178,9 +179,10 @@ def _check_definition(tool: Tool) -> None:
                                  "(what model APIs accept)")
     timeout = tool.timeout
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                or not timeout > 0):
+                                or not timeout > 0
+                                or (isinstance(timeout, int) and timeout > sys.float_info.max)):
         raise ConfigurationError(f"{where}: timeout is seconds above 0 (math.inf for no "
-                                 f"limit) or None, not {timeout!r}")
+                                 f"limit) or None, not {shown(timeout)}")
     handler = tool.handler
     if not callable(handler):
         raise ConfigurationError(f"{where}: the handler {handler!r} is not callable")

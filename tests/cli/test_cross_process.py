@@ -311,7 +311,24 @@ def test_doctor_beside_a_running_serve_says_to_use_the_online_backup(served: Ser
     assert code == 0, err
     (line,) = [c for c in json.loads(out)["checks"] if c.startswith("store WAL")]
     assert line.startswith("store WAL folded into the file, but 1 live worker (terret serve) "
-                           "write to it: back up with SQLite's online backup"), line
+                           "writes to it: back up with SQLite's online backup"), line
+
+
+def test_doctor_after_the_serve_was_killed_says_the_file_alone_is_a_backup(
+        sqlite_target: Target) -> None:
+    """docs/operations.md: after a SIGKILL, run doctor before copying the file. A killed serve
+    on this host is gone at once (as `terret workers` says), not a live writer for its TTL."""
+    t = sqlite_target
+    t.new_session()
+    serve = Proc.start(t, "serve", "--app", DEMO_APP)
+    serve.wait_line(lambda line: line.startswith("serving "), "serving line")
+    serve.popen.kill()
+    serve.popen.wait(10)
+    code, out, err = Proc.start(t, "--json", "doctor").finish(60)
+    assert code == 0, err
+    (line,) = [c for c in json.loads(out)["checks"] if c.startswith("store WAL")]
+    assert line.startswith("store WAL folded into the file (a copy of it alone is a whole "
+                           "backup"), line
 
 
 def test_doctor_on_a_missing_file_names_the_file_not_a_server(tmp_path: Path) -> None:
@@ -321,3 +338,30 @@ def test_doctor_on_a_missing_file_names_the_file_not_a_server(tmp_path: Path) ->
     line = one_line_error(result.stderr)
     assert line.startswith(f"Error: StoreUnavailable: no store at {missing}"), line
     assert "server" not in line
+
+
+def test_serve_stops_within_the_grace_and_the_margin_while_another_process_locks_the_store(
+        sqlite_target: Target) -> None:
+    """docs/cli.md: the stop's last writes take at most 5 s past the grace; a store locked by
+    another process (StoreUnavailable past the busy timeout) is a store that does not answer.
+    The worker registry's close waited for a beat stuck on the lock: 30 s."""
+    import sqlite3
+
+    t = sqlite_target
+    sid = t.new_session()
+    serve = Proc.start(t, "serve", "--app", DEMO_APP, "--grace", "1")
+    serve.wait_line(lambda line: line.startswith("serving "), "serving line")
+    assert t.invoke("inject", str(sid), "status please", "--wake").exit_code == 0
+    t.wait_for(sid, lambda e: e.wire_name == "turn/end", "the woken turn's end")
+    locker = sqlite3.connect(t.uri, isolation_level=None, timeout=30)
+    try:
+        locker.execute("BEGIN EXCLUSIVE")
+        began = time.monotonic()
+        serve.popen.send_signal(signal.SIGTERM)
+        code, _, err = serve.finish(60)
+        took = time.monotonic() - began
+    finally:
+        locker.close()
+    assert code == 0, err
+    assert took < 1.0 + 5.0, (took, err)
+    assert "did not finish within the grace" in err

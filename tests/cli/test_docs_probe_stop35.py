@@ -100,8 +100,11 @@ def test_log_json_is_standard_json_even_for_a_foreign_record_holding_nan(
     sid = target.new_session()
     stream = session_stream(sid)
     store = target.store()
+    deep = b"[" * 500 + b"NaN" + b"]" * 500  # renamed without recursion (it overflowed)
     store.append(stream, [NewRecord(uuid4(), "acme.unknown/odd",
-                                    b'{"a": NaN, "b": [Infinity, -Infinity, 1.5]}', b"{}")],
+                                    b'{"a": NaN, "b": [Infinity, -Infinity, 1.5]}', b"{}"),
+                          NewRecord(uuid4(), "acme.unknown/deep", b'{"a": ' + deep + b"}",
+                                    b"{}")],
                  store.stream_version(stream))
 
     def refuse(token: str) -> None:
@@ -110,6 +113,20 @@ def test_log_json_is_standard_json_even_for_a_foreign_record_holding_nan(
     done = target.run("--json", "log", str(sid))
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line, parse_constant=refuse) for line in done.stdout.splitlines()]
-    assert lines[-1]["data"] == {"a": "NaN", "b": ["Infinity", "-Infinity", 1.5]}
+    assert lines[-2]["data"] == {"a": "NaN", "b": ["Infinity", "-Infinity", 1.5]}
+    nested = lines[-1]["data"]["a"]
+    for _ in range(500):
+        (nested,) = nested
+    assert nested == "NaN"
     shown = target.run("log", str(sid), "--full")  # the text shows it as stored
     assert '"a": NaN' in shown.stdout
+
+
+def test_log_escapes_bidirectional_overrides_in_a_reason(target: Target) -> None:
+    """A right-to-left override in a reason reordered the rest of its log line on a terminal
+    (a reason that reads as another); it is shown escaped, as control characters are."""
+    sid = target.parked()
+    reason = "no \u202eyolpeD"
+    assert target.invoke("deny", str(sid), "call-deploy", "--reason", reason).exit_code == 0
+    log = target.invoke("log", str(sid)).stdout
+    assert "no \\u202eyolpeD" in log and "\u202e" not in log, log

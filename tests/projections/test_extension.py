@@ -247,6 +247,10 @@ def test_a_registered_projection_is_maintained_by_the_runtime(
         name, tables = "acme.committing", ("acme_z",)
         schema = "BEGIN; CREATE TABLE acme_z (a); COMMIT"
 
+    class Reopening(NotesProjection):  # it ends the transaction, then opens another
+        name, tables = "acme.reopening", ("acme_r",)
+        schema = "COMMIT; BEGIN; CREATE TABLE acme_r (a)"
+
     class Sneaky(NotesProjection):  # a table it does not declare escaped the ownership check
         name, tables = "acme.sneaky", ("acme_y",)
         schema = "CREATE TABLE acme_y (a); CREATE TABLE titles2 (b)"
@@ -255,6 +259,7 @@ def test_a_registered_projection_is_maintained_by_the_runtime(
                       (Unversioned, "version is a whole number from 1, not 0"),
                       (Unschemed, "'acme.unschemed': its schema does not run: "),
                       (Committing, "'acme.committing': its schema does not run: "),
+                      (Reopening, "'acme.reopening': its schema does not run: it ends"),
                       (Sneaky, "its schema creates 'titles2', which tables does not declare")):
         with pytest.raises(terret.errors.ConfigurationError, match=says):
             terret.register_projection(bad)

@@ -37,7 +37,7 @@ def _handler(args: NoArgs, ctx: CallContext) -> str:
 # --- refused where the tool is defined -----------------------------------------------------
 
 
-@pytest.mark.parametrize("timeout", [0, -1, math.nan, "30", True])
+@pytest.mark.parametrize("timeout", [0, -1, math.nan, "30", True, 10**400])
 def test_a_timeout_that_is_not_seconds_above_zero_is_refused(timeout: Any) -> None:
     with pytest.raises(ConfigurationError, match="timeout is seconds above 0"):
         tool(args=NoArgs, timeout=timeout)(_handler)

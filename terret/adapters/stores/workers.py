@@ -22,6 +22,9 @@ from terret.domain.workers import MemoryWorkers, WorkerBeat, WorkerRegistry
 
 __all__ = ["LEFT", "MemoryWorkers", "SQLiteWorkers"]
 
+CLOSE_WAIT = 0.2
+"""Seconds ``close`` waits for a beat under way before it leaves the connection open."""
+
 FORGET_AFTER = 3600.0
 """Seconds after its last beat that a silent worker is dropped from the SQLite registry."""
 
@@ -90,7 +93,14 @@ class SQLiteWorkers(WorkerRegistry):
         return [WorkerBeat.from_json(str(r[0])) for r in rows]
 
     def close(self) -> None:
-        with self._lock:
+        """Close the registry's connection — unless a beat holds it past a moment (a lock on
+        the store another process holds, waited on for the busy timeout): the connection is
+        then left to the process's end, and a stop is not held for the timeout (30 s)."""
+        if not self._lock.acquire(timeout=CLOSE_WAIT):
+            return
+        try:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+        finally:
+            self._lock.release()
