@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import click
 
+from terret._text import one_line
 from terret.cli._extensions import import_from_cwd
 from terret.domain.errors import ConfigurationError, TerretError, shown
 from terret.runtime.definition import AgentDefinition
@@ -112,7 +113,8 @@ def resolve_problem(resolver: ModelResolver, spec: str) -> tuple[str, bool] | No
     try:
         resolver.resolve(spec)
     except Exception as exc:  # noqa: BLE001 - any failure to resolve, typed or not
-        return " ".join(str(exc).split()), knows_provider(resolver, spec.partition(":")[0])
+        # One line, cut: a resolver's message may quote the spec, thousands of characters.
+        return one_line(str(exc), 300), knows_provider(resolver, spec.partition(":")[0])
     return None
 
 
