@@ -113,8 +113,7 @@ def resolve_problem(resolver: ModelResolver, spec: str) -> tuple[str, bool] | No
     try:
         resolver.resolve(spec)
     except Exception as exc:  # noqa: BLE001 - any failure to resolve, typed or not
-        # One line, cut: a resolver's message may quote the spec, thousands of characters.
-        return one_line(str(exc), 300), knows_provider(resolver, spec.partition(":")[0])
+        return " ".join(str(exc).split()), knows_provider(resolver, spec.partition(":")[0])
     return None
 
 
@@ -132,8 +131,10 @@ def check_resolves(resolver: ModelResolver, spec: str, *, param_hint: str = "'SP
         return
     message, known = problem
     if known and not served_here:
-        note(f"warning: {shown(spec)} cannot be used from here ({message}); recorded: the "
-             "process serving the session needs it configured")
+        # Cut: not an error line (whose quoted values the CLI cuts), and the resolver's
+        # message may quote the spec, thousands of characters.
+        note(f"warning: {shown(spec)} cannot be used from here ({one_line(message, 300)}); "
+             "recorded: the process serving the session needs it configured")
         return
     hint = "" if served_here else " (check the provider's name, or record it anyway with --force)"
     raise click.BadParameter(f"the app cannot resolve {shown(spec)}: {message}{hint}",
