@@ -81,6 +81,10 @@ class ServingServices:
     left."""
 
 
+CLAIM, MOVE = "claim", "move"
+"""How a serving worker takes a session it should (``Supervisor._should_try``): claims it, or
+moves it from a live worker holding it idle that serves nothing."""
+
 LIVE_FOR = 0.25
 """Seconds a read of the live workers serves the preference (beats come every TTL/5)."""
 
@@ -276,39 +280,49 @@ class Supervisor:
                chosen: bool = False) -> bool:
         """Start serving ``sid`` on a thread of its own if this worker should, now (at once if
         it was ``chosen`` for it); True if it did."""
-        if not self._should_try(sid, now=now, leaving=leaving, chosen=chosen) \
-                or not self._claim(sid, now=now):
+        how = self._should_try(sid, now=now, leaving=leaving, chosen=chosen)
+        if how is None or not self._claim(sid, now=now, take_idle=how == MOVE):
             return False
         self.wake_later(sid)
         return True
 
     def _should_try(self, sid: UUID, *, now: bool, leaving: str | None,
-                    chosen: bool = False) -> bool:
-        """Whether this worker should try to claim ``sid`` now: it is free (or this worker's
-        already, between turns), and this worker is the first to try (see the module). A
-        worker that is stopping claims nothing more: it is releasing what it holds."""
+                    chosen: bool = False) -> str | None:
+        """Whether this worker should try to claim ``sid`` now (``CLAIM``; ``MOVE``: taking
+        the idle session from a live worker that serves nothing), or not (None): it is free
+        (or this worker's already, between turns), and this worker is the first to try (see
+        the module). A worker that is stopping claims nothing more: it is releasing what it
+        holds."""
         if not self.serving or self.services.stopping.is_set():
-            return False
+            return None
         agent = self.host.agent_for_session(sid)
         if agent is not None and agent.busy:
-            return False
+            return None
         try:
             session = self.services.writer.load(sid)
         except errors.TerretError:
-            return False
+            return None
         if session.closed:
-            return False
+            return None
         lease = self.services.lease
         owner = session.state.owner
         mine = owner is not None and owner.worker == lease.worker
+        how = CLAIM
         if owner is not None and not mine and lease.alive(owner.worker):
-            return False  # a live worker owns it: its turns are its own
-        return mine or chosen or self._first_to_try(sid, now=now, leaving=leaving)
+            # A live worker owns it: its turns are its own — unless it serves nothing (a
+            # runtime never started, as a web app's request worker: its beats name no upkeep)
+            # and the session waits idle on a wake, which that worker never hears of.
+            if session.turn_open or lease.upkeeps(owner.worker, "title"):
+                return None
+            how = MOVE
+        return how if mine or chosen or self._first_to_try(sid, now=now, leaving=leaving) \
+            else None
 
-    def _claim(self, sid: UUID, *, now: bool) -> bool:
-        """Claim ``sid`` for this worker, now (its turn then runs on a thread of its own)."""
+    def _claim(self, sid: UUID, *, now: bool, take_idle: bool = False) -> bool:
+        """Claim ``sid`` for this worker, now (its turn then runs on a thread of its own);
+        ``take_idle``: moving it from a live worker that holds it idle."""
         try:
-            self.host.agent_for(sid)
+            self.host.agent_for(sid, take_idle=take_idle)
         except (errors.SessionOwned, errors.RuntimeStopping):
             return False  # another worker was quicker, or this one is stopping
         except errors.TerretError as exc:

@@ -159,6 +159,37 @@ def test_a_worker_killed_in_its_upkeep_leaves_the_title_and_summary_to_a_survivo
     assert _owners(pool, sid) == [first.pid]  # nothing was claimed for it: idle, it needs none
 
 
+def test_a_wake_on_a_session_held_by_a_runtime_that_serves_nothing_is_run_by_serve(
+        pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A web app's request worker (a runtime never started) ran a turn and holds the session,
+    live: serve left every wake of it to that worker, which never hears of one — `terret
+    inject --wake` did nothing for as long as the web worker lived. Now serve moves the idle
+    session over and runs the turn; the web worker's next run_turn moves it back."""
+    from terret import Runtime
+    from tests.ownership.app import app
+
+    monkeypatch.setenv("OWNERSHIP_RUNS", str(pool.runs))
+    monkeypatch.setenv("OWNERSHIP_TOOL_SECONDS", "0")
+    served = app()
+    web = Runtime(pool.store, resolver=served.resolver, agents=served.agents,
+                  config=served.config)  # never started: it serves nothing
+    try:
+        worker = pool.serve("a", OWNERSHIP_TOOL_SECONDS="0")
+        sid = pool.new_session()
+        assert web.run_turn(sid, "from the web").status == "completed"
+        owner = web.owner(sid)
+        assert owner is not None and owner.live and owner.pid != worker.pid
+        pool.runtime().inject(sid, "from the shell", wake=True)
+        log = pool.wait_for(sid, "turn/end", count=2, timeout=30)
+        ends = [d for n, d in log if n == "turn/end"]
+        assert [e["status"] for e in ends] == ["completed", "completed"]
+        assert _owners(pool, sid)[-1] == worker.pid  # serve ran the woken turn
+        assert web.run_turn(sid, "from the web again").status == "completed"  # moved back
+        assert pool.names(sid).count("turn/end") == 3
+    finally:
+        web.close(grace=0)
+
+
 def test_a_frozen_owner_loses_the_session_and_writes_nothing_when_it_wakes(pool: Pool) -> None:
     workers = {w.pid: w for w in (pool.serve("a", OWNERSHIP_TOOL_SECONDS="2"),
                                   pool.serve("b", OWNERSHIP_TOOL_SECONDS="2"))}
