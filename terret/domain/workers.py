@@ -37,6 +37,10 @@ class WorkerBeat:
     folds: tuple[str, ...] = ()
     """The events beyond R5's seed list its running turns fold in (wire names): what another
     process may append while such a turn runs. A worker of an older release names none."""
+    follows: bool | None = None
+    """Whether the worker follows the log (a started ``Runtime``): it hears of a wake on a
+    session it holds. False: it serves nothing (a runtime never started, one stopping); None:
+    a worker of an older release, which does not say (taken as following)."""
 
     def alive(self, now: float) -> bool:
         return now - self.at <= self.ttl
@@ -51,7 +55,8 @@ class WorkerBeat:
                    started=float(raw["started"]), at=float(raw["at"]), ttl=float(raw["ttl"]),
                    sessions=tuple(str(s) for s in raw.get("sessions", ())),
                    proc_start=raw.get("proc_start"), upkeep=_purposes(raw.get("upkeep")),
-                   folds=_purposes(raw.get("folds")))
+                   folds=_purposes(raw.get("folds")),
+                   follows=raw["follows"] if isinstance(raw.get("follows"), bool) else None)
 
 
 def _purposes(raw: object) -> tuple[str, ...]:

@@ -74,7 +74,7 @@ class RuntimeConfig:
             finite = name == "spend_cap"
             if (isinstance(value, bool) or not isinstance(value, int | float)
                     # an int past a float's range (10**400) failed every clock sum later
-                    or (isinstance(value, int) and value > sys.float_info.max)
+                    or (isinstance(value, int) and abs(value) > sys.float_info.max)
                     or math.isnan(value) or value < 0
                     or (value == 0 and not finite) or (finite and math.isinf(value))):
                 what = "a finite amount from 0" if finite else "a number of seconds above 0"

@@ -25,6 +25,7 @@ from terret.domain.events import AgentDetached, reason_problem
 from terret.domain.session import Session
 from terret.runtime.agent import Agent
 from terret.runtime.definition import AgentDefinition, TurnResult
+from terret.runtime.ownership import TakeIdle
 from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.runtime")
@@ -160,7 +161,7 @@ class AgentHost:
             session.require_no_open_turn()
         return session
 
-    def spawn(self, session_id: UUID, *, agent_id: str | None = None, take_idle: bool = True,
+    def spawn(self, session_id: UUID, *, agent_id: str | None = None, take_idle: TakeIdle = True,
               for_new_turn: bool = False, pinned: bool = False) -> Agent:
         """Create this process's agent for the session and take ownership of it (R22, R28).
         A ``pinned`` agent (``spawn_agent``'s) stays until disposed; one spawned on demand is
@@ -195,7 +196,7 @@ class AgentHost:
                 raise
             return agent
 
-    def agent_for(self, session_id: UUID, *, take_idle: bool = False,
+    def agent_for(self, session_id: UUID, *, take_idle: TakeIdle = False,
                   for_new_turn: bool = False) -> Agent:
         """This process's agent for the session, spawned (and owning it) if there is none."""
         # Under the session's spawn lock: two racing callers must share one agent, not collide
@@ -297,8 +298,8 @@ class AgentHost:
         no agent (an upkeep a dead worker left): an agent of the session let go meanwhile does
         not unwatch it under the task (which would read views that stopped following)."""
         with self._spawning(session_id):
+            self._watch(session_id)  # first: one that fails keeps no count for good
             self._kept_watched[session_id] = self._kept_watched.get(session_id, 0) + 1
-            self._watch(session_id)
         try:
             yield
         finally:
@@ -351,7 +352,7 @@ class AgentHost:
 
 
 def _take(agent: Agent, definition: AgentDefinition, session: Session, *,
-          take_idle: bool) -> None:
+          take_idle: TakeIdle) -> None:
     """Take the session for ``agent`` — ``SessionOwned`` first, when a live worker has it —
     then refuse a turn it could not serve (nothing is saved: the command raised)."""
     agent.ownership.take(session, take_idle=take_idle)

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 from uuid import uuid4
 
 from terret.domain.errors import LostOwnership, StoreError
@@ -60,6 +60,10 @@ The rest is the margin that keeps a slow owner and a new one from overlapping.""
 
 BEATS_PER_TTL = 5
 
+UNSERVED: Literal["unserved"] = "unserved"
+"""``take_idle`` for a move only from a live worker that serves nothing (``SessionLease.take``)."""
+TakeIdle = bool | Literal["unserved"]
+
 
 class WorkerLease:
     """This process's worker: its id, its heartbeat thread, and the lease checks."""
@@ -77,6 +81,8 @@ class WorkerLease:
         self.started = time.time()
         self.upkeep: Callable[[], tuple[str, ...]] = tuple
         """The upkeep this worker does for the turns it runs now (said in each beat)."""
+        self.follows: Callable[[], bool] = lambda: False
+        """Whether this worker follows the log now (said in each beat: see ``serves_nothing``)."""
         self._sessions = sessions
         self._lock = threading.Lock()
         self._last_ok: float | None = None  # monotonic start of the last successful beat
@@ -126,7 +132,7 @@ class WorkerLease:
                           started=self.started, at=time.time(), ttl=self.ttl,
                           sessions=tuple(sorted(self._sessions())),
                           proc_start=process_start(self.pid), upkeep=self.upkeep(),
-                          folds=_folds())
+                          folds=_folds(), follows=self.follows())
         try:
             self.registry.beat(beat)
         except StoreError as exc:
@@ -221,6 +227,22 @@ class WorkerLease:
             return True
         return wire_name in beat.folds
 
+    def serves_nothing(self, worker: str | None) -> bool:
+        """Is ``worker`` another live worker that says it follows no log (a runtime never
+        started, as a web app's request worker): a wake on a session it holds idle reaches no
+        one there. A worker of an older release does not say: it is taken as following."""
+        if worker is None or worker == self.worker:
+            return False
+        beat = self.registry.latest(worker)
+        return (beat is not None and beat.follows is False
+                and self._beat_alive(beat, time.time()))
+
+    def following(self, live: Iterable[str]) -> list[str]:
+        """Of the ``live`` workers, those that follow the log (or do not say)."""
+        beats = {b.worker: b for b in self.registry.beats()}
+        return [w for w in live if w == self.worker
+                or (w in beats and beats[w].follows is not False)]
+
     def upkeeps(self, worker: str | None, purpose: str) -> bool:
         """Is ``worker`` another live worker that does this upkeep for the turns it runs?"""
         if worker is None or worker == self.worker:
@@ -232,12 +254,16 @@ class WorkerLease:
     def preferred(self, key: str, live: Iterable[str]) -> str | None:
         """The live worker that should act first for ``key`` (rendezvous hashing: each key
         goes to one worker, and only the keys of a worker that joins or leaves move)."""
-        best: tuple[bytes, str] | None = None
-        for worker in live:
-            score = hashlib.blake2b(f"{worker}|{key}".encode(), digest_size=8).digest()
-            if best is None or score > best[0]:
-                best = (score, worker)
-        return best[1] if best is not None else None
+        ranked = self.ranked(key, live)
+        return ranked[0] if ranked else None
+
+    @staticmethod
+    def ranked(key: str, live: Iterable[str]) -> list[str]:
+        """The live workers in the order they should act for ``key`` (``preferred`` first)."""
+        def score(worker: str) -> bytes:
+            return hashlib.blake2b(f"{worker}|{key}".encode(), digest_size=8).digest()
+
+        return sorted(live, key=score, reverse=True)
 
 
 def _stat(pid: int) -> tuple[bytes, int] | None:
@@ -317,11 +343,13 @@ class SessionLease:
             raise LostOwnership(f"agent {self.agent_id}: the lease of worker "
                                 f"{self.lease.worker} may have run out; stopping before acting")
 
-    def take(self, s: Session, *, take_idle: bool) -> None:
+    def take(self, s: Session, *, take_idle: TakeIdle) -> None:
         """Record this agent as the session's owner, unless it already is (R28). A session
         whose owner's lease expired is taken over; an idle one owned by a live worker only with
-        ``take_idle`` (an explicit ``run_turn``: the caller chose this process); otherwise
-        ``SessionOwned``. Runs inside a writer command: on a conflict it decides again."""
+        ``take_idle`` (an explicit ``run_turn``: the caller chose this process; ``UNSERVED``:
+        only from a live worker that serves nothing, as its latest beat says now — a serving
+        worker taking a wake it would never hear of); otherwise ``SessionOwned``. Runs inside
+        a writer command: on a conflict it decides again."""
         if self.held(s):
             return
         generation = self.lease.ensure_beating()
@@ -332,7 +360,8 @@ class SessionLease:
             worker = owner.worker
             if not self.lease.alive(worker):
                 taking_over, reason = supervisor(self.lease), f"the lease of {worker} expired"
-            elif take_idle and not s.turn_open:
+            elif take_idle and not s.turn_open and (
+                    take_idle != UNSERVED or self.lease.serves_nothing(worker)):
                 taking_over, reason = supervisor(self.lease), "idle session moved"
         self.epoch = s.attach(self.agent_id, self.lease.host, self.lease.pid, reason,
                               worker=self.lease.worker, lease_until=self.lease.lease_until(),

@@ -56,7 +56,7 @@ from terret.runtime.maintenance import (
     last_turn_end,
 )
 from terret.runtime.model import ModelResolver
-from terret.runtime.ownership import SessionOwner, WorkerLease
+from terret.runtime.ownership import SessionOwner, TakeIdle, WorkerLease
 from terret.runtime.pool import WIRE_NAMES as POOL_WIRE_NAMES
 from terret.runtime.serving import ServingServices, Supervisor
 from terret.runtime.stops import STOP_MARGIN, STOP_RESERVE, TurnSuspended, finish_within
@@ -73,6 +73,11 @@ log = logging.getLogger("terret.runtime")
 
 
 class Runtime:
+    stop_overran = False
+    """Set by ``close`` when a last write did not finish within the grace and its margin: it
+    still runs, on a thread the process's exit would wait for (``terret serve`` then ends the
+    process at once, as after a crash: the lease expires)."""
+
     def __init__(
         self,
         store: EventStore,
@@ -132,6 +137,7 @@ class Runtime:
         self.lease = WorkerLease(self.store.workers(), ttl=self.config.lease_ttl,
                                  sessions=lambda: [str(s) for s in self.agent_host.session_ids()])
         self.lease.upkeep = self._upkeep_done_here
+        self.lease.follows = lambda: bool(self._upkeep_done_here())  # started, following
         self._turn_services = self._turn_services_of()
         self.supervisor = Supervisor(self.agent_host, ServingServices(
             self.writer, self.views, self.lease, self.stopping, self.start,
@@ -251,18 +257,20 @@ class Runtime:
                           "catching the views up", catch_up)
         self.deferred.close()
         upkeep = partial(self._pool.shutdown, wait=True)
-        if finish_within(end, "the between-turn upkeep", upkeep) \
-                and finish_within(end, "releasing the sessions",
-                            lambda: self.agent_host.release_all("shutdown")):
+        done = finish_within(end, "the between-turn upkeep", upkeep) \
+            and finish_within(end, "releasing the sessions",
+                              lambda: self.agent_host.release_all("shutdown"))
+        if done:
             # A turn that did not stop within the grace keeps its session (not released):
             # the last beat stays in the registry so that it expires and another worker
             # takes over.
             left_running = self._left_running(grace)
-            finish_within(end, "leaving the worker registry",
-                    lambda: self.lease.stop(leave=not left_running))
+            done = finish_within(end, "leaving the worker registry",
+                                 lambda: self.lease.stop(leave=not left_running))
         else:  # its last beat stays: it expires (a beat stuck in a retry is not waited for)
             finish_within(end, "stopping the lease", partial(self.lease.stop, leave=False))
-        finish_within(end, "stopping the views' subscription", self.runner.stop)
+        done = finish_within(end, "stopping the views' subscription", self.runner.stop) and done
+        self.stop_overran = not done
 
     def _left_running(self, grace: float) -> bool:
         """Whether a turn did not stop within the grace; each such is said in one line."""
@@ -429,7 +437,7 @@ class Runtime:
         return self.agent_host.agents
 
     @takes_session
-    def agent_for(self, session_id: UUID, *, take_idle: bool = False,
+    def agent_for(self, session_id: UUID, *, take_idle: TakeIdle = False,
                   for_new_turn: bool = False) -> Agent:
         """This process's agent for the session, spawned (and owning it) if there is none."""
         return self.agent_host.agent_for(session_id, take_idle=take_idle,

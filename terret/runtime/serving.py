@@ -6,7 +6,8 @@ run only by the worker whose ``agent/attached`` is the log's latest, while its l
 This module decides who *tries*:
 
 * a session owned by a live worker is left to it (its wakes, verdicts and cancels reach it
-  through its own subscription);
+  through its own subscription) — unless that worker says in its beats that it follows no log
+  (a runtime never started) and the session waits idle on a wake: it is moved over (``MOVE``);
 * a free session — never owned, released (``agent/detached``: a worker that stopped hands its
   turns off), or owned by a worker whose lease expired — is claimed first by its *preferred*
   worker (rendezvous hashing over the live workers, which spreads sessions evenly and moves only
@@ -47,7 +48,7 @@ from terret.projections.views import Views
 from terret.runtime.agent import Agent
 from terret.runtime.definition import TurnResult
 from terret.runtime.host import AgentHost
-from terret.runtime.ownership import WorkerLease
+from terret.runtime.ownership import UNSERVED, TakeIdle, WorkerLease
 from terret.runtime.pool import GroupFeed
 from terret.runtime.stops import TurnSuspended
 from terret.runtime.tools import describe_error
@@ -105,10 +106,10 @@ class Supervisor:
         self._held_notes: list[tuple[UUID, Exception]] = []
         self._feed: GroupFeed | None = None
         self._settled: set[tuple[str, str]] = set()
+        """Orphans (worker, session) found settled: taken over, closed, or needing no one."""
         self._upkeep_since: dict[UUID, float] = {}
         """Idle sessions of crashed workers with upkeep left, since this worker first saw them
         (``_upkeep_of_the_dead``)."""
-        """Orphans (worker, session) found settled: taken over, closed, or needing no one."""
 
     @property
     def grace(self) -> float:
@@ -203,6 +204,7 @@ class Supervisor:
         with self._lock:
             self._free_since = {s: t for s, t in self._free_since.items()
                                 if s in wanted or s in orphans}
+            self._upkeep_since = {s: t for s, t in self._upkeep_since.items() if s in orphans}
         for sid in wanted:
             self._offer(sid, now=False)
         self._take_orphans(now=False, orphans=orphans)
@@ -259,17 +261,24 @@ class Supervisor:
     def _upkeep_of_the_dead(self, sid: UUID, session: Session) -> bool:
         """A session between turns that a crashed worker owned: its last turn's title or
         compaction may be what the worker died doing (none of this member's events says so).
-        The preferred live worker does it at once; any other after two lease TTLs (the
-        preferred may be no pool member, or serve another app) — the aggregate keeps a title
-        single, and a compaction declines when one covering its mark landed meanwhile. True
-        once queued or when none is left; False: not yet this worker's to do."""
+        The live workers that follow the log take it in rendezvous order, two lease TTLs
+        apart — the aggregate keeps a title single, and a compaction declines when one
+        covering its mark landed meanwhile. True once queued or when none is left; False: not
+        yet this worker's to do."""
         task = self.services.upkeep_left_by_the_dead(session)
         if task is None:
+            with self._lock:
+                self._upkeep_since.pop(sid, None)
             return True
         with self._lock:
             first = self._upkeep_since.setdefault(sid, time.monotonic())
-        waited = time.monotonic() - first >= 2 * self.services.lease.ttl
-        if not waited and not self._first_to_try(sid, now=True):
+        lease = self.services.lease
+        ranked = lease.ranked(str(sid), lease.following(self._live_workers()))
+        rank = ranked.index(lease.worker) if lease.worker in ranked else len(ranked)
+        # One at a time, in rendezvous order: the first at once, each next one two TTLs
+        # later (the one before may be no pool member, or serve another app) — and each
+        # finds it done (the task is None) when one before it did it.
+        if time.monotonic() - first < rank * 2 * lease.ttl:
             return False
         with self._lock:
             self._upkeep_since.pop(sid, None)
@@ -281,7 +290,8 @@ class Supervisor:
         """Start serving ``sid`` on a thread of its own if this worker should, now (at once if
         it was ``chosen`` for it); True if it did."""
         how = self._should_try(sid, now=now, leaving=leaving, chosen=chosen)
-        if how is None or not self._claim(sid, now=now, take_idle=how == MOVE):
+        if how is None or not self._claim(sid, now=now,
+                                          take_idle=UNSERVED if how == MOVE else False):
             return False
         self.wake_later(sid)
         return True
@@ -312,15 +322,16 @@ class Supervisor:
             # A live worker owns it: its turns are its own — unless it serves nothing (a
             # runtime never started, as a web app's request worker: its beats name no upkeep)
             # and the session waits idle on a wake, which that worker never hears of.
-            if session.turn_open or lease.upkeeps(owner.worker, "title"):
+            if session.turn_open or not lease.serves_nothing(owner.worker):
                 return None
             how = MOVE
         return how if mine or chosen or self._first_to_try(sid, now=now, leaving=leaving) \
             else None
 
-    def _claim(self, sid: UUID, *, now: bool, take_idle: bool = False) -> bool:
+    def _claim(self, sid: UUID, *, now: bool, take_idle: TakeIdle = False) -> bool:
         """Claim ``sid`` for this worker, now (its turn then runs on a thread of its own);
-        ``take_idle``: moving it from a live worker that holds it idle."""
+        ``take_idle``: moving it from a live worker that holds it idle (``UNSERVED``: only
+        from one that serves nothing, as its latest beat says when the move is written)."""
         try:
             self.host.agent_for(sid, take_idle=take_idle)
         except (errors.SessionOwned, errors.RuntimeStopping):
