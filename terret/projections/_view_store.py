@@ -134,6 +134,13 @@ def views_error(exc: sqlite3.Error, path: str) -> Exception | None:
     return None
 
 
+def _create(db: sqlite3.Connection, projection: Projection) -> None:
+    """The projection's tables, and the version that wrote them."""
+    projection.create(db)
+    db.execute("INSERT OR REPLACE INTO projection_versions VALUES (?, ?)",
+               (projection.name, projection.version))
+
+
 def _busy(exc: sqlite3.OperationalError) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     return isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
@@ -255,9 +262,7 @@ class ViewStore(TrackingRecorder):
                 self.db.execute("DELETE FROM tracking WHERE projection = ?", (projection.name,))
                 self.db.execute("DELETE FROM projection_faults WHERE projection = ?",
                                 (projection.name,))
-            projection.create(self.db)
-            self.db.execute("INSERT OR REPLACE INTO projection_versions VALUES (?, ?)",
-                            (projection.name, projection.version))
+            _create(self.db, projection)
             return stale
 
     def _has_tables(self, projection: Projection) -> bool:
@@ -424,9 +429,7 @@ class ViewStore(TrackingRecorder):
                 db.execute("INSERT INTO views_log (id, store_id, generation) VALUES (0, ?, ?)",
                            (store_id, generation))
                 for projection in projections:
-                    projection.create(db)
-                    db.execute("INSERT OR REPLACE INTO projection_versions VALUES (?, ?)",
-                               (projection.name, projection.version))
+                    _create(db, projection)
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:

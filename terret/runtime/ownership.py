@@ -177,15 +177,19 @@ class WorkerLease:
     def lease_until(self) -> float:
         return time.time() + self.ttl
 
-    def live_workers(self) -> list[str]:
+    def live_workers(self) -> tuple[list[str], list[str]]:
         """The workers alive by their beats (this one included), less those of this host
-        whose process is gone."""
+        whose process is gone; and of those, the ones that follow the log (or, of an older
+        release, do not say): one read of the registry for both."""
         now = time.time()
-        live = [b.worker for b in self.registry.beats()
-                if b.alive(now) and (b.host != self.host or process_running(b.pid, b.proc_start))]
+        beats = [b for b in self.registry.beats()
+                 if b.alive(now) and (b.host != self.host or process_running(b.pid, b.proc_start))]
+        live = [b.worker for b in beats]
+        following = [b.worker for b in beats if b.follows is not False or b.worker == self.worker]
         if self.worker not in live:
             live.append(self.worker)
-        return live
+            following.append(self.worker)
+        return live, following
 
     def orphans(self) -> list[tuple[str, str]]:
         """(worker, session) for each session named in the last beat of a worker that is gone
@@ -236,12 +240,6 @@ class WorkerLease:
         beat = self.registry.latest(worker)
         return (beat is not None and beat.follows is False
                 and self._beat_alive(beat, time.time()))
-
-    def following(self, live: Iterable[str]) -> list[str]:
-        """Of the ``live`` workers, those that follow the log (or do not say)."""
-        beats = {b.worker: b for b in self.registry.beats()}
-        return [w for w in live if w == self.worker
-                or (w in beats and beats[w].follows is not False)]
 
     def upkeeps(self, worker: str | None, purpose: str) -> bool:
         """Is ``worker`` another live worker that does this upkeep for the turns it runs?"""

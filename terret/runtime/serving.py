@@ -7,7 +7,7 @@ This module decides who *tries*:
 
 * a session owned by a live worker is left to it (its wakes, verdicts and cancels reach it
   through its own subscription) — unless that worker says in its beats that it follows no log
-  (a runtime never started) and the session waits idle on a wake: it is moved over (``MOVE``);
+  (a runtime never started) and the session waits idle on a wake: it is moved over (``UNSERVED``);
 * a free session — never owned, released (``agent/detached``: a worker that stopped hands its
   turns off), or owned by a worker whose lease expired — is claimed first by its *preferred*
   worker (rendezvous hashing over the live workers, which spreads sessions evenly and moves only
@@ -82,10 +82,6 @@ class ServingServices:
     left."""
 
 
-CLAIM, MOVE = "claim", "move"
-"""How a serving worker takes a session it should (``Supervisor._should_try``): claims it, or
-moves it from a live worker holding it idle that serves nothing."""
-
 LIVE_FOR = 0.25
 """Seconds a read of the live workers serves the preference (beats come every TTL/5)."""
 
@@ -97,7 +93,7 @@ class Supervisor:
         self.serving = False
         self._free_since: dict[UUID, float] = {}
         self._refused: set[UUID] = set()
-        self._live: tuple[float, list[str]] = (float("-inf"), [])
+        self._live: tuple[float, list[str], list[str]] = (float("-inf"), [], [])
         self._wakers: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -273,7 +269,7 @@ class Supervisor:
         with self._lock:
             first = self._upkeep_since.setdefault(sid, time.monotonic())
         lease = self.services.lease
-        ranked = lease.ranked(str(sid), lease.following(self._live_workers()))
+        ranked = lease.ranked(str(sid), self._live_workers(following=True))
         rank = ranked.index(lease.worker) if lease.worker in ranked else len(ranked)
         # One at a time, in rendezvous order: the first at once, each next one two TTLs
         # later (the one before may be no pool member, or serve another app) — and each
@@ -289,20 +285,19 @@ class Supervisor:
                chosen: bool = False) -> bool:
         """Start serving ``sid`` on a thread of its own if this worker should, now (at once if
         it was ``chosen`` for it); True if it did."""
-        how = self._should_try(sid, now=now, leaving=leaving, chosen=chosen)
-        if how is None or not self._claim(sid, now=now,
-                                          take_idle=UNSERVED if how == MOVE else False):
+        take_idle = self._should_try(sid, now=now, leaving=leaving, chosen=chosen)
+        if take_idle is None or not self._claim(sid, now=now, take_idle=take_idle):
             return False
         self.wake_later(sid)
         return True
 
     def _should_try(self, sid: UUID, *, now: bool, leaving: str | None,
-                    chosen: bool = False) -> str | None:
-        """Whether this worker should try to claim ``sid`` now (``CLAIM``; ``MOVE``: taking
-        the idle session from a live worker that serves nothing), or not (None): it is free
-        (or this worker's already, between turns), and this worker is the first to try (see
-        the module). A worker that is stopping claims nothing more: it is releasing what it
-        holds."""
+                    chosen: bool = False) -> TakeIdle | None:
+        """Whether this worker should try to claim ``sid`` now — how, as the claim's
+        ``take_idle``: False, or ``UNSERVED`` to move the idle session from a live worker that
+        serves nothing — or not (None): it is free (or this worker's already, between turns),
+        and this worker is the first to try (see the module). A worker that is stopping claims
+        nothing more: it is releasing what it holds."""
         if not self.serving or self.services.stopping.is_set():
             return None
         agent = self.host.agent_for_session(sid)
@@ -317,15 +312,15 @@ class Supervisor:
         lease = self.services.lease
         owner = session.state.owner
         mine = owner is not None and owner.worker == lease.worker
-        how = CLAIM
+        take_idle: TakeIdle = False
         if owner is not None and not mine and lease.alive(owner.worker):
             # A live worker owns it: its turns are its own — unless it serves nothing (a
             # runtime never started, as a web app's request worker: its beats name no upkeep)
             # and the session waits idle on a wake, which that worker never hears of.
             if session.turn_open or not lease.serves_nothing(owner.worker):
                 return None
-            how = MOVE
-        return how if mine or chosen or self._first_to_try(sid, now=now, leaving=leaving) \
+            take_idle = UNSERVED
+        return take_idle if mine or chosen or self._first_to_try(sid, now=now, leaving=leaving) \
             else None
 
     def _claim(self, sid: UUID, *, now: bool, take_idle: TakeIdle = False) -> bool:
@@ -352,17 +347,17 @@ class Supervisor:
                 return
         log.warning("not serving session %s: %s", sid, exc)
 
-    def _live_workers(self) -> list[str]:
-        """The live workers, read from the registry at most every ``LIVE_FOR`` seconds: a scan
-        or a burst of wakes asks for every session it offers, one registry read serves them."""
+    def _live_workers(self, *, following: bool = False) -> list[str]:
+        """The live workers (``following``: those that follow the log), read from the registry
+        at most every ``LIVE_FOR`` seconds: a scan or a burst of wakes asks for every session
+        it offers, one registry read serves them."""
         with self._lock:
-            at, live = self._live
-            if time.monotonic() - at < LIVE_FOR:
-                return live
-        live = self.services.lease.live_workers()
-        with self._lock:
-            self._live = (time.monotonic(), live)
-        return live
+            at, live, follow = self._live
+        if time.monotonic() - at >= LIVE_FOR:  # the read outside the lock: wakes take it too
+            live, follow = self.services.lease.live_workers()
+            with self._lock:
+                self._live = (time.monotonic(), live, follow)
+        return follow if following else live
 
     def _first_to_try(self, sid: UUID, *, now: bool, leaving: str | None = None) -> bool:
         rt = self.services
