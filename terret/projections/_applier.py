@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
     from terret.domain.codec import RecordedEvent
 
 log = logging.getLogger("terret.projections")
+
+_NOWHERE: deque[Any] = deque(maxlen=0)
+"""Where an event not kept goes: a deque that holds none drops it (in C, for the hot loop),
+and the event is freed once applied."""
 
 Guard = Callable[[sqlite3.Connection], None]
 """Called first in each batch's transaction; raises to refuse the batch (``LogCheck.guard``)."""
@@ -69,9 +74,11 @@ class BatchApplier:
         self._warned: set[str] = set()
 
     def apply(self, records: Sequence[StoredRecord], upto: int,
-              projections: Sequence[Projection]) -> list[RecordedEvent]:
+              projections: Sequence[Projection], *, keep: bool = True) -> list[RecordedEvent]:
         """Apply ``records`` (in log order, none after ``upto``) and move every live
-        projection's tracked position to ``upto``; the events decoded, for the listeners."""
+        projection's tracked position to ``upto``; the events decoded, for the listeners
+        (none with ``keep=False``: a replay has no listeners, and holding a page of decoded
+        events only to drop them cost a twentieth of a rebuild)."""
         if not records and not self._moves(upto, projections):
             return []  # nothing to apply, no position to move: no transaction
         with self.views.transaction() as db:
@@ -79,11 +86,11 @@ class BatchApplier:
             events = None
             live = self._all_at_once_takes(records, projections, batch)
             if live is not None:
-                events = self._all_at_once(db, records, live)
+                events = self._all_at_once(db, records, live, keep)
                 if events is None:  # undone: start the transaction again, event by event
                     batch = self._begin(db, projections)
             if events is None:
-                events = self._event_by_event(db, records, projections, batch)
+                events = self._event_by_event(db, records, projections, batch, keep)
             for p in projections:
                 if p.name not in batch.halted:
                     batch.tracked[p.name] = max(batch.tracked[p.name], upto)
@@ -101,10 +108,10 @@ class BatchApplier:
         with self.views.transaction() as db:
             batch = self._begin(db, projections, history=True)
             live = self._all_at_once_takes(records, projections, batch)
-            if live is None or self._all_at_once(db, records, live) is None:
+            if live is None or self._all_at_once(db, records, live, False) is None:
                 if live is not None:  # undone: start again, event by event
                     batch = self._begin(db, projections, history=True)
-                self._event_by_event(db, records, projections, batch)
+                self._event_by_event(db, records, projections, batch, False)
 
     def _moves(self, upto: int, projections: Sequence[Projection]) -> bool:
         with self.views.reading() as db:
@@ -178,13 +185,14 @@ class BatchApplier:
         return live
 
     def _all_at_once(self, db: sqlite3.Connection, records: Sequence[StoredRecord],
-                     live: Sequence[Projection]) -> list[RecordedEvent] | None:
+                     live: Sequence[Projection], keep: bool
+                     ) -> list[RecordedEvent] | None:
         """The events, or None when something raised: what the batch wrote is then undone
         (the caller goes on in the same transaction, event by event)."""
         try:
             for p in live:
                 p.begin()
-            events = self._each_record(db, records, live)
+            events = self._each_record(db, records, live, keep)
             for p in live:
                 p.flush(db)
         except (Exception, SystemExit) as exc:  # a record or a projection failed (a
@@ -196,12 +204,12 @@ class BatchApplier:
         return events
 
     def _each_record(self, db: sqlite3.Connection, records: Sequence[StoredRecord],
-                     live: Sequence[Projection]) -> list[RecordedEvent]:
+                     live: Sequence[Projection], keep: bool) -> list[RecordedEvent]:
         """Each record to what each projection that wants it calls for it (``_targets``, once
         per wire name). The rebuild's hot loop, kept in one function on purpose: a call per
         event costs a tenth of a rebuild."""
         events: list[RecordedEvent] = []
-        append = events.append
+        append = events.append if keep else _NOWHERE.append
         decode = self._decode
         registry = self.registry
         wanting: dict[str, list[Target]] = {}
@@ -237,7 +245,7 @@ class BatchApplier:
     # --- event by event -------------------------------------------------------------------
 
     def _event_by_event(self, db: sqlite3.Connection, records: Sequence[StoredRecord],
-                        projections: Sequence[Projection], batch: _Batch
+                        projections: Sequence[Projection], batch: _Batch, keep: bool
                         ) -> list[RecordedEvent]:
         """One savepoint per event and projection, so that a failing projection halts at the
         failing event and the others carry on."""
@@ -251,7 +259,8 @@ class BatchApplier:
                 event = exc
             newer = False  # a newer version of a known event: see _opaque_targets
             if not isinstance(event, CorruptRecord):
-                events.append(event)
+                if keep:
+                    events.append(event)
                 newer = event.is_opaque and record.wire_name in self.registry
             for p in projections:
                 if p.name not in batch.halted and record.position > batch.tracked[p.name]:

@@ -49,7 +49,7 @@ def replay(store: EventStore, applier: BatchApplier, projections: Sequence[Proje
     head = store.head_position() if upto is None else upto
 
     def apply(records: list[StoredRecord], last: int) -> list[RecordedEvent]:
-        return applier.apply(records, last, projections)
+        return applier.apply(records, last, projections, keep=False)
 
     each_page(store, after, head, batch_size, apply, progress)
     with collector_paused():
