@@ -163,6 +163,7 @@ def _show_data(s: _Shown, roles: dict[str, str], usage_by_model: dict[str, Usage
     status = s.status
     return {
         **s.summary.as_dict(),
+        "agent_revision": s.state.agent_revision,
         "owner": s.owner,
         "open_turn": status.turn if status.turn_open else None,
         "step": status.step, "step_open": status.step_open,
@@ -199,7 +200,7 @@ def _head_lines(s: _Shown, now: float) -> list[str]:
     lines = [
         f"session   {summary.id}",
         f"title     {summary.title or '(untitled)'}",
-        f"agent     {summary.agent}",
+        f"agent     {summary.agent} (revision {s.state.agent_revision})",
         f"status    {summary.status}"
         + (f" (turn {status.turn}, step {status.step}{' open' if status.step_open else ''})"
            if status.turn_open else "")

@@ -506,6 +506,28 @@ class AgentDetached(EventPayload):
     by: Actor | None = None
 
 
+@event_type
+class AgentRevised(EventPayload):
+    """The session's turns run under another ``revision`` of its agent definition from here on
+    (R32): the process that took the session defines it; they ran under ``previous`` (the
+    ``session/started``'s revision, or the last ``agent/revised``'s). A newer revision (a
+    deploy) or an older one (a rollback). ``in_turn``: turn ``turn`` was open, handed over
+    mid-way, and its later steps run under the new revision."""
+
+    wire_name = "agent/revised"
+    previous: int = Field(ge=1)
+    revision: int = Field(ge=1)
+    turn: int = Field(ge=0)
+    in_turn: bool = False
+
+    @field_validator("revision")
+    @classmethod
+    def _moved(cls, revision: int, info: ValidationInfo) -> int:
+        if creating(info) and revision == info.data.get("previous"):
+            raise ValueError("the same revision as before: nothing to record")
+        return revision
+
+
 @catalogue.upcaster("agent/attached", 1)
 @catalogue.upcaster("agent/detached", 1)
 def _ownership_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from terret.domain.events import (
     Actor,
     AgentAttached,
     AgentDetached,
+    AgentRevised,
     ApprovalRequested,
     ApprovalResolved,
     AssistantMessage,
@@ -86,9 +87,9 @@ class Session(Aggregate):
             aggregate._apply(self.payload, aggregate.version + 1)
 
     def __init__(self, payload: SessionStarted, event_id: UUID) -> None:
-        # the same state a replay of session/started gives (_on_started)
-        self.state = SessionState(agent=payload.agent, roles=dict(payload.roles),
-                                  created_on=self.created_on.timestamp())
+        # the same state a replay of session/started gives: its own handler
+        self.state = SessionState(created_on=self.created_on.timestamp())
+        evolve(self.state, payload, 1)
 
     # --- creation and loading -------------------------------------------------------------
 
@@ -591,6 +592,15 @@ class Session(Aggregate):
         self._record(AgentAttached(agent_id=agent_id, host=host, pid=pid, reason=reason,
                                    worker=worker, epoch=epoch, lease_until=lease_until))
         return epoch
+
+    def run_under(self, revision: int) -> None:
+        """The session's turns run under ``revision`` of its agent definition from here on
+        (R32): another revision than the one they ran under is recorded (``agent/revised``,
+        saying whether an open turn is handed over); the same one changes nothing."""
+        current = self.state.agent_revision
+        if revision != current:
+            self._record(AgentRevised(previous=current, revision=revision,
+                                      turn=self.state.turn, in_turn=self.state.turn_open))
 
     def detach(self, agent_id: str, host: str, pid: int, reason: str | None = None, *,
                worker: str | None = None, by: Actor | None = None) -> None:

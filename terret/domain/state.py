@@ -22,6 +22,7 @@ from terret.domain.events import (
     Actor,
     AgentAttached,
     AgentDetached,
+    AgentRevised,
     ApprovalRequested,
     ApprovalResolved,
     AssistantMessage,
@@ -156,6 +157,9 @@ class SessionState:
     """Everything the invariants need; serialised as the snapshot."""
 
     agent: str = "default"
+    agent_revision: int = 1
+    """The revision of the agent definition the session's turns run under (R32): its
+    ``session/started``'s, then each ``agent/revised``'s."""
     turn: int = 0
     turn_open: bool = False
     step: int = 0
@@ -266,6 +270,9 @@ class SessionState:
         if f.get("policy_seq") and "policy" not in f:
             # A snapshot from before the state kept the patterns: not usable, replay instead.
             raise ValueError("snapshot without the session's policy patterns")
+        if "agent_revision" not in f:
+            # A snapshot from before the state kept the revision: replay instead.
+            raise ValueError("snapshot without the session's agent revision")
         if f.get("turn") and "spent" not in f:
             # A snapshot from before the state kept the session's cost: replay instead.
             raise ValueError("snapshot without the session's cost")
@@ -331,7 +338,13 @@ def evolve(state: SessionState, payload: EventPayload | OpaquePayload, seq: int)
 @_on(SessionStarted)
 def _on_started(s: SessionState, p: SessionStarted, seq: int) -> None:
     s.agent = p.agent
+    s.agent_revision = p.agent_revision
     s.roles = dict(p.roles)
+
+
+@_on(AgentRevised)
+def _on_revised(s: SessionState, p: AgentRevised, seq: int) -> None:
+    s.agent_revision = p.revision
 
 
 @_on(ModelSet)

@@ -72,10 +72,11 @@ class StatusProjection(TypedProjection):
     ``evolve``, which dispatches on the payload's class."""
 
     name = "status"
+    # 7: the state keeps the agent revision the session's turns run under (agent/revised).
     # 6: a budget/set's limit read as a cost figure (rounded as every report rounds it).
     # 5: the state keeps the open turn's start (a summary may be recorded while it runs).
     # 4: the state folds usage/recorded (the upkeep's cost, counted by the budget).
-    version = 6  # 3: what an open turn waits on (waiting); 2: the aggregate's state is the truth
+    version = 7  # 3: what an open turn waits on (waiting); 2: the aggregate's state is the truth
     handles = LiveWireNames(_evolving)
     tables = ("status",)
     schema = """

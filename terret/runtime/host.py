@@ -354,9 +354,11 @@ class AgentHost:
 def _take(agent: Agent, definition: AgentDefinition, session: Session, *,
           take_idle: TakeIdle) -> None:
     """Take the session for ``agent`` — ``SessionOwned`` first, when a live worker has it —
-    then refuse a turn it could not serve (nothing is saved: the command raised)."""
+    then refuse a turn it could not serve (nothing is saved: the command raised), and record
+    the move when this process's revision of the definition is another (R32)."""
     agent.ownership.take(session, take_idle=take_idle)
     _require_owed_tools(session, definition)
+    session.run_under(definition.revision)
 
 
 def _require_owed_tools(session: Session, definition: AgentDefinition) -> None:

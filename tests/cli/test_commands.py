@@ -66,7 +66,8 @@ def test_sessions_new_list_show(target: Target) -> None:
     assert set(shown) == SUMMARY_KEYS | {
         "open_turn", "step", "step_open", "owed_calls", "cancel_requested", "cancel", "inbox",
         "resumable", "pending_approvals", "policy", "models", "usage_by_model", "upkeep_usage",
-        "in_doubt_calls", "budget"}
+        "in_doubt_calls", "budget", "agent_revision"}
+    assert shown["agent_revision"] == 1
 
     # `session-<uuid>` is accepted wherever a session id is.
     assert target.json("sessions", "show", f"session-{sid}")["id"] == str(sid)

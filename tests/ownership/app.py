@@ -11,7 +11,8 @@ produced them, so a test can tell which worker wrote what. ``OWNERSHIP_TTL`` set
 execution appends ``<call id> <idempotency key>`` to, ``OWNERSHIP_USAGE=1`` makes every
 reply report ``USAGE``, and ``OWNERSHIP_COMPACT_BUDGET`` sets the compaction budget (a fixed
 summarizer, no model call). ``OWNERSHIP_UPKEEP_SECONDS`` makes the titler and the summarizer
-take that long, and name the pid that made them (a test kills a worker in its upkeep)."""
+take that long, and name the pid that made them (a test kills a worker in its upkeep).
+``OWNERSHIP_REVISION`` sets the agent definition's revision (default 1)."""
 
 from __future__ import annotations
 
@@ -110,7 +111,8 @@ def app() -> App:
     ttl = float(os.environ.get("OWNERSHIP_TTL", "3"))
     budget = os.environ.get("OWNERSHIP_COMPACT_BUDGET")
     return App(resolver=StaticResolver({"scripted": provider}),
-               agents=[AgentDefinition(tools=[work, gated], allow=["*"])],
+               agents=[AgentDefinition(tools=[work, gated], allow=["*"],
+                                       revision=int(os.environ.get("OWNERSHIP_REVISION", "1")))],
                config=RuntimeConfig(roles={"main": "scripted:default"}, lease_ttl=ttl,
                                     compaction_budget=int(budget) if budget else None),
                summarizer=SlowSummarizer() if UPKEEP_SECONDS else FixedSummarizer(),

@@ -606,3 +606,22 @@ def test_a_gap_in_the_seqs_is_a_corrupt_record_at_the_position_after_it() -> Non
     assert info.value.position == records[2].position
     assert "before seq 3" in str(info.value) and "at 1" in str(info.value)
     assert fresh.version == 1
+
+
+def test_a_change_of_revision_is_recorded_once_and_kept_in_the_state() -> None:
+    """R32: ``run_under`` records another revision (forward or back), never the same one."""
+    from terret.domain.errors import InvalidPayload
+    from terret.domain.events import AgentRevised
+
+    session = Session.start(agent="ops", agent_revision=2, roles={"main": MODEL})
+    session.run_under(2)
+    assert session.state.agent_revision == 2 and len(session.collect_events()) == 1
+    session.start_turn(text="go")
+    session.run_under(3)
+    session.run_under(1)
+    revised = [e.payload for e in session.collect_events() if isinstance(e.payload, AgentRevised)]
+    assert [(p.previous, p.revision, p.turn, p.in_turn) for p in revised] == [
+        (2, 3, 1, True), (3, 1, 1, True)]
+    assert session.state.agent_revision == 1
+    with pytest.raises(InvalidPayload, match="the same revision"):
+        AgentRevised(previous=4, revision=4, turn=0)

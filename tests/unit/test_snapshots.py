@@ -49,7 +49,9 @@ OLD_SNAPSHOT: dict[str, Any] = {
 
 
 def test_a_snapshot_of_the_previous_shape_loads_into_typed_records() -> None:
-    state = SessionState.from_json(json.dumps(OLD_SNAPSHOT).encode())
+    # (With the agent revision, kept since: a snapshot without it is replayed, below.)
+    state = SessionState.from_json(json.dumps({**OLD_SNAPSHOT, "agent_revision": 3}).encode())
+    assert state.agent_revision == 3
     assert state.owed == {"c1": OwedCall("c1", "deploy", {"env": "prod"}),
                           "c2": OwedCall("c2", "rm", {})}
     assert state.pending == {"c1": WaitingCall("deploy", {"env": "prod"})}
@@ -65,7 +67,8 @@ def test_a_snapshot_of_the_previous_shape_loads_into_typed_records() -> None:
     # `call_steps` empty means each call id is its first step's; `turn_started_seq` 0 makes a
     # summary wait for the turn's end, as before it was kept; the last compaction covered up
     # to the seq before it, and the last message is the last model-visible event.)
-    assert json.loads(state.to_json()) == {**OLD_SNAPSHOT, "created_on": None,
+    assert json.loads(state.to_json()) == {**OLD_SNAPSHOT, "agent_revision": 3,
+                                              "created_on": None,
                                               "released": False, "call_steps": {},
                                               "turn_started_seq": 0, "turn_ended_seq": 0,
                                               "compacted_upto": 0}
@@ -74,7 +77,8 @@ def test_a_snapshot_of_the_previous_shape_loads_into_typed_records() -> None:
 def test_a_snapshot_of_another_shape_is_refused_so_the_log_is_replayed() -> None:
     for broken in ({**OLD_SNAPSHOT, "owner": {"who": "a1"}},       # a record of another shape
                    {**OLD_SNAPSHOT, "no_such_field": 1},           # a field this state lacks
-                   {k: v for k, v in OLD_SNAPSHOT.items() if k != "spent"}):  # before costs
+                   {k: v for k, v in OLD_SNAPSHOT.items() if k != "spent"},  # before costs
+                   OLD_SNAPSHOT):  # before the agent revision: it may not be session/started's
         try:
             SessionState.from_json(json.dumps(broken).encode())
         except (ValueError, TypeError):
