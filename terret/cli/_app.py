@@ -11,6 +11,7 @@ import click
 
 from terret._text import one_line
 from terret.cli._extensions import import_from_cwd
+from terret.cli._format import NOT_SHOWN, may_hold_secret, scrubbed
 from terret.domain.errors import ConfigurationError, TerretError, shown
 from terret.runtime.definition import AgentDefinition
 from terret.runtime.maintenance import Titler
@@ -69,17 +70,15 @@ def _env_spec(resolver: ModelResolver, variable: str, spec: str) -> str:
         raise ConfigurationError(f"{_env_value(variable, spec)}: {exc}") from None
     problem = resolve_problem(resolver, spec)
     if problem is not None and not problem[1]:
-        raise ConfigurationError(f"{_env_value(variable, spec)}: {problem[0]}")
+        raise ConfigurationError(f"{_env_value(variable, spec)}: {scrubbed(problem[0], spec)}")
     return spec
 
 
 def _env_value(variable: str, value: str) -> str:
     """``VARIABLE='value'`` for an error, or the variable alone when its value may be a
     credential (a URL's, a key pasted in the wrong variable): errors reach screens and logs."""
-    from terret.cli._format import may_hold_secret
-
     if may_hold_secret(value):
-        return f"{variable} (its value not shown: it may hold a credential)"
+        return f"{variable} (its value {NOT_SHOWN.strip('()')})"
     return f"{variable}={shown(value)}"
 
 
@@ -130,14 +129,16 @@ def check_resolves(resolver: ModelResolver, spec: str, *, param_hint: str = "'SP
     if problem is None:
         return
     message, known = problem
+    message, quoted = scrubbed(message, spec), (NOT_SHOWN if may_hold_secret(spec)
+                                                else shown(spec))
     if known and not served_here:
         # Cut: not an error line (whose quoted values the CLI cuts), and the resolver's
         # message may quote the spec, thousands of characters.
-        note(f"warning: {shown(spec)} cannot be used from here ({one_line(message, 300)}); "
+        note(f"warning: {quoted} cannot be used from here ({one_line(message, 300)}); "
              "recorded: the process serving the session needs it configured")
         return
     hint = "" if served_here else " (check the provider's name, or record it anyway with --force)"
-    raise click.BadParameter(f"the app cannot resolve {shown(spec)}: {message}{hint}",
+    raise click.BadParameter(f"the app cannot resolve {quoted}: {message}{hint}",
                              param_hint=param_hint)
 
 

@@ -24,7 +24,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from terret._text import one_line
-from terret.cli._format import may_hold_secret, printable
+from terret.cli._format import NOT_SHOWN, looks_like_key, may_hold_secret, printable, scrubbed
 from terret.domain.errors import SessionNotFound, StoreUnavailable, ViewsBehind, ViewsBusy
 from terret.domain.errors import shown as cut
 
@@ -152,24 +152,34 @@ class ModelSpecType(click.ParamType):
 
     name = "SPEC"
 
+    def __init__(self, *, keys_refused: bool = True) -> None:
+        self.keys_refused = keys_refused
+        """A spec whose model looks like an API key is refused (``model set --force`` checks
+        it itself: its ``--force`` records one all the same)."""
+
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> str:
         from terret.domain.events import validate_model_spec
 
+        text = str(value)
         try:
-            return validate_model_spec(str(value))
+            spec = validate_model_spec(text)
         except ValueError as exc:
-            text = str(value)
             # A spec that may hold a credential (a URL's, a pasted key) is not quoted: it would
             # be on the screen.
             if not may_hold_secret(text):
                 self.fail(f"{cut(value)}: {exc}", param, ctx)
-            shown = text.split("://", 1)[0] + "://…" if "://" in text else "(not shown: it " \
-                "may hold a credential)"
-            self.fail(f"{shown}: {exc}", param, ctx)
+            shown = text.split("://", 1)[0] + "://…" if "://" in text else NOT_SHOWN
+            self.fail(f"{shown}: {scrubbed(str(exc), text)}", param, ctx)
+        if self.keys_refused and looks_like_key(spec):
+            self.fail(f"{NOT_SHOWN}: the model looks like an API key, not a model name (a key "
+                      "recorded in a session's log stays there); "
+                      "`terret model set --force` records it all the same", param, ctx)
+        return spec
 
 
 MODEL_SPEC = ModelSpecType()
+ANY_MODEL_SPEC = ModelSpecType(keys_refused=False)
 
 
 @dataclass

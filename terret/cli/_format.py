@@ -35,6 +35,36 @@ def may_hold_secret(text: str) -> bool:
                for run in _KEY_LIKE.findall(text))
 
 
+NOT_SHOWN = "(not shown: it may hold a credential)"
+
+_KEY_BODY = re.compile(r"[A-Za-z0-9]{24,}")
+
+
+def looks_like_key(spec: str) -> bool:
+    """Whether a well-formed ``provider:model`` spec's model looks like an API key pasted in
+    the wrong place (``openai:sk-…``): it starts ``sk-``/``sk_``, or holds a run of 24 or more
+    letters and digits, both, with no separator — model names have dashes, dots or slashes
+    every few characters. Recorded, it would be in the log for good."""
+    model = spec.partition(":")[2]
+    if model.lower().startswith(("sk-", "sk_")):
+        return True
+    return any(re.search(r"\d", run) and re.search(r"[A-Za-z]", run)
+               for run in _KEY_BODY.findall(model))
+
+
+def scrubbed(message: str, value: str) -> str:
+    """``message`` with each quote of ``value`` (as ``shown`` or ``repr`` quotes it, or bare)
+    replaced by a note that it is not shown, when ``value`` may be a credential: a resolver's
+    or a validator's error may quote the spec it was given."""
+    from terret.domain.errors import shown
+
+    if not value or not may_hold_secret(value):
+        return message
+    for form in (shown(value), repr(value), value):
+        message = message.replace(form, NOT_SHOWN)
+    return message
+
+
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 """The control characters (C0 but newline and tab, DEL, C1): a terminal acts on them (a bell,
 an escape sequence that recolours or moves the cursor, a carriage return that writes over the

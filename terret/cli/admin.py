@@ -14,8 +14,8 @@ from uuid import UUID
 
 import click
 
-from terret.cli._context import MODEL_SPEC, SESSION, CliContext, note, operator
-from terret.cli._format import actor_text, money, table
+from terret.cli._context import ANY_MODEL_SPEC, SESSION, CliContext, note, operator
+from terret.cli._format import NOT_SHOWN, actor_text, looks_like_key, money, table
 from terret.cli._params import PATTERN, TEXT, Choice
 from terret.domain.errors import shown
 
@@ -290,11 +290,11 @@ def model() -> None:
 @model.command("set")
 @click.argument("session_id", type=SESSION)
 @click.argument("role", type=TEXT)
-@click.argument("spec", type=MODEL_SPEC)
+@click.argument("spec", type=ANY_MODEL_SPEC)
 @APP_OPTION
 @click.option("--force", is_flag=True,
               help="Record SPEC even if the app here cannot resolve it (a provider configured "
-                   "only where the session is served).")
+                   "only where the session is served), or its model looks like an API key.")
 @click.pass_obj
 def model_set(obj: CliContext, session_id: UUID, role: str, spec: str, app_spec: str | None,
               force: bool) -> None:
@@ -303,6 +303,10 @@ def model_set(obj: CliContext, session_id: UUID, role: str, spec: str, app_spec:
     from terret.cli._app import check_resolves
     from terret.domain.errors import InvalidPayload
 
+    if not force and looks_like_key(spec):
+        raise click.BadParameter(f"{NOT_SHOWN}: the model looks like an API key, not a model "
+                                 "name (a key recorded in a session's log stays there); --force "
+                                 "records it all the same", param_hint="'SPEC'")
     obj.require_session(session_id)
     app = None if force else app_for(app_spec)
     try:

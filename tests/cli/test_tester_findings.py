@@ -227,6 +227,9 @@ SECRET_ENVIRONMENTS = [
     ("TERRET_MAIN_MODEL", "sk-or-v1-S3CRETK3Y0123456789abcdefZZQ"),
     ("TERRET_SUMMARIZER", "sk-or-v1-S3CRETK3Y0123456789abcdefZZQ"),
     ("TERRET_COMPACTION_BUDGET", "sk-or-v1-S3CRETK3Y0123456789abcdefZZQ"),
+    # Well-formed specs of a provider the app lacks: the resolver's message quotes the spec.
+    ("TERRET_MAIN_MODEL", "nosuch:admin:hunter2SECRET@host"),
+    ("TERRET_MAIN_MODEL", "nosuch:SECRETK3Y0123456789abcdefZZQ"),
 ]
 
 
@@ -243,6 +246,39 @@ def test_a_value_of_the_environment_that_may_be_a_credential_is_not_quoted_back(
         line = one_line_error(result.stderr)
         assert f"{variable} (its value not shown: it may hold a credential)" in line, line
         assert "SECRET" not in result.stderr + result.stdout, result.stderr + result.stdout
+
+
+KEY_SPECS = ["openai:sk-SECRETK3Y0123456789abcdefZZQ", "openai:SECRETK3Y0123456789abcdefZZQxx",
+             "nosuch:SECRETK3Y0123456789abcdefZZQ"]
+
+
+def test_a_model_spec_that_may_be_a_credential_is_neither_quoted_nor_recorded(
+        target: Target) -> None:
+    """A key pasted as the model (``openai:sk-…``) would stay in the log for good: ``model
+    set`` and ``--model`` refuse it without quoting it, and nothing is written; one of a
+    provider the app lacks is refused without quoting it either. ``model set --force`` records
+    what looks like a key all the same; real model names are not taken for keys."""
+    sid = str(target.finished())
+    before = target.snapshot()
+    unknown = "nosuch:admin:hunter2SECRET@host"  # not a key; a provider the app lacks
+    for spec, commands in [(spec, ("model", "sessions", "chat")) for spec in KEY_SPECS] + [
+            (unknown, ("model", "chat"))]:
+        for command in [c for c in (["model", "set", sid, "main", spec],
+                                    ["sessions", "new", "--model", spec],
+                                    ["chat", "--model", spec]) if c[0] in commands]:
+            for json_flag in ((), ("--json",)):
+                result = target.invoke(*json_flag, *command, input="")
+                assert result.exit_code == 2, (command, result.stderr)
+                assert "not shown: it may hold a credential" in result.stderr, result.stderr
+                assert "SECRET" not in result.stderr + result.stdout, result.stderr
+    assert target.snapshot() == before
+    for spec in ("openai-compatible:Qwen2.5-Coder-32B-Instruct-GPTQ-Int4",
+                 "openrouter:meta-llama/llama-3.1-405b-instruct", "scripted:gpt-4o-2024-08-06"):
+        result = target.invoke("model", "set", sid, "main", spec)
+        assert result.exit_code == 0, (spec, result.stderr)
+    forced = target.invoke("model", "set", "--force", sid, "main", KEY_SPECS[0])
+    assert forced.exit_code == 0, forced.stderr
+    assert target.types(sid)[-1] == "model/set"
 
 
 def test_the_default_app_refuses_an_environment_it_cannot_use(
