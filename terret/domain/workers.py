@@ -41,6 +41,9 @@ class WorkerBeat:
     """Whether the worker follows the log (a started ``Runtime``): it hears of a wake on a
     session it holds. False: it serves nothing (a runtime never started, one stopping); None:
     a worker of an older release, which does not say (taken as following)."""
+    agents: tuple[str, ...] | None = None
+    """The names of the agents the worker's app defines: the sessions it can serve. None: a
+    worker of an older release, which does not say (taken as defining every agent)."""
 
     def alive(self, now: float) -> bool:
         return now - self.at <= self.ttl
@@ -56,10 +59,13 @@ class WorkerBeat:
                    sessions=tuple(str(s) for s in raw.get("sessions", ())),
                    proc_start=raw.get("proc_start"), upkeep=_purposes(raw.get("upkeep")),
                    folds=_purposes(raw.get("folds")),
-                   follows=raw["follows"] if isinstance(raw.get("follows"), bool) else None)
+                   follows=raw["follows"] if isinstance(raw.get("follows"), bool) else None,
+                   agents=_purposes(raw["agents"]) if isinstance(raw.get("agents"), list)
+                   else None)
 
 
 def _purposes(raw: object) -> tuple[str, ...]:
+    """The strings of a JSON list (a beat's upkeep purposes, wire names, agent names)."""
     return tuple(p for p in raw if isinstance(p, str)) if isinstance(raw, list) else ()
 
 

@@ -65,6 +65,20 @@ UNSERVED: Literal["unserved"] = "unserved"
 TakeIdle = bool | Literal["unserved"]
 
 
+@dataclass(frozen=True)
+class LiveWorker:
+    """A live worker as its latest beat describes it."""
+
+    worker: str
+    follows: bool
+    """It follows the log (or, of an older release, does not say)."""
+    agents: tuple[str, ...] | None
+    """The agents its app defines; None: it does not say (an older release)."""
+
+    def defines(self, agent: str | None) -> bool:
+        return agent is None or self.agents is None or agent in self.agents
+
+
 class WorkerLease:
     """This process's worker: its id, its heartbeat thread, and the lease checks."""
 
@@ -83,6 +97,8 @@ class WorkerLease:
         """The upkeep this worker does for the turns it runs now (said in each beat)."""
         self.follows: Callable[[], bool] = lambda: False
         """Whether this worker follows the log now (said in each beat: see ``serves_nothing``)."""
+        self.agents: Callable[[], tuple[str, ...] | None] = lambda: None
+        """The agents this worker's app defines (said in each beat: see ``live_workers``)."""
         self._sessions = sessions
         self._lock = threading.Lock()
         self._last_ok: float | None = None  # monotonic start of the last successful beat
@@ -132,7 +148,7 @@ class WorkerLease:
                           started=self.started, at=time.time(), ttl=self.ttl,
                           sessions=tuple(sorted(self._sessions())),
                           proc_start=process_start(self.pid), upkeep=self.upkeep(),
-                          folds=_folds(), follows=self.follows())
+                          folds=_folds(), follows=self.follows(), agents=self.agents())
         try:
             self.registry.beat(beat)
         except StoreError as exc:
@@ -177,19 +193,16 @@ class WorkerLease:
     def lease_until(self) -> float:
         return time.time() + self.ttl
 
-    def live_workers(self) -> tuple[list[str], list[str]]:
-        """The workers alive by their beats (this one included), less those of this host
-        whose process is gone; and of those, the ones that follow the log (or, of an older
-        release, do not say): one read of the registry for both."""
+    def live_workers(self) -> list[LiveWorker]:
+        """The workers alive by their beats (this one included, first), less those of this
+        host whose process is gone, with what they say of themselves: one read of the
+        registry serves every question a scan asks."""
         now = time.time()
         beats = [b for b in self.registry.beats()
                  if b.alive(now) and (b.host != self.host or process_running(b.pid, b.proc_start))]
-        live = [b.worker for b in beats]
-        following = [b.worker for b in beats if b.follows is not False or b.worker == self.worker]
-        if self.worker not in live:
-            live.append(self.worker)
-            following.append(self.worker)
-        return live, following
+        mine = LiveWorker(self.worker, True, self.agents())
+        return [mine, *(LiveWorker(b.worker, b.follows is not False, b.agents)
+                        for b in beats if b.worker != self.worker)]
 
     def orphans(self) -> list[tuple[str, str]]:
         """(worker, session) for each session named in the last beat of a worker that is gone

@@ -138,6 +138,8 @@ class Runtime:
                                  sessions=lambda: [str(s) for s in self.agent_host.session_ids()])
         self.lease.upkeep = self._upkeep_done_here
         self.lease.follows = lambda: bool(self._upkeep_done_here())  # started, following
+        # The sessions it can serve: those of its agents (a runtime without any defines one).
+        self.lease.agents = lambda: tuple(sorted(self.definitions)) or ("default",)
         self._turn_services = self._turn_services_of()
         self.supervisor = Supervisor(self.agent_host, ServingServices(
             self.writer, self.views, self.lease, self.stopping, self.start,

@@ -48,7 +48,7 @@ from terret.projections.views import Views
 from terret.runtime.agent import Agent
 from terret.runtime.definition import TurnResult
 from terret.runtime.host import AgentHost
-from terret.runtime.ownership import UNSERVED, TakeIdle, WorkerLease
+from terret.runtime.ownership import UNSERVED, LiveWorker, TakeIdle, WorkerLease
 from terret.runtime.pool import GroupFeed
 from terret.runtime.stops import TurnSuspended
 from terret.runtime.tools import describe_error
@@ -93,7 +93,7 @@ class Supervisor:
         self.serving = False
         self._free_since: dict[UUID, float] = {}
         self._refused: set[UUID] = set()
-        self._live: tuple[float, list[str], list[str]] = (float("-inf"), [], [])
+        self._live: tuple[float, list[LiveWorker]] = (float("-inf"), [])
         self._wakers: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -269,7 +269,8 @@ class Supervisor:
         with self._lock:
             first = self._upkeep_since.setdefault(sid, time.monotonic())
         lease = self.services.lease
-        ranked = lease.ranked(str(sid), self._live_workers(following=True))
+        ranked = lease.ranked(str(sid), self._live_workers(following=True,
+                                                           agent=session.state.agent))
         rank = ranked.index(lease.worker) if lease.worker in ranked else len(ranked)
         # One at a time, in rendezvous order: the first at once, each next one two TTLs
         # later (the one before may be no pool member, or serve another app) — and each
@@ -320,8 +321,8 @@ class Supervisor:
             if session.turn_open or not lease.serves_nothing(owner.worker):
                 return None
             take_idle = UNSERVED
-        return take_idle if mine or chosen or self._first_to_try(sid, now=now, leaving=leaving) \
-            else None
+        return take_idle if mine or chosen or self._first_to_try(
+            sid, now=now, leaving=leaving, agent=session.state.agent) else None
 
     def _claim(self, sid: UUID, *, now: bool, take_idle: TakeIdle = False) -> bool:
         """Claim ``sid`` for this worker, now (its turn then runs on a thread of its own);
@@ -347,21 +348,24 @@ class Supervisor:
                 return
         log.warning("not serving session %s: %s", sid, exc)
 
-    def _live_workers(self, *, following: bool = False) -> list[str]:
-        """The live workers (``following``: those that follow the log), read from the registry
-        at most every ``LIVE_FOR`` seconds: a scan or a burst of wakes asks for every session
-        it offers, one registry read serves them."""
+    def _live_workers(self, *, following: bool = False, agent: str | None = None
+                      ) -> list[str]:
+        """The live workers (``following``: those that follow the log; ``agent``: those whose
+        app defines it — another app's worker would only refuse the session), read from the
+        registry at most every ``LIVE_FOR`` seconds: a scan or a burst of wakes asks for every
+        session it offers, one registry read serves them."""
         with self._lock:
-            at, live, follow = self._live
+            at, live = self._live
         if time.monotonic() - at >= LIVE_FOR:  # the read outside the lock: wakes take it too
-            live, follow = self.services.lease.live_workers()
+            live = self.services.lease.live_workers()
             with self._lock:
-                self._live = (time.monotonic(), live, follow)
-        return follow if following else live
+                self._live = (time.monotonic(), live)
+        return [w.worker for w in live if (w.follows or not following) and w.defines(agent)]
 
-    def _first_to_try(self, sid: UUID, *, now: bool, leaving: str | None = None) -> bool:
+    def _first_to_try(self, sid: UUID, *, now: bool, leaving: str | None = None,
+                      agent: str | None = None) -> bool:
         rt = self.services
-        live = [w for w in self._live_workers() if w != leaving]
+        live = [w for w in self._live_workers(agent=agent) if w != leaving]
         if rt.lease.preferred(str(sid), live) == rt.lease.worker:
             return True
         with self._lock:

@@ -12,7 +12,8 @@ execution appends ``<call id> <idempotency key>`` to, ``OWNERSHIP_USAGE=1`` make
 reply report ``USAGE``, and ``OWNERSHIP_COMPACT_BUDGET`` sets the compaction budget (a fixed
 summarizer, no model call). ``OWNERSHIP_UPKEEP_SECONDS`` makes the titler and the summarizer
 take that long, and name the pid that made them (a test kills a worker in its upkeep).
-``OWNERSHIP_REVISION`` sets the agent definition's revision (default 1)."""
+``OWNERSHIP_REVISION`` sets the agent definition's revision (default 1), ``OWNERSHIP_AGENT``
+its name (default ``default``: another makes the app another app's)."""
 
 from __future__ import annotations
 
@@ -112,6 +113,7 @@ def app() -> App:
     budget = os.environ.get("OWNERSHIP_COMPACT_BUDGET")
     return App(resolver=StaticResolver({"scripted": provider}),
                agents=[AgentDefinition(tools=[work, gated], allow=["*"],
+                                       name=os.environ.get("OWNERSHIP_AGENT", "default"),
                                        revision=int(os.environ.get("OWNERSHIP_REVISION", "1")))],
                config=RuntimeConfig(roles={"main": "scripted:default"}, lease_ttl=ttl,
                                     compaction_budget=int(budget) if budget else None),

@@ -82,3 +82,26 @@ def test_workers_outside_a_pool_read_every_session_and_still_run_each_turn_once(
     assert set(owner.values()) <= {w.pid for w in workers}
     if pool.emulator is not None:  # a reader that received every session: not a pool member
         assert any(owner.keys() <= t for t in pool.emulator.traces())
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_of_another_app_never_holds_a_session_up(pool: Pool) -> None:
+    """Two apps' workers on one store, each following every session (SQLite; ``--no-group``
+    on EventStoreDB): a free session's preferred worker is chosen among those whose app defines
+    its agent (their beats say which), so a wake is served at once — not after the two beat
+    intervals (12 s here) a worker of the other app would make it wait, having refused it."""
+    import time
+
+    slow = {"OWNERSHIP_TTL": "30", "OWNERSHIP_TOOL_SECONDS": "0"}  # beats every 6 s
+    ours = pool.serve("ours", "--no-group", **slow)
+    other = pool.serve("other", "--no-group", OWNERSHIP_AGENT="someone-else", **slow)
+    sessions = [pool.new_session() for _ in range(6)]
+    for sid in sessions:
+        began = time.monotonic()
+        pool.runtime().inject(sid, "go", wake=True)
+        pool.wait_for(sid, "turn/end", timeout=60)
+        assert time.monotonic() - began < 6, pool.stderr()
+    assert not any("not serving session" in line for line in other.err), other.err
+    assert all(pool.log(sid)[2][1]["pid"] == ours.pid for sid in sessions)
+    said = {b.pid: b.agents for b in pool.store.workers().beats()}
+    assert said[ours.pid] == ("default",) and said[other.pid] == ("someone-else",)
