@@ -11,7 +11,7 @@ import click
 
 from terret._text import one_line
 from terret.cli._extensions import import_from_cwd
-from terret.cli._format import NOT_SHOWN, may_hold_secret, scrubbed
+from terret.cli._format import KEY_REFUSED, NOT_SHOWN, looks_like_key, may_hold_secret, scrubbed
 from terret.domain.errors import ConfigurationError, TerretError, shown
 from terret.runtime.definition import AgentDefinition
 from terret.runtime.maintenance import Titler
@@ -67,7 +67,10 @@ def _env_spec(resolver: ModelResolver, variable: str, spec: str) -> str:
     try:
         validate_model_spec(spec)
     except ValueError as exc:
-        raise ConfigurationError(f"{_env_value(variable, spec)}: {exc}") from None
+        raise ConfigurationError(f"{_env_value(variable, spec)}: {scrubbed(str(exc), spec)}"
+                                 ) from None
+    if looks_like_key(spec):  # every session created here would record it
+        raise ConfigurationError(f"{_env_value(variable, spec)}: {KEY_REFUSED}")
     problem = resolve_problem(resolver, spec)
     if problem is not None and not problem[1]:
         raise ConfigurationError(f"{_env_value(variable, spec)}: {scrubbed(problem[0], spec)}")

@@ -24,7 +24,14 @@ import click
 from click.shell_completion import CompletionItem
 
 from terret._text import one_line
-from terret.cli._format import NOT_SHOWN, looks_like_key, may_hold_secret, printable, scrubbed
+from terret.cli._format import (
+    KEY_REFUSED,
+    NOT_SHOWN,
+    looks_like_key,
+    may_hold_secret,
+    printable,
+    scrubbed,
+)
 from terret.domain.errors import SessionNotFound, StoreUnavailable, ViewsBehind, ViewsBusy
 from terret.domain.errors import shown as cut
 
@@ -154,8 +161,8 @@ class ModelSpecType(click.ParamType):
 
     def __init__(self, *, keys_refused: bool = True) -> None:
         self.keys_refused = keys_refused
-        """A spec whose model looks like an API key is refused (``model set --force`` checks
-        it itself: its ``--force`` records one all the same)."""
+        """A spec whose model looks like an API key is refused (``model set`` checks it itself:
+        its ``--not-a-key`` records one all the same)."""
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> str:
@@ -169,12 +176,13 @@ class ModelSpecType(click.ParamType):
             # be on the screen.
             if not may_hold_secret(text):
                 self.fail(f"{cut(value)}: {exc}", param, ctx)
-            shown = text.split("://", 1)[0] + "://…" if "://" in text else NOT_SHOWN
+            provider = text.partition(":")[0]
+            shown = f"{provider}:…" if ":" in text and not may_hold_secret(provider) \
+                else NOT_SHOWN
             self.fail(f"{shown}: {scrubbed(str(exc), text)}", param, ctx)
         if self.keys_refused and looks_like_key(spec):
-            self.fail(f"{NOT_SHOWN}: the model looks like an API key, not a model name (a key "
-                      "recorded in a session's log stays there); "
-                      "`terret model set --force` records it all the same", param, ctx)
+            self.fail(f"{NOT_SHOWN}: {KEY_REFUSED}; `terret model set --not-a-key` records "
+                      "it all the same", param, ctx)
         return spec
 
 

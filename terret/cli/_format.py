@@ -28,8 +28,9 @@ _KEY_LIKE = re.compile(r"[A-Za-z0-9_\-+=]{20,}")
 def may_hold_secret(text: str) -> bool:
     """Whether a value given where a spec or a word was expected may be a credential, and so
     must not be quoted back in an error: a URL (user-info, a query), something with an ``@``,
-    or a run of 20 or more letters and digits, both (an API key pasted in the wrong place)."""
-    if "://" in text or "@" in text:
+    a run of 20 or more letters and digits, both (an API key pasted in the wrong place), or a
+    spec whose model looks like a key (``looks_like_key``)."""
+    if "://" in text or "@" in text or text.startswith(_KEY_PREFIXES) or looks_like_key(text):
         return True
     return any(re.search(r"\d", run) and re.search(r"[A-Za-z]", run)
                for run in _KEY_LIKE.findall(text))
@@ -39,17 +40,27 @@ NOT_SHOWN = "(not shown: it may hold a credential)"
 
 _KEY_BODY = re.compile(r"[A-Za-z0-9]{24,}")
 
+_KEY_PREFIXES = ("sk-", "sk_", "AKIA", "ASIA", "AIza", "gsk_", "hf_", "ghp_", "gho_", "ghs_",
+                 "github_pat_", "glpat-", "xai-", "xoxb-", "xoxp-")
+"""How common API keys begin (OpenAI's, Anthropic's and OpenRouter's ``sk-``, AWS's, Google's,
+Groq's, Hugging Face's, GitHub's, GitLab's, xAI's, Slack's)."""
+
 
 def looks_like_key(spec: str) -> bool:
-    """Whether a well-formed ``provider:model`` spec's model looks like an API key pasted in
-    the wrong place (``openai:sk-…``): it starts ``sk-``/``sk_``, or holds a run of 24 or more
-    letters and digits, both, with no separator — model names have dashes, dots or slashes
-    every few characters. Recorded, it would be in the log for good."""
+    """Whether a ``provider:model`` spec's model looks like an API key pasted in the wrong
+    place (``openai:sk-…``): it begins as common keys do (``_KEY_PREFIXES``), or holds a run of
+    24 or more letters and digits, both, with no separator — model names have dashes, dots or
+    slashes every few characters. Recorded, it would be in the log for good."""
     model = spec.partition(":")[2]
-    if model.lower().startswith(("sk-", "sk_")):
+    if model.startswith(_KEY_PREFIXES) or model.lower().startswith(("sk-", "sk_")):
         return True
     return any(re.search(r"\d", run) and re.search(r"[A-Za-z]", run)
                for run in _KEY_BODY.findall(model))
+
+
+KEY_REFUSED = ("the model looks like an API key, not a model name (a key recorded in a "
+               "session's log stays there)")
+"""Why a spec whose model looks like an API key is refused (the spec itself is not quoted)."""
 
 
 def scrubbed(message: str, value: str) -> str:

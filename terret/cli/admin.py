@@ -15,7 +15,7 @@ from uuid import UUID
 import click
 
 from terret.cli._context import ANY_MODEL_SPEC, SESSION, CliContext, note, operator
-from terret.cli._format import NOT_SHOWN, actor_text, looks_like_key, money, table
+from terret.cli._format import KEY_REFUSED, NOT_SHOWN, actor_text, looks_like_key, money, table
 from terret.cli._params import PATTERN, TEXT, Choice
 from terret.domain.errors import shown
 
@@ -294,19 +294,22 @@ def model() -> None:
 @APP_OPTION
 @click.option("--force", is_flag=True,
               help="Record SPEC even if the app here cannot resolve it (a provider configured "
-                   "only where the session is served), or its model looks like an API key.")
+                   "only where the session is served).")
+@click.option("--not-a-key", "not_a_key", is_flag=True,
+              help="Record SPEC even though its model looks like an API key (a model name "
+                   "that only looks like one).")
 @click.pass_obj
 def model_set(obj: CliContext, session_id: UUID, role: str, spec: str, app_spec: str | None,
-              force: bool) -> None:
+              force: bool, not_a_key: bool) -> None:
     """Point ROLE at SPEC (provider:model); the next step uses it. SPEC is checked against
     the app's providers first."""
     from terret.cli._app import check_resolves
     from terret.domain.errors import InvalidPayload
 
-    if not force and looks_like_key(spec):
-        raise click.BadParameter(f"{NOT_SHOWN}: the model looks like an API key, not a model "
-                                 "name (a key recorded in a session's log stays there); --force "
-                                 "records it all the same", param_hint="'SPEC'")
+    if not not_a_key and looks_like_key(spec):
+        raise click.BadParameter(
+            f"{NOT_SHOWN}: {KEY_REFUSED}; --not-a-key records it all the same",
+            param_hint="'SPEC'")
     obj.require_session(session_id)
     app = None if force else app_for(app_spec)
     try:

@@ -138,8 +138,7 @@ class Runtime:
                                  sessions=lambda: [str(s) for s in self.agent_host.session_ids()])
         self.lease.upkeep = self._upkeep_done_here
         self.lease.follows = lambda: bool(self._upkeep_done_here())  # started, following
-        # The sessions it can serve: those of its agents (a runtime without any defines one).
-        self.lease.agents = lambda: tuple(sorted(self.definitions)) or ("default",)
+        self.lease.agents = self.served_agents
         self._turn_services = self._turn_services_of()
         self.supervisor = Supervisor(self.agent_host, ServingServices(
             self.writer, self.views, self.lease, self.stopping, self.start,
@@ -368,7 +367,12 @@ class Runtime:
 
     def defines(self, agent: str) -> bool:
         """Whether this runtime serves sessions of ``agent`` (see ``_definition``)."""
-        return agent in self.definitions or (agent == "default" and not self.definitions)
+        return agent in self.served_agents()
+
+    def served_agents(self) -> tuple[str, ...]:
+        """The agents whose sessions this runtime serves: those it defines, or ``default``
+        when it defines none (see ``_definition``). Its beats name them."""
+        return tuple(sorted(self.definitions)) or ("default",)
 
     def model_spec(self, session: Session, role: str) -> str:
         """The session's spec for ``role`` as its log records it (``session/started`` and

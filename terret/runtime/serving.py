@@ -273,8 +273,9 @@ class Supervisor:
                                                            agent=session.state.agent))
         rank = ranked.index(lease.worker) if lease.worker in ranked else len(ranked)
         # One at a time, in rendezvous order: the first at once, each next one two TTLs
-        # later (the one before may be no pool member, or serve another app) — and each
-        # finds it done (the task is None) when one before it did it.
+        # later (the one before may be no pool member, or of an older release that does not
+        # say which agents it serves) — and each finds it done (the task is None) when one
+        # before it did it.
         if time.monotonic() - first < rank * 2 * lease.ttl:
             return False
         with self._lock:
@@ -365,7 +366,10 @@ class Supervisor:
     def _first_to_try(self, sid: UUID, *, now: bool, leaving: str | None = None,
                       agent: str | None = None) -> bool:
         rt = self.services
-        live = [w for w in self._live_workers(agent=agent) if w != leaving]
+        # When no live worker defines the agent, one tries all the same and says it does not
+        # serve the session: the operator learns that its app's workers are all down.
+        live = [w for w in self._live_workers(agent=agent) or self._live_workers()
+                if w != leaving]
         if rt.lease.preferred(str(sid), live) == rt.lease.worker:
             return True
         with self._lock:

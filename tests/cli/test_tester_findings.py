@@ -230,6 +230,9 @@ SECRET_ENVIRONMENTS = [
     # Well-formed specs of a provider the app lacks: the resolver's message quotes the spec.
     ("TERRET_MAIN_MODEL", "nosuch:admin:hunter2SECRET@host"),
     ("TERRET_MAIN_MODEL", "nosuch:SECRETK3Y0123456789abcdefZZQ"),
+    # A provider the app has, with a key for a model: every session created would record it.
+    ("TERRET_MAIN_MODEL", "openai:sk-SECRETK3Y0123456789abcdefZZQ"),
+    ("TERRET_TITLER_MODEL", "openrouter:AKIASECRET7"),
 ]
 
 
@@ -249,14 +252,17 @@ def test_a_value_of_the_environment_that_may_be_a_credential_is_not_quoted_back(
 
 
 KEY_SPECS = ["openai:sk-SECRETK3Y0123456789abcdefZZQ", "openai:SECRETK3Y0123456789abcdefZZQxx",
-             "nosuch:SECRETK3Y0123456789abcdefZZQ"]
+             "nosuch:SECRETK3Y0123456789abcdefZZQ", "openrouter:AKIASECRET7EXAMPLE",
+             "openrouter:AIzaSyD-SECRETrke72PouQMnMX-a7eZSW0jk",
+             # Refused for its base URL's credentials, before the key check: not quoted either.
+             "openai-compatible:sk-proj-SECRETK3Y0123456789abcd@http://u:p@h/v1"]
 
 
 def test_a_model_spec_that_may_be_a_credential_is_neither_quoted_nor_recorded(
         target: Target) -> None:
     """A key pasted as the model (``openai:sk-…``) would stay in the log for good: ``model
     set`` and ``--model`` refuse it without quoting it, and nothing is written; one of a
-    provider the app lacks is refused without quoting it either. ``model set --force`` records
+    provider the app lacks is refused without quoting it either. ``model set --not-a-key`` records
     what looks like a key all the same; real model names are not taken for keys."""
     sid = str(target.finished())
     before = target.snapshot()
@@ -269,15 +275,22 @@ def test_a_model_spec_that_may_be_a_credential_is_neither_quoted_nor_recorded(
             for json_flag in ((), ("--json",)):
                 result = target.invoke(*json_flag, *command, input="")
                 assert result.exit_code == 2, (command, result.stderr)
-                assert "not shown: it may hold a credential" in result.stderr, result.stderr
+                # (A spec refused for its base URL is named by its provider alone.)
+                assert "not shown: it may hold a credential" in result.stderr \
+                    or "'SPEC': openai-compatible:…: a base URL" in result.stderr \
+                    or "'--model': openai-compatible:…: a base URL" in result.stderr, \
+                    result.stderr
                 assert "SECRET" not in result.stderr + result.stdout, result.stderr
     assert target.snapshot() == before
     for spec in ("openai-compatible:Qwen2.5-Coder-32B-Instruct-GPTQ-Int4",
                  "openrouter:meta-llama/llama-3.1-405b-instruct", "scripted:gpt-4o-2024-08-06"):
         result = target.invoke("model", "set", sid, "main", spec)
         assert result.exit_code == 0, (spec, result.stderr)
+    # --force is for a provider configured elsewhere only: a key is still refused.
     forced = target.invoke("model", "set", "--force", sid, "main", KEY_SPECS[0])
-    assert forced.exit_code == 0, forced.stderr
+    assert forced.exit_code == 2 and "SECRET" not in forced.stderr, forced.stderr
+    recorded = target.invoke("model", "set", "--not-a-key", sid, "main", KEY_SPECS[0])
+    assert recorded.exit_code == 0, recorded.stderr
     assert target.types(sid)[-1] == "model/set"
 
 

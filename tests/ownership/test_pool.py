@@ -100,7 +100,7 @@ def test_a_worker_of_another_app_never_holds_a_session_up(pool: Pool) -> None:
         began = time.monotonic()
         pool.runtime().inject(sid, "go", wake=True)
         pool.wait_for(sid, "turn/end", timeout=60)
-        assert time.monotonic() - began < 6, pool.stderr()
+        assert time.monotonic() - began < 10, pool.stderr()  # the slow path takes 12 s
     assert not any("not serving session" in line for line in other.err), other.err
     assert all(pool.log(sid)[2][1]["pid"] == ours.pid for sid in sessions)
     said = {b.pid: b.agents for b in pool.store.workers().beats()}

@@ -130,3 +130,18 @@ def test_created_on_is_preserved_across_a_load_from_a_snapshot() -> None:
     assert loaded.state == replayed.state
     assert loaded.pending_approvals() == {"c1": WaitingCall("deploy", {"env": "prod"})}
     assert loaded.pending_inbox() == {next(iter(loaded.state.inbox)): InboxEntry("later", True)}
+
+
+def test_a_snapshot_without_the_revision_gives_the_revision_of_the_log() -> None:
+    """Why such a snapshot is refused: the revision may not be the default (here 3, and then
+    4 by an ``agent/revised``), and only the log says which."""
+    store = MemoryStore()
+    repo = SessionRepository(store)
+    session = Session.start(agent="ops", agent_revision=3, roles={"main": MODEL})
+    session.run_under(4)
+    session.start_turn(text="go")
+    repo.save(session)
+    old = json.loads(session.state.to_json())
+    del old["agent_revision"]
+    store.write_snapshot(session_stream(session.id), session.version, json.dumps(old).encode())
+    assert repo.get(session.id).state.agent_revision == 4
