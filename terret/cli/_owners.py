@@ -61,7 +61,8 @@ class Liveness:
         return {"worker": beat.worker, "host": beat.host, "pid": beat.pid,
                 "started": beat.started, "last_beat": beat.at, "ttl": beat.ttl,
                 "live": self.live(beat), "process": self.process(beat),
-                "sessions": sorted(beat.sessions), "upkeep": list(beat.upkeep)}
+                "sessions": sorted(beat.sessions), "upkeep": list(beat.upkeep),
+                "agents": None if beat.agents is None else list(beat.agents)}
 
 
 def owner_text(owner: dict[str, Any] | None, now: float | None = None) -> str:

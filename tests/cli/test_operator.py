@@ -404,6 +404,7 @@ def test_owner_and_workers_beside_a_serving_process(target: Target) -> None:
         workers = target.json("workers")
         mine = [w for w in workers if w["pid"] == serve.popen.pid]
         assert len(mine) == 1 and mine[0]["live"] and mine[0]["worker"] == owner["worker"]
+        assert mine[0]["agents"] == ["demo"], mine  # the sessions it serves
         deadline = time.monotonic() + 20  # the sessions it owns arrive with its next beat
         while str(sid) not in mine[0]["sessions"] and time.monotonic() < deadline:
             time.sleep(0.2)
