@@ -207,6 +207,9 @@ class Session(Aggregate):
         """Text that cannot be recorded whatever the session's state (a lone surrogate) is
         refused first, before the rules: the same input is refused the same way every time."""
         for name, text in texts.items():
+            if text is not None and not isinstance(text, str):  # pydantic would decode bytes
+                raise errors.InvalidPayload(wire_name, name,
+                                            f"a string, not {type(text).__name__}")
             problem = text_problem(text) if isinstance(text, str) else None
             if problem is not None:
                 raise errors.InvalidPayload(wire_name, name, problem)
@@ -222,6 +225,7 @@ class Session(Aggregate):
 
     def queue(self, text: str, *, wake: bool = False, inbox_id: str | None = None) -> str:
         """Blank text is refused (``InvalidPayload``): a step would take nothing from it."""
+        self._storable(InboxQueued.wire_name, text=text)
         payload = InboxQueued(inbox_id=inbox_id or uuid4().hex, text=text, wake=wake)
         if not payload.text.strip():
             raise errors.InvalidPayload(InboxQueued.wire_name, "text", "the text is blank")
@@ -388,6 +392,10 @@ class Session(Aggregate):
 
     def set_budget(self, limit: float | None, *, by: Actor, reason: str | None = None) -> None:
         """The session's own budget (None: the deployment's default applies again)."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float)):
+            # pydantic would read "5" as 5.0 and True as 1.0
+            raise errors.InvalidPayload(BudgetSet.wire_name, "limit", "a number of dollars (None: "
+                                        f"the default), not {errors.shown(limit)}")
         self._reason_fits(BudgetSet.wire_name, reason)
         payload = BudgetSet(limit=limit, reason=reason, by=by)
         self._require_open()
@@ -561,6 +569,9 @@ class Session(Aggregate):
             raise errors.InvalidPayload(PolicyUpdated.wire_name, "patterns",
                                         f"a list of patterns, not one string "
                                         f"({errors.shown(patterns)})")
+        if not isinstance(patterns, Sequence | set | frozenset):
+            raise errors.InvalidPayload(PolicyUpdated.wire_name, "patterns", "a list of "
+                                        f"patterns, not {type(patterns).__name__}")
         payload = PolicyUpdated(patterns=list(patterns), by=by)
         self._require_open()
         self._record(payload)

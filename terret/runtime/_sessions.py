@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
+from terret.domain.errors import RuntimeStopping
 from terret.domain.store import as_session_id
 
 P = ParamSpec("P")
@@ -17,10 +18,20 @@ R = TypeVar("R")
 def takes_session(method: Callable[Concatenate[R, UUID, P], T]
                   ) -> Callable[Concatenate[R, UUID | str, P], T]:
     """``method``'s session argument as a ``UUID``, given a ``UUID``, its string form or the
-    stream name ``session-<uuid>`` (``SessionNotFound`` for anything else, before any read)."""
+    stream name ``session-<uuid>`` (``SessionNotFound`` for anything else, before any read);
+    on a closed runtime, ``RuntimeStopping`` (``require_open``)."""
     @functools.wraps(method)
     def with_session_id(self: R, session_id: UUID | str, *args: P.args,
                         **kwargs: P.kwargs) -> T:
+        require_open(self)
         return method(self, as_session_id(session_id), *args, **kwargs)
 
     return with_session_id
+
+
+def require_open(runtime: object) -> None:
+    """``RuntimeStopping`` once the runtime is closed: its views are closed and its worker
+    gone — a read failed with SQLite's own error, and a write went to the log from a runtime
+    that no longer serves anything."""
+    if getattr(runtime, "closed", False):
+        raise RuntimeStopping("this runtime is closed; make a new one to go on")

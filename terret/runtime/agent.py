@@ -138,6 +138,11 @@ class Agent:
     def _parked(self, kind: str) -> None:
         """``kind``: ``approval``, ``budget`` or ``in_doubt``."""
         self.model_context.drop()  # a parked turn may wait for days: it keeps no history around
+        # What the running call read before it parked is not what it decides on after: the
+        # policy check that follows an approval (R23) reads the store's latest. (That read was
+        # the writer's cached copy, kept current only while the writer keeps it: a refused
+        # command drops it, and the policy then read was the one from before the park.)
+        self._call_session = None
         log.info("session %s parked on %s", self.session_id,
                  {"approval": "an approval", "budget": "its budget",
                   "in_doubt": "a call in doubt"}.get(kind, kind))
@@ -533,6 +538,8 @@ class Agent:
             outcome = None
             if call.id in session.state.started:
                 outcome = self._settle_in_doubt(ctx, session)
+                if outcome is None:  # to run again, maybe days later: decided on the latest
+                    session = self._load()
             if outcome is None:
                 self._call_session = session
                 try:

@@ -28,6 +28,10 @@ class AgentDefinition:
     pre_step: Sequence[PreStepHook] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        """Each field checked when the definition is made (``ConfigurationError`` naming it): a
+        ``revision`` of ``"2"`` was recorded as 2 and then refused on every turn, a
+        ``max_steps`` of ``"3"`` failed each turn after writing its start."""
+        self._check_values()
         # One string is a sequence too: it would become one pattern per character.
         if isinstance(self.allow, str | bytes):
             raise errors.ConfigurationError(
@@ -38,6 +42,31 @@ class AgentDefinition:
         if twice:  # the model calls a tool by name: the last of two would silently win
             raise errors.ConfigurationError(
                 f"agent {errors.shown(self.name)}: two tools are named {twice[0]!r}")
+
+    def _check_values(self) -> None:
+        what = f"agent {errors.shown(self.name)}"
+        if not isinstance(self.name, str):
+            raise errors.ConfigurationError(f"AgentDefinition.name is a string, not {what[6:]}")
+        if type(self.revision) is not int or self.revision < 1:
+            raise errors.ConfigurationError(
+                f"{what}: revision is a whole number from 1, not {errors.shown(self.revision)}")
+        if self.max_steps is not None and (type(self.max_steps) is not int
+                                           or self.max_steps < 1):
+            raise errors.ConfigurationError(
+                f"{what}: max_steps is a whole number from 1 (None: the runtime's), not "
+                f"{errors.shown(self.max_steps)}")
+        if not isinstance(self.instructions, str):
+            raise errors.ConfigurationError(
+                f"{what}: instructions are a string, not {type(self.instructions).__name__}")
+        if isinstance(self.tools, str | bytes) or not isinstance(self.tools, Sequence) or any(
+                not isinstance(t, Tool) for t in self.tools):
+            raise errors.ConfigurationError(
+                f"{what}: tools is a list of tools made with @terret.tool (or terret.Tool), not "
+                f"{errors.shown(self.tools)}")
+        if not isinstance(self.pre_step, Sequence) or not all(map(callable, self.pre_step)):
+            raise errors.ConfigurationError(
+                f"{what}: pre_step is a list of hooks (callables), not "
+                f"{errors.shown(self.pre_step)}")
 
 
 @dataclass(frozen=True)

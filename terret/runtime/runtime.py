@@ -28,18 +28,19 @@ from terret.domain.events import (
     InDoubtResolved,
     SessionClosed,
     SessionCompacted,
+    SessionStarted,
     TurnEnded,
     UserMessage,
 )
 from terret.domain.groups import GroupReader
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
-from terret.domain.store import EventStore, session_stream
+from terret.domain.store import EventStore, as_session_id, session_stream
 from terret.projections.base import ViewStore
 from terret.projections.registry import serving_projections
 from terret.projections.runner import ProjectionRunner
 from terret.projections.views import Views
-from terret.runtime._sessions import takes_session
+from terret.runtime._sessions import require_open, takes_session
 from terret.runtime.agent import Agent, TurnServices
 from terret.runtime.approvals import WAKING, ApprovalSignals
 from terret.runtime.commands import SessionCommands
@@ -70,6 +71,10 @@ UPKEEP_THREADS = 4
 """Threads of the upkeep pool (titles, compactions, deferred checks)."""
 
 log = logging.getLogger("terret.runtime")
+
+
+_MOST_GRACE = 366 * 86400.0
+"""The longest ``close`` grace: it becomes a clock time, as a lease's TTL does."""
 
 
 class Runtime:
@@ -117,6 +122,8 @@ class Runtime:
                                         thread_name_prefix="terret-upkeep")
         self._started = False
         self.stopping = threading.Event()
+        self.closed = False
+        """``close`` has ended: every method but ``close`` raises ``RuntimeStopping``."""
         self._build_parts(summarizer, titler)
 
     def _build_parts(self, summarizer: Summarizer | None, titler: Titler | None) -> None:
@@ -165,6 +172,7 @@ class Runtime:
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> Runtime:
+        require_open(self)
         if self._started:
             return self
         r = self.runner
@@ -214,6 +222,10 @@ class Runtime:
         open and resumable; nothing is lost. Then the sessions this worker owns are released
         (``agent/detached``, reason ``shutdown``), so another live worker takes their open turns
         over at once (R29). Closing twice is harmless."""
+        if isinstance(grace, bool) or not isinstance(grace, int | float) \
+                or not 0 <= grace <= _MOST_GRACE:
+            raise errors.ConfigurationError(f"close: grace is a number of seconds from 0, not "
+                                            f"{errors.shown(grace)}")
         if self.stopping.is_set():
             return
         self.supervisor.stop()
@@ -231,6 +243,7 @@ class Runtime:
             time.sleep(0.01)
         self._last_writes(deadline, grace)
         self.view_store.close()
+        self.closed = True
 
     def _last_writes(self, deadline: float, grace: float) -> None:
         """What a stop writes to the store once the turns stopped: the views caught up (for
@@ -320,6 +333,9 @@ class Runtime:
     def catch_up_views(self, session_id: UUID | None = None, *, turn: bool = False) -> None:
         """Wait until the views hold everything written so far — of one session, if given
         (for a pool member, one read of that session's stream rather than of all it serves)."""
+        require_open(self)
+        if session_id is not None:
+            session_id = as_session_id(session_id)  # SessionNotFound for what is no id
         if session_id is not None and self.runner.scoped:
             self.wait_for(self.runner.scope_head(session_stream(session_id)), turn=turn)
         else:
@@ -351,6 +367,10 @@ class Runtime:
 
     def create_session(self, *, agent: str = "default", roles: dict[str, str] | None = None,
                        session_id: UUID | None = None) -> UUID:
+        require_open(self)
+        if roles is not None and not isinstance(roles, dict):
+            raise errors.InvalidPayload(SessionStarted.wire_name, "roles", "a mapping of role "
+                                        f"to 'provider:model' spec, not {type(roles).__name__}")
         definition = self._definition(agent)
         return self.commands.create(agent=definition.name, agent_revision=definition.revision,
                                     roles={**self.config.roles, **(roles or {})},
@@ -460,6 +480,9 @@ class Runtime:
     def run_turn(self, session_id: UUID, text: str | None) -> TurnResult:
         """Start a turn here; an idle session another worker owns moves to this one (the
         caller chose this process), a running one is refused with ``SessionOwned``."""
+        if text is not None and not isinstance(text, str):  # bytes were decoded silently
+            raise errors.InvalidPayload(UserMessage.wire_name, "text",
+                                        f"a string, not {type(text).__name__}")
         if text is not None and not text.strip():
             text = None  # only whitespace: nothing to answer (an empty turn, no model call)
         Session.check_turn_input(text=text)  # refused input claims nothing

@@ -170,6 +170,28 @@ def test_a_call_in_doubt_after_a_kill_mid_handler_parks_and_reruns_on_another_pr
     assert rt.views.in_doubt(sid) == []
 
 
+def test_the_emergency_stop_holds_for_a_call_in_doubt_an_operator_reruns(
+        make_runtime: MakeRuntime, opened: OpenedStore, tmp_path: Path) -> None:
+    """A deny-all recorded while the call waited in doubt (R23) applies to its re-run, as to
+    any next call: the rerun verdict does not run it. (It was checked against the policy read
+    before the wait.)"""
+    store = opened.store
+    sid, _ = killed_mid_payment(make_runtime, opened, tmp_path)
+    payments = Payments(store)
+    rt = make_runtime(answers(), tools=[payments.pay])
+    job = Background(lambda: rt.resume_turn(sid))
+    parked_in_doubt(rt, sid)
+    with pytest.raises(errors.CallNotInDoubt):  # refused here: the process drops its copy
+        rt.rerun(sid, "c-other", by=OPERATOR)
+    other_process(opened.uri, "policy", str(sid))  # no patterns: deny every tool
+    other_process(opened.uri, "rerun", str(sid), "c-pay")
+    assert job.join().status == "completed"
+    assert payments.keys == []
+    (result,) = only(read_log(store, sid), "tool/result")
+    assert result.data["is_error"] and "not allowed by the session's policy" in \
+        result.data["content"], result.data
+
+
 def test_a_call_in_doubt_recorded_as_not_run_again_shows_the_model_an_error(
         make_runtime: MakeRuntime, opened: OpenedStore, tmp_path: Path) -> None:
     sid, _ = killed_mid_payment(make_runtime, opened, tmp_path)

@@ -1,0 +1,93 @@
+"""What the embedding API refuses, typed, with nothing written (found by a probe written from
+docs/runtime.md): values of the wrong type that were decoded or coerced silently ("5" as a
+budget of $5, bytes as text) or that escaped as Python's own errors, an agent definition's
+fields, ids that are no session's, and every call on a closed runtime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from terret import Actor, AgentDefinition, Runtime, StaticResolver
+from terret.domain.errors import (
+    ConfigurationError,
+    InvalidPayload,
+    RuntimeStopping,
+    SessionNotFound,
+)
+from terret.domain.store import EventStore
+from tests.runtime.conftest import MakeRuntime
+from tests.runtime.kit import read_log
+
+OPERATOR = Actor(actor="operator", id="api-inputs")
+
+
+@pytest.mark.parametrize("call", [
+    lambda rt, sid: rt.run_turn(sid, 42),
+    lambda rt, sid: rt.run_turn(sid, b"hi there"),
+    lambda rt, sid: rt.run_turn(sid, ["hi"]),
+    lambda rt, sid: rt.inject(sid, b"later"),
+    lambda rt, sid: rt.set_policy(sid, None, by=OPERATOR),
+    lambda rt, sid: rt.set_policy(sid, 3, by=OPERATOR),
+    lambda rt, sid: rt.set_budget(sid, "5", by=OPERATOR),
+    lambda rt, sid: rt.set_budget(sid, True, by=OPERATOR),
+    lambda rt, sid: rt.set_title(sid, b"title", by=OPERATOR),
+    lambda rt, sid: rt.create_session(roles="main"),
+])
+def test_a_value_of_the_wrong_type_is_invalid_and_writes_nothing(
+        make_runtime: MakeRuntime, store: EventStore, call: Any) -> None:
+    rt = make_runtime()
+    sid = rt.create_session()
+    before = read_log(store, sid)
+    head = store.head_position()
+    with pytest.raises(InvalidPayload):
+        call(rt, sid)
+    assert read_log(store, sid) == before and store.head_position() == head
+
+
+@pytest.mark.parametrize("fields", [
+    {"revision": "2"}, {"revision": 0}, {"revision": True}, {"revision": 1.5},
+    {"max_steps": "3"}, {"max_steps": 0}, {"max_steps": -1},
+    {"tools": [print]}, {"tools": print}, {"instructions": None}, {"pre_step": [3]},
+])
+def test_an_agent_definition_with_a_field_it_cannot_use_is_refused_when_made(
+        fields: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError, match=f"{next(iter(fields))}"):
+        AgentDefinition(**fields)
+
+
+def test_an_id_that_is_no_sessions_is_refused_before_any_read(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    for garbage in ("zzz", 123, "session-zzz", f"session-{rt.create_session()}x"):
+        with pytest.raises(SessionNotFound):
+            rt.catch_up_views(garbage)
+    rt.catch_up_views(rt.create_session())  # a real one is fine, in any of its forms
+
+
+def test_a_closed_runtime_refuses_every_call_typed_and_writes_nothing(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    """Reads failed with SQLite's own error, ``compact`` waited 30 s for views that were
+    closed, and writes still reached the log from a runtime that no longer serves."""
+    rt = make_runtime()
+    sid = rt.create_session()
+    rt.run_turn(sid, "hello")
+    rt.close(grace=1.0)
+    head = store.head_position()
+    for call in (lambda: rt.usage(sid), lambda: rt.title(sid), lambda: rt.compact(sid),
+                 lambda: rt.inject(sid, "later"), lambda: rt.set_title(sid, "x", by=OPERATOR),
+                 lambda: rt.create_session(), lambda: rt.close_session(sid, by=OPERATOR),
+                 lambda: rt.run_turn(sid, "again"), rt.start, rt.serve_start,
+                 lambda: rt.catch_up_views(sid)):
+        with pytest.raises(RuntimeStopping, match="closed"):
+            call()
+    assert store.head_position() == head
+    rt.close()  # closing twice is harmless
+
+
+@pytest.mark.parametrize("grace", ["1", -1, float("nan"), True, 10**400])
+def test_a_grace_that_is_no_number_of_seconds_is_refused(store: EventStore, grace: Any) -> None:
+    rt = Runtime(store, resolver=StaticResolver())
+    with pytest.raises(ConfigurationError, match="grace"):
+        rt.close(grace=grace)
+    rt.close()
