@@ -30,7 +30,7 @@ def may_hold_secret(text: str) -> bool:
     must not be quoted back in an error: a URL (user-info, a query), something with an ``@``,
     a run of 20 or more letters and digits, both (an API key pasted in the wrong place), or a
     spec whose model looks like a key (``looks_like_key``)."""
-    if "://" in text or "@" in text or text.startswith(_KEY_PREFIXES) or looks_like_key(text):
+    if "://" in text or "@" in text or _KEY_SHAPES.search(text) or looks_like_key(text):
         return True
     return any(re.search(r"\d", run) and re.search(r"[A-Za-z]", run)
                for run in _KEY_LIKE.findall(text))
@@ -38,24 +38,33 @@ def may_hold_secret(text: str) -> bool:
 
 NOT_SHOWN = "(not shown: it may hold a credential)"
 
-_KEY_BODY = re.compile(r"[A-Za-z0-9]{24,}")
+_KEY_SHAPES = re.compile(
+    r"(?:^|[^A-Za-z0-9])(?:"
+    r"sk[-_][A-Za-z0-9_-]{20,}"             # OpenAI, Anthropic, OpenRouter, DeepSeek
+    r"|A[KS]IA[A-Z0-9]{16}"                 # AWS access key ids
+    r"|AIza[A-Za-z0-9_-]{30,}"              # Google
+    r"|gsk_[A-Za-z0-9]{20,}|xai-[A-Za-z0-9]{20,}"  # Groq, xAI
+    r"|hf_[A-Za-z0-9]{30,}"                 # Hugging Face
+    r"|gh[pos]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,}|glpat-[A-Za-z0-9_-]{20,}"
+    r"|xox[bp]-[A-Za-z0-9-]{10,}"           # Slack
+    r")")
+"""How common API keys look: their prefix and the length of what follows it."""
 
-_KEY_PREFIXES = ("sk-", "sk_", "AKIA", "ASIA", "AIza", "gsk_", "hf_", "ghp_", "gho_", "ghs_",
-                 "github_pat_", "glpat-", "xai-", "xoxb-", "xoxp-")
-"""How common API keys begin (OpenAI's, Anthropic's and OpenRouter's ``sk-``, AWS's, Google's,
-Groq's, Hugging Face's, GitHub's, GitLab's, xAI's, Slack's)."""
+_RANDOM_RUN = re.compile(r"[A-Za-z0-9]{32,}")
 
 
 def looks_like_key(spec: str) -> bool:
     """Whether a ``provider:model`` spec's model looks like an API key pasted in the wrong
-    place (``openai:sk-…``): it begins as common keys do (``_KEY_PREFIXES``), or holds a run of
-    24 or more letters and digits, both, with no separator — model names have dashes, dots or
-    slashes every few characters. Recorded, it would be in the log for good."""
+    place (``openai:sk-…``): shaped as common keys are (``_KEY_SHAPES``), or holding a run of
+    32 or more letters and digits with no separator that mixes upper case, lower case and
+    digits, as random keys do — model names have dashes, dots or slashes every few
+    characters, and a version or deployment id is hex (one case). Recorded, it would be in the
+    log for good."""
     model = spec.partition(":")[2]
-    if model.startswith(_KEY_PREFIXES) or model.lower().startswith(("sk-", "sk_")):
+    if _KEY_SHAPES.search(model):
         return True
-    return any(re.search(r"\d", run) and re.search(r"[A-Za-z]", run)
-               for run in _KEY_BODY.findall(model))
+    return any(re.search(r"\d", run) and re.search(r"[a-z]", run) and re.search(r"[A-Z]", run)
+               for run in _RANDOM_RUN.findall(model))
 
 
 KEY_REFUSED = ("the model looks like an API key, not a model name (a key recorded in a "

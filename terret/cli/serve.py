@@ -13,9 +13,10 @@ import click
 
 from terret.cli._context import CliContext, note
 from terret.cli._format import PrintableFormatter
-from terret.cli._params import MAX_SECONDS, FloatRange
+from terret.cli._params import FloatRange
 from terret.cli.admin import APP_OPTION, app_for, runtime_for
 from terret.domain.errors import RuntimeFault, TerretError
+from terret.runtime.stops import MOST_GRACE
 
 if TYPE_CHECKING:
     from terret.runtime.runtime import Runtime
@@ -27,7 +28,7 @@ DEFAULT_GROUP = "terret-serve"
 
 @click.command("serve")
 @APP_OPTION
-@click.option("--grace", type=FloatRange(min=0, max=MAX_SECONDS), default=10.0, show_default=True,
+@click.option("--grace", type=FloatRange(min=0, max=MOST_GRACE), default=10.0, show_default=True,
               help="Seconds running turns get to reach a step boundary on SIGTERM.")
 @click.option("--group", default=DEFAULT_GROUP, show_default=True, metavar="NAME",
               help="On EventStoreDB, the pool this worker joins (a persistent subscription "

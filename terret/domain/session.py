@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from datetime import UTC, datetime
+from numbers import Real
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -392,7 +393,7 @@ class Session(Aggregate):
 
     def set_budget(self, limit: float | None, *, by: Actor, reason: str | None = None) -> None:
         """The session's own budget (None: the deployment's default applies again)."""
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float)):
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, Real)):
             # pydantic would read "5" as 5.0 and True as 1.0
             raise errors.InvalidPayload(BudgetSet.wire_name, "limit", "a number of dollars (None: "
                                         f"the default), not {errors.shown(limit)}")
@@ -572,11 +573,14 @@ class Session(Aggregate):
         if not isinstance(patterns, Sequence | set | frozenset):
             raise errors.InvalidPayload(PolicyUpdated.wire_name, "patterns", "a list of "
                                         f"patterns, not {type(patterns).__name__}")
+        for i, pattern in enumerate(patterns):
+            self._storable(PolicyUpdated.wire_name, **{f"patterns.{i}": pattern})
         payload = PolicyUpdated(patterns=list(patterns), by=by)
         self._require_open()
         self._record(payload)
 
     def set_model(self, role: str, spec: str, *, by: Actor | None = None) -> None:
+        self._storable(ModelSet.wire_name, role=role, spec=spec)
         payload = ModelSet(role=role, spec=spec, by=by)
         self._require_open()
         self._record(payload)

@@ -416,8 +416,10 @@ class Agent:
         """One step: at its boundary (stopping, cancel, budget, pre-step hooks), open it, ask
         the model, record the reply (a final one ends the turn), run the calls."""
         session = self._at_boundary()
-        spec = self.services.model_spec(session, "main")
+        # After the budget's wait, which may last days: a `model set` meanwhile (a cheaper
+        # model, beside a raised budget) is what the step uses.
         session = self._within_budget(session)
+        spec = self.services.model_spec(session, "main")
         refused = self._pre_step(StepClaim(self.session_id, turn, session.current_step + 1,
                                            spec))
         if refused is not None:

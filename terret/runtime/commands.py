@@ -14,7 +14,7 @@ compaction (a summarizer), a title from a model — are the runtime's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -137,6 +137,10 @@ class SessionCommands:
     def set_policy(self, session_id: UUID, patterns: Sequence[str], *, by: Actor) -> None:
         """Replace the allow-list (R23): the very next tool call uses it, in any process. No
         patterns is deny-all."""
+        if not isinstance(patterns, str | bytes) and isinstance(patterns, Iterable):
+            # Read once: a command re-run on a conflict would find a generator empty, and
+            # record deny-all.
+            patterns = list(patterns)
         self._run(session_id, lambda s: s.update_policy(patterns, by=by))
 
     def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor,

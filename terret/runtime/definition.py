@@ -63,6 +63,13 @@ class AgentDefinition:
             raise errors.ConfigurationError(
                 f"{what}: tools is a list of tools made with @terret.tool (or terret.Tool), not "
                 f"{errors.shown(self.tools)}")
+        if not isinstance(self.allow, str | bytes) and (
+                not isinstance(self.allow, Sequence | set | frozenset)
+                or not all(isinstance(p, str) for p in self.allow)):
+            # A generator would be used up by the first agent: the next would deny everything.
+            raise errors.ConfigurationError(
+                f"{what}: allow is a list of patterns (strings), not "
+                f"{errors.shown(self.allow)}")
         if not isinstance(self.pre_step, Sequence) or not all(map(callable, self.pre_step)):
             raise errors.ConfigurationError(
                 f"{what}: pre_step is a list of hooks (callables), not "

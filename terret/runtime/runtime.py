@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -60,7 +60,13 @@ from terret.runtime.model import ModelResolver
 from terret.runtime.ownership import SessionOwner, TakeIdle, WorkerLease
 from terret.runtime.pool import WIRE_NAMES as POOL_WIRE_NAMES
 from terret.runtime.serving import ServingServices, Supervisor
-from terret.runtime.stops import STOP_MARGIN, STOP_RESERVE, TurnSuspended, finish_within
+from terret.runtime.stops import (
+    MOST_GRACE,
+    STOP_MARGIN,
+    STOP_RESERVE,
+    TurnSuspended,
+    finish_within,
+)
 from terret.runtime.summarizer import Summarizer
 from terret.runtime.tools import ToolContext
 from terret.runtime.writer import SessionWriter
@@ -71,10 +77,6 @@ UPKEEP_THREADS = 4
 """Threads of the upkeep pool (titles, compactions, deferred checks)."""
 
 log = logging.getLogger("terret.runtime")
-
-
-_MOST_GRACE = 366 * 86400.0
-"""The longest ``close`` grace: it becomes a clock time, as a lease's TTL does."""
 
 
 class Runtime:
@@ -111,9 +113,7 @@ class Runtime:
         """Every domain command on a session (the CLI and other front ends call it too)."""
         self.signals = ApprovalSignals()
         self.tool_context = ToolContext()
-        self.definitions: dict[str, AgentDefinition] = {}
-        for definition in agents:
-            self.define(definition)
+        self.definitions = {d.name: d for d in agents}
         self.pre_step: list[PreStepHook] = list(pre_step)
         self.budget_guard = BudgetGuard(self.config.spend_cap)
         # Upkeep makes model calls (a summary takes seconds): a few of them side by side, so a
@@ -122,8 +122,7 @@ class Runtime:
                                         thread_name_prefix="terret-upkeep")
         self._started = False
         self.stopping = threading.Event()
-        self.closed = False
-        """``close`` has ended: every method but ``close`` raises ``RuntimeStopping``."""
+        self.closed = False  # close has ended: the session calls raise RuntimeStopping
         self._build_parts(summarizer, titler)
 
     def _build_parts(self, summarizer: Summarizer | None, titler: Titler | None) -> None:
@@ -222,12 +221,12 @@ class Runtime:
         open and resumable; nothing is lost. Then the sessions this worker owns are released
         (``agent/detached``, reason ``shutdown``), so another live worker takes their open turns
         over at once (R29). Closing twice is harmless."""
-        if isinstance(grace, bool) or not isinstance(grace, int | float) \
-                or not 0 <= grace <= _MOST_GRACE:
-            raise errors.ConfigurationError(f"close: grace is a number of seconds from 0, not "
-                                            f"{errors.shown(grace)}")
         if self.stopping.is_set():
             return
+        if isinstance(grace, bool) or not isinstance(grace, int | float) \
+                or not 0 <= grace <= MOST_GRACE:
+            raise errors.ConfigurationError(f"close: grace is a number of seconds from 0 to "
+                                            f"366 days, not {errors.shown(grace)}")
         self.supervisor.stop()
         self.stopping.set()
         for sid in self.agent_host.session_ids():
@@ -241,9 +240,11 @@ class Runtime:
         # for them within the grace, so that they are released below.
         while any(a.busy for a in self.agent_host.agents) and time.monotonic() < deadline:
             time.sleep(0.01)
-        self._last_writes(deadline, grace)
-        self.view_store.close()
-        self.closed = True
+        try:
+            self._last_writes(deadline, grace)
+        finally:
+            self.closed = True  # before the views close: a caller meanwhile is told so
+            self.view_store.close()
 
     def _last_writes(self, deadline: float, grace: float) -> None:
         """What a stop writes to the store once the turns stopped: the views caught up (for
@@ -368,7 +369,7 @@ class Runtime:
     def create_session(self, *, agent: str = "default", roles: dict[str, str] | None = None,
                        session_id: UUID | None = None) -> UUID:
         require_open(self)
-        if roles is not None and not isinstance(roles, dict):
+        if roles is not None and not isinstance(roles, Mapping):
             raise errors.InvalidPayload(SessionStarted.wire_name, "roles", "a mapping of role "
                                         f"to 'provider:model' spec, not {type(roles).__name__}")
         definition = self._definition(agent)

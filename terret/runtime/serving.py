@@ -368,8 +368,8 @@ class Supervisor:
         rt = self.services
         # When no live worker defines the agent, one tries all the same and says it does not
         # serve the session: the operator learns that its app's workers are all down.
-        live = [w for w in self._live_workers(agent=agent) or self._live_workers()
-                if w != leaving]
+        live = [w for w in self._live_workers(agent=agent) if w != leaving] \
+            or [w for w in self._live_workers() if w != leaving]
         if rt.lease.preferred(str(sid), live) == rt.lease.worker:
             return True
         with self._lock:

@@ -14,8 +14,13 @@ from terret.domain.errors import TurnCancelled, TurnSuspended
 
 log = logging.getLogger("terret.runtime")
 
-__all__ = ["STOP_MARGIN", "STOP_RESERVE", "TurnCancelled", "TurnSuspended", "finish_within"]
+__all__ = ["MOST_GRACE", "STOP_MARGIN", "STOP_RESERVE", "TurnCancelled", "TurnSuspended",
+           "finish_within"]
 
+
+MOST_GRACE = 366 * 86400.0
+"""The longest grace of a stop (``Runtime.close``, ``terret serve --grace``): it becomes a clock
+time, as a lease's TTL does."""
 
 STOP_MARGIN = 5.0
 """Seconds a stop may take past its grace for its last writes (the releases, the registry)."""

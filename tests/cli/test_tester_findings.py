@@ -232,7 +232,7 @@ SECRET_ENVIRONMENTS = [
     ("TERRET_MAIN_MODEL", "nosuch:SECRETK3Y0123456789abcdefZZQ"),
     # A provider the app has, with a key for a model: every session created would record it.
     ("TERRET_MAIN_MODEL", "openai:sk-SECRETK3Y0123456789abcdefZZQ"),
-    ("TERRET_TITLER_MODEL", "openrouter:AKIASECRET7"),
+    ("TERRET_TITLER_MODEL", "openrouter:AKIASECRET7EXAMPLE12"),
 ]
 
 
@@ -251,8 +251,9 @@ def test_a_value_of_the_environment_that_may_be_a_credential_is_not_quoted_back(
         assert "SECRET" not in result.stderr + result.stdout, result.stderr + result.stdout
 
 
-KEY_SPECS = ["openai:sk-SECRETK3Y0123456789abcdefZZQ", "openai:SECRETK3Y0123456789abcdefZZQxx",
-             "nosuch:SECRETK3Y0123456789abcdefZZQ", "openrouter:AKIASECRET7EXAMPLE",
+KEY_SPECS = ["openai:sk-SECRETK3Y0123456789abcdefZZQ",
+             "openai:SECRETK3Y0123456789abcdefZZQxxYY", "nosuch:SECRETK3Y0123456789abcdefZZQxxYY",
+             "openrouter:AKIASECRET7EXAMPLE12",
              "openrouter:AIzaSyD-SECRETrke72PouQMnMX-a7eZSW0jk",
              # Refused for its base URL's credentials, before the key check: not quoted either.
              "openai-compatible:sk-proj-SECRETK3Y0123456789abcd@http://u:p@h/v1"]
@@ -283,7 +284,10 @@ def test_a_model_spec_that_may_be_a_credential_is_neither_quoted_nor_recorded(
                 assert "SECRET" not in result.stderr + result.stdout, result.stderr
     assert target.snapshot() == before
     for spec in ("openai-compatible:Qwen2.5-Coder-32B-Instruct-GPTQ-Int4",
-                 "openrouter:meta-llama/llama-3.1-405b-instruct", "scripted:gpt-4o-2024-08-06"):
+                 "openrouter:meta-llama/llama-3.1-405b-instruct", "scripted:gpt-4o-2024-08-06",
+                 # a version or deployment id is hex: not a key
+                 "scripted:owner/model:5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9b",
+                 "scripted:0123456789abcdef0123456789abcdef", "scripted:hf_internal_testing/tiny"):
         result = target.invoke("model", "set", sid, "main", spec)
         assert result.exit_code == 0, (spec, result.stderr)
     # --force is for a provider configured elsewhere only: a key is still refused.

@@ -41,6 +41,7 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Callable
 from uuid import UUID, uuid4
 
 from pydantic import BaseModel
@@ -108,29 +109,30 @@ def main(argv: list[str]) -> dict[str, object]:
         store.close()
 
 
+_COMMANDS: dict[str, Callable[[Runtime, UUID, list[str]], object]] = {
+    "approve": lambda rt, sid, rest: rt.approve(sid, rest[0], by=OPERATOR),
+    "deny": lambda rt, sid, rest: rt.deny(sid, rest[0], by=OPERATOR, reason=rest[1]),
+    "policy": lambda rt, sid, rest: rt.set_policy(sid, rest, by=OPERATOR),
+    "cancel": lambda rt, sid, rest: rt.cancel(sid, by=OPERATOR, reason="from another process"),
+    "model": lambda rt, sid, rest: rt.set_model(sid, rest[0], rest[1], by=OPERATOR),
+    "budget": lambda rt, sid, rest: rt.set_budget(
+        sid, None if rest[0] == "none" else float(rest[0]), by=OPERATOR),
+    "rerun": lambda rt, sid, rest: rt.rerun(sid, rest[0], by=OPERATOR),
+    "skip": lambda rt, sid, rest: rt.skip(sid, rest[0], by=OPERATOR, reason=rest[1]),
+}
+"""The operator commands whose answer is only that they were done."""
+
+
 def _command(rt: Runtime, action: str, sid: UUID, rest: list[str]) -> dict[str, object]:
     """One operator command through a runtime that serves nothing."""
-    if action == "approve":
-        rt.approve(sid, rest[0], by=OPERATOR)
-    elif action == "deny":
-        rt.deny(sid, rest[0], by=OPERATOR, reason=rest[1])
-    elif action == "inject":
+    if action == "inject":
         inbox_id = rt.inject(sid, rest[0], wake=rest[1:] == ["wake"])
         return {"ok": True, "inbox_id": inbox_id}
-    elif action == "policy":
-        rt.set_policy(sid, rest, by=OPERATOR)
-    elif action == "cancel":
-        rt.cancel(sid, by=OPERATOR, reason="from another process")
-    elif action == "budget":
-        rt.set_budget(sid, None if rest[0] == "none" else float(rest[0]), by=OPERATOR)
-    elif action == "rerun":
-        rt.rerun(sid, rest[0], by=OPERATOR)
-    elif action == "skip":
-        rt.skip(sid, rest[0], by=OPERATOR, reason=rest[1])
-    elif action == "usage":
+    if action == "usage":
         return {"ok": True, **rt.usage(sid)}
-    else:
+    if action not in _COMMANDS:
         raise SystemExit(f"unknown action {action!r}")
+    _COMMANDS[action](rt, sid, rest)
     return {"ok": True}
 
 

@@ -50,11 +50,25 @@ def test_a_value_of_the_wrong_type_is_invalid_and_writes_nothing(
     {"revision": "2"}, {"revision": 0}, {"revision": True}, {"revision": 1.5},
     {"max_steps": "3"}, {"max_steps": 0}, {"max_steps": -1},
     {"tools": [print]}, {"tools": print}, {"instructions": None}, {"pre_step": [3]},
+    {"allow": (p for p in ["deploy"])}, {"allow": [3]},
 ])
 def test_an_agent_definition_with_a_field_it_cannot_use_is_refused_when_made(
         fields: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError, match=f"{next(iter(fields))}"):
         AgentDefinition(**fields)
+
+
+def test_patterns_given_as_any_iterable_are_read_once(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    """A generator of patterns is read at the boundary, once: a command re-run on a conflict
+    would have found it empty and recorded deny-all."""
+    rt = make_runtime()
+    sid = rt.create_session()
+    rt.set_policy(sid, (p for p in ["deploy", "fs.*"]), by=OPERATOR)
+    assert rt.writer.load(sid).state.policy == ["deploy", "fs.*"]
+    rt.set_policy(sid, {"deploy": 1}.keys(), by=OPERATOR)
+    assert rt.writer.load(sid).state.policy == ["deploy"]
+    assert AgentDefinition(allow=("deploy",)).allow == ("deploy",)
 
 
 def test_an_id_that_is_no_sessions_is_refused_before_any_read(make_runtime: MakeRuntime) -> None:
@@ -85,7 +99,7 @@ def test_a_closed_runtime_refuses_every_call_typed_and_writes_nothing(
     rt.close()  # closing twice is harmless
 
 
-@pytest.mark.parametrize("grace", ["1", -1, float("nan"), True, 10**400])
+@pytest.mark.parametrize("grace", ["1", -1, float("nan"), True, 10**400, 40_000_000])
 def test_a_grace_that_is_no_number_of_seconds_is_refused(store: EventStore, grace: Any) -> None:
     rt = Runtime(store, resolver=StaticResolver())
     with pytest.raises(ConfigurationError, match="grace"):

@@ -79,6 +79,25 @@ def test_the_turn_parks_on_its_budget_shows_it_and_goes_on_when_another_process_
     assert rt.views.parked_on_budget() == []
 
 
+def test_the_step_after_a_budget_park_uses_the_model_set_while_it_waited(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """The remedy for a blown budget — a cheaper model beside a raised budget, both from
+    another process — applies to the very next step: its model was read before the wait."""
+    store = opened.store
+    rt = make_runtime(spender())
+    sid = rt.create_session()
+    rt.set_budget(sid, 0.1, by=OPERATOR)
+    job = turn_in_background(rt, sid, "spend")
+    parked_on_budget(rt, store, sid)
+    other_process(opened.uri, "model", str(sid), "main", "scripted:cheaper")
+    other_process(opened.uri, "budget", str(sid), "0.5")
+    assert job.join().status == "completed"
+    log = read_log(store, sid)
+    (park,) = only(log, "budget/exceeded")
+    after = [e.data["model"] for e in only(log, "step/start") if e.seq > park.seq]
+    assert after and set(after) == {"scripted:cheaper"}, after
+
+
 def test_a_turn_parked_on_its_budget_is_cancelled_from_another_process(
         make_runtime: MakeRuntime, opened: OpenedStore) -> None:
     rt = make_runtime(spender(), config=RuntimeConfig(spend_cap=0.05))
