@@ -418,38 +418,24 @@ def test_r13_a_cancel_from_another_process_stops_a_parked_turn(
     assert kit.ran == []
 
 
+@pytest.mark.parametrize("refused_first", [False, True], ids=["plain", "after-a-refusal"])
 def test_r23_a_policy_recorded_while_a_call_waited_applies_once_it_is_approved(
-        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit) -> None:
+        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit, refused_first: bool) -> None:
     """An operator's emergency stop (deny all, from another process) while a call waits for
     its verdict: the approval that follows does not run it — the call is vetoed, as the very
-    next call would be — and the model is told why."""
+    next call would be — and the model is told why. Also after the serving process refused a
+    verdict for the parked call (other arguments than those asked about:
+    ``ApprovalNotPending``): a refused command drops the process's copy of the session, and the
+    policy check after the approval read that dropped copy — the policy from before the park —
+    and ran the call."""
     provider = ScriptedProvider([calls(("deploy", {"env": "prod"})), final()])
     rt = make_runtime(provider)
     sid = rt.create_session()
     job = turn_in_background(rt, sid, "go")
     (call_id,) = wait_parked(rt, sid)
-    other_process(opened.uri, "policy", str(sid))  # no patterns: deny every tool
-    other_process(opened.uri, "approve", str(sid), call_id)
-    assert job.join().status == "completed"
-    assert kit.ran == []
-    (result,) = only(read_log(opened.store, sid), "tool/result")
-    assert result.data["is_error"] and "not allowed by the session's policy" in \
-        result.data["content"], result.data
-
-
-def test_r23_the_emergency_stop_holds_after_a_verdict_the_turns_process_refused(
-        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit) -> None:
-    """The same stop, after the serving process refused a verdict for the parked call (other
-    arguments than those asked about: ``ApprovalNotPending``). A refused command drops the
-    process's copy of the session; the parked call's policy check after its approval read
-    that dropped copy — the policy as before the park — and ran the call."""
-    provider = ScriptedProvider([calls(("deploy", {"env": "prod"})), final()])
-    rt = make_runtime(provider)
-    sid = rt.create_session()
-    job = turn_in_background(rt, sid, "go")
-    (call_id,) = wait_parked(rt, sid)
-    with pytest.raises(ApprovalNotPending):
-        rt.approve(sid, call_id, by=USER, name="deploy", args={"env": "staging"})
+    if refused_first:
+        with pytest.raises(ApprovalNotPending):
+            rt.approve(sid, call_id, by=USER, name="deploy", args={"env": "staging"})
     other_process(opened.uri, "policy", str(sid))  # no patterns: deny every tool
     other_process(opened.uri, "approve", str(sid), call_id)
     assert job.join().status == "completed"

@@ -7,11 +7,13 @@ default (``RuntimeConfig.spend_cap``). On the SQLite store and the EventStoreDB 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from uuid import UUID
 
 import pytest
 
 from terret import Actor, Runtime, RuntimeConfig, ScriptedProvider, Usage
 from terret.adapters.providers import EndpointConfig, ModelPrice, ProviderRegistry, ProvidersConfig
+from terret.domain.store import EventStore
 from tests.providers.conftest import CHAT, FAST_RETRY, FAST_TIMEOUTS
 from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import (
@@ -42,14 +44,22 @@ def parked_on_budget(rt, store, sid) -> None:  # type: ignore[no-untyped-def]
                and agent_of(rt, sid).status == "waiting_budget", what="the budget park")
 
 
-def test_the_turn_parks_on_its_budget_shows_it_and_goes_on_when_another_process_raises_it(
-        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
-    store = opened.store
+def spending_parked(make_runtime: MakeRuntime, store: EventStore
+                    ) -> tuple[Runtime, UUID, Background]:
+    """A turn of ``spender()`` parked on a budget of $0.1 (two steps spent, the third would
+    pass it)."""
     rt = make_runtime(spender())
     sid = rt.create_session()
     rt.set_budget(sid, 0.1, by=OPERATOR)
     job = turn_in_background(rt, sid, "spend")
     parked_on_budget(rt, store, sid)
+    return rt, sid, job
+
+
+def test_the_turn_parks_on_its_budget_shows_it_and_goes_on_when_another_process_raises_it(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    store = opened.store
+    rt, sid, job = spending_parked(make_runtime, store)
     log = read_log(store, sid)
     (park,) = only(log, "budget/exceeded")
     assert park.data == {"turn": 1, "limit": 0.1, "spent": pytest.approx(0.08),
@@ -84,11 +94,7 @@ def test_the_step_after_a_budget_park_uses_the_model_set_while_it_waited(
     """The remedy for a blown budget — a cheaper model beside a raised budget, both from
     another process — applies to the very next step: its model was read before the wait."""
     store = opened.store
-    rt = make_runtime(spender())
-    sid = rt.create_session()
-    rt.set_budget(sid, 0.1, by=OPERATOR)
-    job = turn_in_background(rt, sid, "spend")
-    parked_on_budget(rt, store, sid)
+    _, sid, job = spending_parked(make_runtime, opened.store)
     other_process(opened.uri, "model", str(sid), "main", "scripted:cheaper")
     other_process(opened.uri, "budget", str(sid), "0.5")
     assert job.join().status == "completed"
