@@ -21,6 +21,7 @@ from terret.domain import errors
 from terret.domain.codec import RecordedEvent
 from terret.domain.events import (
     Actor,
+    AssistantMessage,
     CancelRequested,
     ToolCallData,
     TurnStatus,
@@ -36,8 +37,10 @@ from terret.runtime.hooks import BudgetGuard, PreStepHook, Refusal, StepClaim
 from terret.runtime.model import ModelReply, ModelRequest, ModelResolver, TextSink
 from terret.runtime.ownership import SessionLease, WorkerLease
 from terret.runtime.step_commands import (
+    MAX_REPLY_BYTES,
     answer,
     end_cancelled,
+    fitted_reply,
     open_step,
     record_result,
     usage_of,
@@ -433,8 +436,15 @@ class Agent:
         # turn (the log refuses a reply whose calls share an id).
         calls = [_call_data(spec, c)
                  for c in distinct_ids([_shaped(spec, c) for c in reply.tool_calls])]
+        text, calls, too_large = fitted_reply(reply.text, calls,
+                                              name=f"session {self.session_id}: {spec}")
+        if too_large is not None:  # its usage is recorded all the same (R31), then it fails
+            self._write(lambda s: s.record_assistant(text, [], model=spec,
+                                                     usage=usage_of(reply)))
+            raise errors.PayloadTooLarge(f"{AssistantMessage.wire_name} (its tool calls)",
+                                         too_large, MAX_REPLY_BYTES // 2)
         # The calls are durable before any of them runs (R15: at-least-once, never lost).
-        ended = self._write(partial(answer, reply.text, calls, spec, usage_of(reply)))
+        ended = self._write(partial(answer, text, calls, spec, usage_of(reply)))
         if ended is not None:
             log.info("session %s turn %d ended %s", self.session_id, turn, ended)
             return TurnResult(self.session_id, turn, ended, reply.text)

@@ -7,10 +7,13 @@ import logging
 import math
 from collections.abc import Collection
 
+import pydantic_core
+
 from terret.domain.events import Actor, ToolCallData, TurnStatus, UsageData
 from terret.domain.session import Session
 from terret.runtime.model import ModelReply
 from terret.runtime.stops import TurnCancelled
+from terret.runtime.tools import storable
 
 log = logging.getLogger("terret.runtime")
 
@@ -21,6 +24,26 @@ def open_step(spec: str, max_steps: int, s: Session) -> int:
     step = s.start_step(spec, max_steps=max_steps)
     s.take_inbox()
     return step
+
+
+MAX_REPLY_BYTES = 512 * 1024
+"""The most a model's reply may take in its ``assistant/message`` (its text and its calls, as
+stored): half the stores' 1 MiB limit, which on EventStoreDB bounds a whole append, so that the
+step before's last result (``MAX_RESULT_BYTES``), carried into the same append, fits beside it.
+A longer text is cut to fit, as a tool result is."""
+
+
+def fitted_reply(text: str, calls: list[ToolCallData], *, name: str
+                 ) -> tuple[str, list[ToolCallData], int | None]:
+    """The reply as its ``assistant/message`` can hold it: its text cut to fit beside its
+    calls; when the calls alone do not fit, none of them (and their size, to refuse the turn
+    with — the reply is recorded all the same, for the usage it was billed with)."""
+    calls_size = len(pydantic_core.to_json([c.model_dump() for c in calls])) if calls else 0
+    if calls_size > MAX_REPLY_BYTES // 2:
+        return storable(text, name=name, limit=MAX_REPLY_BYTES // 2, what="reply"), [], \
+            calls_size
+    return storable(text, name=name, limit=MAX_REPLY_BYTES - calls_size, what="reply"), \
+        calls, None
 
 
 def answer(text: str, calls: list[ToolCallData], spec: str, usage: UsageData | None,

@@ -425,24 +425,26 @@ def _interrupted(tool: Tool, exc: BaseException) -> str:
     return f"{tool.name} was interrupted: {describe_error(exc)}"
 
 
-def storable(content: str, *, name: str = "a tool") -> str:
-    """``content`` as a ``tool/result`` can hold it: lone surrogates (which UTF-8 cannot encode)
+def storable(content: str, *, name: str = "a tool", limit: int = MAX_RESULT_BYTES,
+             what: str = "result") -> str:
+    """``content`` as an event can hold it: lone surrogates (which UTF-8 cannot encode)
     replaced by U+FFFD — a surrogate pair becomes the character it encodes — and, past
-    ``MAX_RESULT_BYTES`` as stored, cut to fit, ending with a marker that says how long it was.
-    Returns ``content`` itself when it is storable as it is."""
+    ``limit`` bytes as stored (``MAX_RESULT_BYTES``: a ``tool/result``'s), cut to fit, ending
+    with a marker that says how long it was. Returns ``content`` itself when it is storable as
+    it is."""
     if not content.isascii():
         try:
             content.encode("utf-8")
         except UnicodeEncodeError:
             content = content.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    if len(content) * 6 <= MAX_RESULT_BYTES:  # no character takes more than six bytes escaped
+    if len(content) * 6 <= limit:  # no character takes more than six bytes escaped
         return content
     size = _stored_size(content)
-    if size <= MAX_RESULT_BYTES:
+    if size <= limit:
         return content
-    mark = (f"\n\n{TRUNCATED_MARK} the result was {size:,} bytes, over the limit of "
-            f"{MAX_RESULT_BYTES:,}; only its start is shown]")
-    budget = MAX_RESULT_BYTES - _stored_size(mark)
+    mark = (f"\n\n{TRUNCATED_MARK} the {what} was {size:,} bytes, over the limit of "
+            f"{limit:,}; only its start is shown]")
+    budget = max(0, limit - _stored_size(mark))
     lo, hi = 0, min(len(content), budget)  # the longest prefix that fits the budget
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -450,7 +452,7 @@ def storable(content: str, *, name: str = "a tool") -> str:
             lo = mid
         else:
             hi = mid - 1
-    log.warning("%s returned %d bytes; the result is cut to %d", name, size, MAX_RESULT_BYTES)
+    log.warning("%s: the %s is %d bytes; it is cut to %d", name, what, size, limit)
     return content[:lo] + mark
 
 

@@ -435,6 +435,35 @@ def test_a_reply_completed_by_the_chunk_in_hand_when_cancelled_is_kept_with_its_
     assert reply.usage is not None and reply.usage.cost == 0.1
 
 
+@pytest.mark.parametrize("cancelled_before_usage", [False, True],
+                         ids=["after-its-usage", "before-its-usage"])
+def test_a_whole_reply_is_kept_with_its_usage_when_the_cancel_lands_before_done(
+    server: ScriptedServer, provider: OpenAICompatibleProvider, cancelled_before_usage: bool
+) -> None:
+    """The reply finished (its finish reason read) when the cancel landed, and keep-alive
+    comments came before ``[DONE]`` (OpenRouter sends them): the next one raised the cancel
+    and the reply, billed, was dropped with its cost. Kept now — its usage read on for when
+    it had not come yet."""
+    cancel = threading.Event()
+    *reply, usage, done = text_stream(["all ", "done"], style="openai",
+                                      usage=openrouter_usage(cost=0.25))
+    keepalives = [b": OPENROUTER PROCESSING\n\n"] * 4
+    parts = [*reply, *keepalives, usage, done] if cancelled_before_usage \
+        else [*reply, usage, *keepalives, done]
+    server.script(CHAT, Reply.sse(parts, part_delay=0.1))
+    # The finish reason arrives at ~0.4 s (the 4th part); [DONE] after the keep-alives.
+    threading.Timer(0.55, cancel.set).start()
+
+    started = time.monotonic()
+    reply_kept = provider.complete(HELLO, cancel=cancel)
+
+    assert cancel.is_set()
+    assert reply_kept.text == "all done"
+    assert reply_kept.usage is not None and reply_kept.usage.cost == 0.25
+    if not cancelled_before_usage:  # nothing left to wait for: it stopped reading at once
+        assert time.monotonic() - started < 0.85
+
+
 def test_a_stream_cut_after_the_cancel_is_a_cancel(
     server: ScriptedServer, provider: OpenAICompatibleProvider
 ) -> None:

@@ -264,3 +264,48 @@ def test_the_compaction_trigger_reads_the_last_model_call_of_the_turn(
     rt.run_turn(sid, "go")
     rt.catch_up_views()
     assert rt.views.last_prompt_tokens(sid, 1) == 90
+
+
+BIG = Usage(prompt_tokens=900, completion_tokens=600_000, cost=0.75)
+
+
+def test_a_reply_too_long_for_the_store_is_cut_to_fit_and_its_cost_is_kept(
+        make_runtime: MakeRuntime) -> None:
+    """A 2 MiB reply failed the turn with ``PayloadTooLarge`` and its billed cost was never
+    recorded; its text is now cut to fit, as a tool result's is, and the turn goes on."""
+    from terret import Reply, ScriptedProvider
+    from terret.runtime.step_commands import MAX_REPLY_BYTES
+    from terret.runtime.tools import TRUNCATED_MARK
+
+    rt = make_runtime(ScriptedProvider([Reply(text="é" * (1024 * 1024), usage=BIG)]))
+    sid = rt.create_session()
+    assert rt.run_turn(sid, "write a lot").status == "completed"
+    (reply,) = only(read_log(rt.store, sid), "assistant/message")
+    assert TRUNCATED_MARK in reply.data["text"] and "the reply was" in reply.data["text"]
+    assert len(json.dumps(reply.data["text"], ensure_ascii=False).encode()) <= MAX_REPLY_BYTES + 2
+    assert reply.data["usage"]["cost"] == 0.75
+    everywhere(rt, sid, {"prompt_tokens": 900, "completion_tokens": 600_000, "cost": 0.75,
+                         "steps": 1})
+
+
+def test_a_reply_whose_calls_cannot_be_stored_fails_the_turn_and_keeps_its_cost(
+        make_runtime: MakeRuntime) -> None:
+    """Calls cannot be cut (their arguments are the call): the reply is recorded without
+    them, with its usage, and the turn fails saying why."""
+    from terret import Reply, ScriptedProvider, call
+    from terret.domain.errors import PayloadTooLarge
+
+    huge = Reply(text="writing", usage=BIG,
+                 tool_calls=[call("noop", {"content": "x" * (600 * 1024)}, "c-big")])
+    rt = make_runtime(ScriptedProvider([huge]))
+    sid = rt.create_session()
+    with pytest.raises(PayloadTooLarge, match="tool calls"):
+        rt.run_turn(sid, "write a file")
+    log = read_log(rt.store, sid)
+    (reply,) = only(log, "assistant/message")
+    assert reply.data["text"] == "writing" and not reply.data.get("tool_calls")
+    assert reply.data["usage"]["cost"] == 0.75
+    (end,) = only(log, "turn/end")
+    assert end.data["status"] == "failed" and "tool calls" in end.data["error"]
+    everywhere(rt, sid, {"prompt_tokens": 900, "completion_tokens": 600_000, "cost": 0.75,
+                         "steps": 1})

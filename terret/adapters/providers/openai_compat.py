@@ -305,7 +305,7 @@ class OpenAICompatibleProvider:
         # Without a content encoding the raw bytes are the bytes: skip httpx's decoder layer.
         encoded = response.headers.get("content-encoding", "identity") != "identity"
         chunks = iter(response.iter_bytes() if encoded else response.iter_raw())
-        if self._read_events(chunks, decoder, parser, assembler.feed, cancel):
+        if self._read_events(chunks, decoder, parser, assembler, cancel):
             self._read_on(chunks, cancel)
         elif not self._handle_events(decoder.close(), parser.parse, assembler.feed):
             if assembler.finish_reason is None:
@@ -322,11 +322,13 @@ class OpenAICompatibleProvider:
         chunks: Iterator[bytes],
         decoder: SSEDecoder,
         parser: ChunkParser,
-        feed: Callable[[Any], None],
+        assembler: ChunkAssembler,
         cancel: threading.Event | None,
     ) -> bool:
-        """Feed the stream's events until ``[DONE]`` (true) or the end of the body (false)."""
+        """Feed the stream's events until ``[DONE]`` (true) or the end of the body (false); a
+        cancel ends the read — true when the reply it cut short was already whole."""
         parse = parser.parse
+        feed = assembler.feed
         # The hot loop runs once per network chunk, thousands of times per reply; it is kept
         # flat so that parsing costs little next to reading the bytes (see bench/provider.py).
         for chunk in chunks:
@@ -349,11 +351,19 @@ class OpenAICompatibleProvider:
             elif self._handle_events(decoder.feed(chunk), parse, feed):
                 return True
             # After each chunk, keep-alive comments included: a stalled but alive stream
-            # notices. The chunk in hand is read first: if it completed the reply, the reply
-            # (and the usage it was billed with) is kept for the turn to record.
-            if cancel is not None and cancel.is_set():
-                raise ModelCancelled(f"{self.name}: request cancelled")
+            # notices. A reply already whole (its finish reason and its usage read: only
+            # keep-alives or [DONE] were to come) is kept for the turn to record — it was
+            # billed; one whose usage is still to come is read on for it.
+            if cancel is not None and cancel.is_set() and self._cut_short(assembler):
+                return True
         return False
+
+    def _cut_short(self, assembler: ChunkAssembler) -> bool:
+        """On a cancel: True when the reply is whole (stop reading, keep it), else
+        ``ModelCancelled``; False while its usage is the one thing still to come."""
+        if assembler.finish_reason is None:
+            raise ModelCancelled(f"{self.name}: request cancelled")
+        return assembler.usage is not None
 
     def _read_on(self, chunks: Iterator[bytes], cancel: threading.Event | None) -> None:
         """Read the body on after ``[DONE]``, so that the connection returns to the pool; a
