@@ -11,7 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from terret.domain.errors import shown
 from terret.domain.money import cost_figure
-from terret.domain.payloads import EventPayload, catalogue, creating, event_type, text_problem
+from terret.domain.payloads import (
+    EventPayload,
+    catalogue,
+    creating,
+    event_type,
+    text_problem,
+    validated,
+)
 
 ActorKind = Literal["user", "operator", "budget", "reaper", "supervisor", "agent", "system"]
 TurnStatus = Literal["completed", "cancelled", "rejected", "empty", "failed"]
@@ -57,10 +64,20 @@ _PATTERN_CHARS = re.compile(rf"^[{_NAME_CHARS}*?\[\]!]+\Z")
 
 
 class _Part(BaseModel):
+    """A value inside payloads (``Actor``, ``ToolCallData``, ``UsageData``): made in code, it is
+    checked as a payload is — ``InvalidPayload`` naming the class, bytes refused."""
+
     # No NaN or infinity inside a payload either: JSON writes them as null (a cost of inf was
     # counted in memory and recorded as unknown).
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True,
                               allow_inf_nan=False)
+
+    def __init__(self, **data: Any) -> None:
+        validated(self, type(self).__name__, data)
+
+    # Not a custom __init__ to pydantic (as EventPayload's): a part read back with its
+    # payload is validated by pydantic alone, never as one being made.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
 
 class Actor(_Part):

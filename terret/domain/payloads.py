@@ -52,6 +52,40 @@ _CREATING: dict[str, Any] = {"terret": "creating"}
 one validates without it."""
 
 
+def validated(model: BaseModel, name: str, data: dict[str, Any]) -> None:
+    """``model`` (being made) validated from ``data`` in the context of a payload being created,
+    each refusal an ``InvalidPayload`` of ``name``: bytes where text goes first — pydantic would
+    decode them, and a value given as bytes is not the text the caller meant to record."""
+    where = _bytes_at(data, "")
+    if where is not None:
+        raise InvalidPayload(name, where or "<payload>", "text, not bytes")
+    try:
+        model.__pydantic_validator__.validate_python(data, self_instance=model,
+                                                     context=_CREATING)
+    except ValidationError as exc:
+        loc, msg = _first_error(exc)
+        raise InvalidPayload(name, loc, msg) from None
+
+
+def _bytes_at(value: Any, loc: str, depth: int = 0) -> str | None:
+    """Where ``value`` holds bytes (a few levels of dicts and lists down), or None."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return loc
+    if depth < 4 and isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, bytes | bytearray | memoryview | dict | list | tuple):
+                found = _bytes_at(item, f"{loc}.{key}" if loc else str(key), depth + 1)
+                if found is not None:
+                    return found
+    elif depth < 4 and isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if isinstance(item, bytes | bytearray | memoryview | dict | list | tuple):
+                found = _bytes_at(item, f"{loc}.{i}" if loc else str(i), depth + 1)
+                if found is not None:
+                    return found
+    return None
+
+
 def creating(info: ValidationInfo) -> bool:
     """In a field validator: whether the payload is being created (to be written), not read.
 
@@ -235,12 +269,7 @@ class EventPayload(BaseModel):
 
     def __init__(self, **data: Any) -> None:
         name = type(self).wire_name or type(self).__name__
-        try:  # what BaseModel.__init__ does, in the context of a payload being created
-            self.__pydantic_validator__.validate_python(data, self_instance=self,
-                                                        context=_CREATING)
-        except ValidationError as exc:
-            loc, msg = _first_error(exc)
-            raise InvalidPayload(name, loc, msg) from None
+        validated(self, name, data)  # what BaseModel.__init__ does, for a payload being made
         odd: list[str] = []
         try:
             found = _unstorable(self, "", odd)
@@ -340,6 +369,12 @@ class EventCatalogue:
                 raise DuplicateEventType(
                     f"wire name {name!r} is already registered to {existing.__qualname__}"
                 )
+        stale = sorted(v for (n, v) in self._upcasters if n == name and v >= cls.version)
+        if stale:  # registered before the class: the check the upcaster makes, made here
+            raise ConfigurationError(
+                f"{cls.__qualname__} ({name!r}) is at version {cls.version}, and an upcaster "
+                f"from version {stale[0]} is registered for it: it would never run (an "
+                "upcaster turns version N data into N + 1: bump the class's version)")
         self._types[name] = cls
         if self._builtin:  # Terret's own are registered: this is an extension
             cls.model_rebuild()

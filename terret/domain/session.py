@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
 from numbers import Real
 from typing import Any
 from uuid import UUID, uuid4
@@ -393,7 +394,8 @@ class Session(Aggregate):
 
     def set_budget(self, limit: float | None, *, by: Actor, reason: str | None = None) -> None:
         """The session's own budget (None: the deployment's default applies again)."""
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, Real)):
+        if limit is not None and (isinstance(limit, bool)
+                                  or not isinstance(limit, Real | Decimal)):
             # pydantic would read "5" as 5.0 and True as 1.0
             raise errors.InvalidPayload(BudgetSet.wire_name, "limit", "a number of dollars (None: "
                                         f"the default), not {errors.shown(limit)}")

@@ -6,11 +6,12 @@ that imports the module — a ``Runtime``, ``terret serve --app``, a CLI command
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import TypeVar
 
 from terret._sqlite_files import sql_statements
 from terret.domain.errors import ConfigurationError, shown
-from terret.projections._view_store import table_clash
+from terret.projections._view_store import BOOKKEEPING_TABLES, table_clash
 from terret.projections.base import Projection
 
 P = TypeVar("P", bound=type[Projection])
@@ -50,7 +51,8 @@ def register_projection(cls: P) -> P:
     clash = table_clash([*_builtin(), *others, cls()])
     if clash is not None:
         raise ConfigurationError(clash)
-    _check_version_and_schema(cls, name)
+    others_tables = {t for p in [*_builtin(), *others] for t in p.tables} | BOOKKEEPING_TABLES
+    _check_version_and_schema(cls, name, others_tables)
     _registered[name] = cls
     return cls
 
@@ -70,14 +72,15 @@ def _reloaded(taken: type, cls: type) -> bool:
     return held is taken or held is cls
 
 
-def _check_version_and_schema(cls: type[Projection], name: str) -> None:
+def _check_version_and_schema(cls: type[Projection], name: str, others: set[str]) -> None:
     """A version that is not a whole number from 1 broke every command later (a format error,
     a comparison with the stored one); a schema that does not run failed every command given
     the module, naming no projection; one that creates a table it does not declare in
-    ``tables`` escaped the check of who owns which table. Both are tried here, on a scratch
-    database."""
-    import sqlite3
-
+    ``tables`` escaped the check of who owns which table, and one that dropped, altered or
+    wrote ``others`` (the tables of the other projections and of the view store) broke their
+    views unseen, as one that attached another file wrote outside the views. All of it is
+    tried here, on a scratch database holding ``others`` (empty), watched by SQLite's
+    authorizer."""
     version = getattr(cls, "version", None)
     if type(version) is not int or version < 1:
         raise ConfigurationError(f"projection {name!r}: version is a whole number from 1, not "
@@ -87,26 +90,79 @@ def _check_version_and_schema(cls: type[Projection], name: str) -> None:
             isinstance(t, str) for t in tables):
         raise ConfigurationError(f"projection {name!r}: schema is a string of CREATE "
                                  "statements and tables a tuple of the table names it creates")
-    scratch = sqlite3.connect(":memory:")
-    try:  # as it runs: statement by statement, inside the views' transaction (a reset's)
-        scratch.execute("BEGIN")
-        for statement in sql_statements(schema):
-            scratch.execute(statement)
-            if not scratch.in_transaction:  # checked at each: COMMIT; BEGIN; … ends it too
-                raise sqlite3.OperationalError("it ends the transaction it runs in (COMMIT, "
-                                               "END or ROLLBACK)")
-        made = {row[0] for row in scratch.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    except sqlite3.Error as exc:
-        raise ConfigurationError(f"projection {name!r}: its schema does not run: {exc}") from None
-    finally:
-        scratch.close()
+    made = _tried(schema, set(tables), others, name)
     undeclared = sorted(made - set(tables))
     if undeclared:
         raise ConfigurationError(f"projection {name!r}: its schema creates "
                                  f"{', '.join(map(repr, undeclared))}, which tables does not "
                                  "declare (each table a projection writes is declared: a "
                                  "rebuild drops them, no other projection may have them)")
+
+
+def _tried(schema: str, tables: set[str], others: set[str], name: str) -> set[str]:
+    """Run ``schema`` on a scratch database holding ``others`` (empty), as it will run:
+    statement by statement inside a transaction (a reset's), SQLite's authorizer refusing what
+    touches anything but ``tables``; the tables it made, or ``ConfigurationError``."""
+    import sqlite3
+
+    scratch = sqlite3.connect(":memory:")
+    refused: list[str] = []
+    try:
+        for table in sorted(others):  # present, so that what the schema does to one is seen
+            scratch.execute('CREATE TABLE "' + table.replace('"', '""') + '" (x)')
+        scratch.set_authorizer(partial(_own_tables_only, tables, refused))
+        scratch.execute("BEGIN")
+        for statement in sql_statements(schema):
+            scratch.execute(statement)
+            if not scratch.in_transaction:  # checked at each: COMMIT; BEGIN; … ends it too
+                raise sqlite3.OperationalError("it ends the transaction it runs in (COMMIT, "
+                                               "END or ROLLBACK)")
+        scratch.set_authorizer(None)
+        made = {row[0] for row in scratch.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")} - others
+    except sqlite3.Error as exc:
+        if refused:
+            raise ConfigurationError(f"projection {name!r}: its schema {refused[0]}: a "
+                                     "projection's schema creates its own tables (and their "
+                                     "indexes) only") from None
+        raise ConfigurationError(f"projection {name!r}: its schema does not run: {exc}") from None
+    finally:
+        scratch.close()
+    return made
+
+
+def _own_tables_only(own: set[str], refused: list[str], action: int, arg1: str | None,
+                     arg2: str | None, database: str | None, trigger: str | None) -> int:
+    """SQLite's authorizer for a schema's trial: what it does to its own tables (and SQLite's
+    catalogue, which every CREATE writes) is allowed; attaching a file, a pragma, and any
+    change to another table is denied, and said in ``refused``."""
+    import sqlite3
+
+    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH, sqlite3.SQLITE_PRAGMA):
+        refused.append({sqlite3.SQLITE_PRAGMA: f"runs a pragma ({arg1})"}.get(
+            action, "attaches or detaches a database"))
+        return sqlite3.SQLITE_DENY
+    table = _TABLE_ARG.get(action)
+    if table is None:
+        return sqlite3.SQLITE_OK
+    name = arg1 if table == 1 else arg2
+    if name is None or name in own or name.startswith("sqlite_"):
+        return sqlite3.SQLITE_OK
+    refused.append(f"changes table {name!r}, which is not its own")
+    return sqlite3.SQLITE_DENY
+
+
+def _table_args() -> dict[int, int]:
+    """Which argument of each authorizer action that changes a table names the table."""
+    import sqlite3
+
+    return {sqlite3.SQLITE_DROP_TABLE: 1, sqlite3.SQLITE_INSERT: 1, sqlite3.SQLITE_UPDATE: 1,
+            sqlite3.SQLITE_DELETE: 1, sqlite3.SQLITE_ALTER_TABLE: 2,
+            sqlite3.SQLITE_CREATE_INDEX: 2, sqlite3.SQLITE_DROP_INDEX: 2,
+            sqlite3.SQLITE_CREATE_TRIGGER: 2, sqlite3.SQLITE_DROP_TRIGGER: 2}
+
+
+_TABLE_ARG = _table_args()
 
 
 def unregister_projection(name: str) -> None:

@@ -255,6 +255,34 @@ def test_a_registered_projection_is_maintained_by_the_runtime(
         name, tables = "acme.sneaky", ("acme_y",)
         schema = "CREATE TABLE acme_y (a); CREATE TABLE titles2 (b)"
 
+    class Dropping(NotesProjection):  # it dropped the title view's table, halting nothing
+        name, tables = "acme.dropping", ("acme_d",)
+        schema = "DROP TABLE IF EXISTS titles; CREATE TABLE IF NOT EXISTS acme_d (a)"
+
+    class Attaching(NotesProjection):  # its trial created the attached file on disk
+        name, tables = "acme.attaching", ("acme_a",)
+        schema = f"ATTACH DATABASE '{tmp_path / 'attached.db'}' AS x; CREATE TABLE acme_a (a)"
+
+    class Indexing(NotesProjection):  # an index on another's table changes that table
+        name, tables = "acme.indexing", ("acme_i",)
+        schema = "CREATE TABLE acme_i (a); CREATE INDEX acme_on_titles ON titles (title)"
+
+    class Tracking(NotesProjection):  # it moved a tracked position
+        name, tables = "acme.tracking2", ("acme_t",)
+        schema = "CREATE TABLE acme_t (a); INSERT INTO tracking VALUES ('title', 99)"
+
+    class Pragmatic(NotesProjection):  # a pragma changes the views file for every projection
+        name, tables = "acme.pragmatic", ("acme_p",)
+        schema = "PRAGMA journal_mode=DELETE; CREATE TABLE acme_p (a)"
+
+    for bad, says in ((Dropping, "changes table 'titles', which is not its own"),
+                      (Attaching, "attaches or detaches a database"),
+                      (Indexing, "changes table 'titles', which is not its own"),
+                      (Tracking, "changes table 'tracking', which is not its own"),
+                      (Pragmatic, "runs a pragma")):
+        with pytest.raises(terret.errors.ConfigurationError, match=says):
+            terret.register_projection(bad)
+    assert not (tmp_path / "attached.db").exists()
     for bad, says in ((Versioned, "version is a whole number from 1, not '2'"),
                       (Unversioned, "version is a whole number from 1, not 0"),
                       (Unschemed, "'acme.unschemed': its schema does not run: "),

@@ -34,6 +34,10 @@ OPERATOR = Actor(actor="operator", id="api-inputs")
     lambda rt, sid: rt.set_budget(sid, True, by=OPERATOR),
     lambda rt, sid: rt.set_title(sid, b"title", by=OPERATOR),
     lambda rt, sid: rt.create_session(roles="main"),
+    lambda rt, sid: rt.set_title(sid, "T", by={"actor": "operator", "id": b"ops-1"}),
+    lambda rt, sid: rt.set_budget(sid, 1.0, by={"actor": "operator", "id": bytearray(b"x")}),
+    lambda rt, sid: rt.set_model(sid, "main", b"scripted:x", by=OPERATOR),
+    lambda rt, sid: rt.set_policy(sid, [b"deploy"], by=OPERATOR),
 ])
 def test_a_value_of_the_wrong_type_is_invalid_and_writes_nothing(
         make_runtime: MakeRuntime, store: EventStore, call: Any) -> None:
@@ -44,6 +48,27 @@ def test_a_value_of_the_wrong_type_is_invalid_and_writes_nothing(
     with pytest.raises(InvalidPayload):
         call(rt, sid)
     assert read_log(store, sid) == before and store.head_position() == head
+
+
+def test_the_parts_of_payloads_refuse_a_bad_field_as_payloads_do(
+        make_runtime: MakeRuntime) -> None:
+    """``Actor``, ``ToolCallData`` and ``UsageData`` raised pydantic's own error, and an
+    actor's id given as bytes was decoded and recorded."""
+    from decimal import Decimal
+
+    from terret.domain.events import ToolCallData, UsageData
+
+    for make, field in ((lambda: Actor(actor="robot"), "actor"),
+                        (lambda: Actor(actor="operator", id=b"ops-1"), "id"),
+                        (lambda: ToolCallData(id="", name="x"), "id"),
+                        (lambda: UsageData(prompt_tokens=-1, completion_tokens=0),
+                         "prompt_tokens")):
+        with pytest.raises(InvalidPayload, match=f"field '{field}'"):
+            make()
+    rt = make_runtime()
+    sid = rt.create_session()
+    rt.set_budget(sid, Decimal("1.5"), by=OPERATOR)  # a number, though not a float
+    assert rt.budget(sid).limit == 1.5  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("fields", [

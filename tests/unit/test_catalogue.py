@@ -272,6 +272,17 @@ def test_an_upcaster_from_the_class_s_own_version_or_later_is_refused() -> None:
         with pytest.raises(errors.ConfigurationError, match="is at version 2, so it would "
                                                               "never run"):
             local.upcaster("acme/thing", step)(lambda d: d)
+    # The same mistake the other way round: the upcaster first, then the class.
+    other = EventCatalogue()
+    other.upcaster("acme/other", 1)(lambda d: d)
+
+    class Other(EventPayload):
+        wire_name, version = "acme/other", 1
+        text: str = ""
+
+    with pytest.raises(errors.ConfigurationError, match="an upcaster from version 1 is "
+                                                          "registered for it: it would never run"):
+        other.register(Other)
 
 
 def test_a_session_id_as_text_loads_a_session_that_takes_commands() -> None:
