@@ -55,10 +55,16 @@ one validates without it."""
 def validated(model: BaseModel, name: str, data: dict[str, Any]) -> None:
     """``model`` (being made) validated from ``data`` in the context of a payload being created,
     each refusal an ``InvalidPayload`` of ``name``: bytes where text goes first — pydantic would
-    decode them, and a value given as bytes is not the text the caller meant to record."""
-    where = _bytes_at(data, "")
-    if where is not None:
-        raise InvalidPayload(name, where or "<payload>", "text, not bytes")
+    decode them, and a value given as bytes is not the text the caller meant to record. (A
+    field typed ``bytes`` — ``Base64Bytes``, say — takes them, as declared.)"""
+    fields = type(model).model_fields
+    for key, value in data.items():
+        field = fields.get(key)
+        if field is not None and "bytes" in repr(field.annotation).lower():
+            continue
+        where = _bytes_at(value, str(key))
+        if where is not None:
+            raise InvalidPayload(name, where, "text, not bytes")
     try:
         model.__pydantic_validator__.validate_python(data, self_instance=model,
                                                      context=_CREATING)

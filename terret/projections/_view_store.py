@@ -65,7 +65,7 @@ log = logging.getLogger("terret.projections")
 BUSY_TIMEOUT_MS = 30_000
 """How long a write waits for another connection's transaction (a runner's batch elsewhere)."""
 
-_VIEW_SCHEMA = """
+VIEW_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tracking (projection TEXT PRIMARY KEY, position INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS projection_versions (
     projection TEXT PRIMARY KEY, version INTEGER NOT NULL
@@ -86,7 +86,7 @@ CREATE TABLE IF NOT EXISTS projection_skips (
 
 BOOKKEEPING_TABLES = frozenset({"tracking", "projection_versions", "projection_faults",
                                 "views_log", "projection_skips"})
-"""The view store's own tables (``_VIEW_SCHEMA``): no projection may claim one."""
+"""The view store's own tables (``VIEW_SCHEMA``): no projection may claim one."""
 
 
 def table_clash(projections: Sequence[Projection]) -> str | None:
@@ -224,7 +224,7 @@ class ViewStore(TrackingRecorder):
             # otherwise spills pages of the messages index and reads them back (~3 % of it).
             self.db.execute("PRAGMA cache_size=-16384")
             with self.lock:
-                self.db.executescript(_VIEW_SCHEMA)
+                self.db.executescript(VIEW_SCHEMA)
         except sqlite3.Error as exc:
             self.db.close()
             typed = views_error(exc, self.path)
@@ -424,7 +424,7 @@ class ViewStore(TrackingRecorder):
                 for kind, name in objects:
                     quoted = name.replace('"', '""')
                     db.execute(f'DROP {kind.upper()} IF EXISTS "{quoted}"')
-                for statement in sql_statements(_VIEW_SCHEMA):
+                for statement in sql_statements(VIEW_SCHEMA):
                     db.execute(statement)
                 db.execute("INSERT INTO views_log (id, store_id, generation) VALUES (0, ?, ?)",
                            (store_id, generation))

@@ -447,7 +447,7 @@ class Agent:
         ended = self._write(partial(answer, text, calls, spec, usage_of(reply)))
         if ended is not None:
             log.info("session %s turn %d ended %s", self.session_id, turn, ended)
-            return TurnResult(self.session_id, turn, ended, reply.text)
+            return TurnResult(self.session_id, turn, ended, text)  # as the log holds it
         self._run_calls(turn, calls)
         log.debug("session %s turn %d step %d closed", self.session_id, turn, step)
         return None

@@ -28,9 +28,9 @@ def open_step(spec: str, max_steps: int, s: Session) -> int:
 
 MAX_REPLY_BYTES = 512 * 1024
 """The most a model's reply may take in its ``assistant/message`` (its text and its calls, as
-stored): half the stores' 1 MiB limit, which on EventStoreDB bounds a whole append, so that the
-step before's last result (``MAX_RESULT_BYTES``), carried into the same append, fits beside it.
-A longer text is cut to fit, as a tool result is."""
+stored): well under the stores' 1 MiB limit, which on EventStoreDB bounds a whole append, so
+that what is appended with it fits too — the step's and the turn's ends, and on a cancel an
+answer to each of its calls. A longer text is cut to fit, as a tool result is."""
 
 
 def fitted_reply(text: str, calls: list[ToolCallData], *, name: str

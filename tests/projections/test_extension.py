@@ -275,14 +275,38 @@ def test_a_registered_projection_is_maintained_by_the_runtime(
         name, tables = "acme.pragmatic", ("acme_p",)
         schema = "PRAGMA journal_mode=DELETE; CREATE TABLE acme_p (a)"
 
+    class Squatting(NotesProjection):  # on a fresh views file it made 'titles' its way
+        name, tables = "acme.squatting", ("acme_s",)
+        schema = "CREATE TABLE IF NOT EXISTS titles (foo); CREATE TABLE acme_s (a)"
+
+    class Triggering(NotesProjection):  # a trigger on its own table that empties another's
+        name, tables = "acme.triggering", ("acme_g",)
+        schema = ("CREATE TABLE acme_g (a); CREATE TRIGGER acme_g_t AFTER INSERT ON acme_g "
+                  "BEGIN DELETE FROM titles; END")
+
     for bad, says in ((Dropping, "changes table 'titles', which is not its own"),
                       (Attaching, "attaches or detaches a database"),
                       (Indexing, "changes table 'titles', which is not its own"),
                       (Tracking, "changes table 'tracking', which is not its own"),
-                      (Pragmatic, "runs a pragma")):
+                      (Pragmatic, "sets a pragma"),
+                      (Squatting, "creates 'titles', which tables does not declare"),
+                      (Triggering, "changes table 'titles', which is not its own")):
         with pytest.raises(terret.errors.ConfigurationError, match=says):
             terret.register_projection(bad)
     assert not (tmp_path / "attached.db").exists()
+
+    class Rich(NotesProjection):  # what a schema may do with its own tables
+        name, tables = "acme.rich", ("acme_rich", "acme_rich_log")
+        schema = ("CREATE TABLE IF NOT EXISTS acme_rich (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+                  "note TEXT); CREATE TABLE IF NOT EXISTS acme_rich_log (k PRIMARY KEY, n) "
+                  "WITHOUT ROWID; CREATE INDEX IF NOT EXISTS acme_rich_i ON acme_rich (note); "
+                  "CREATE TRIGGER IF NOT EXISTS acme_rich_t AFTER INSERT ON acme_rich BEGIN "
+                  "INSERT OR REPLACE INTO acme_rich_log VALUES (NEW.id, NEW.note); END; "
+                  "CREATE VIEW IF NOT EXISTS acme_rich_v AS SELECT * FROM titles; "
+                  "CREATE TEMP TABLE IF NOT EXISTS acme_tmp (a); INSERT INTO acme_tmp VALUES (1)")
+
+    terret.register_projection(Rich)
+    terret.projections.unregister_projection("acme.rich")
     for bad, says in ((Versioned, "version is a whole number from 1, not '2'"),
                       (Unversioned, "version is a whole number from 1, not 0"),
                       (Unschemed, "'acme.unschemed': its schema does not run: "),

@@ -464,6 +464,24 @@ def test_a_whole_reply_is_kept_with_its_usage_when_the_cancel_lands_before_done(
         assert time.monotonic() - started < 0.85
 
 
+def test_a_whole_reply_whose_usage_never_follows_is_kept_within_a_bound(
+    server: ScriptedServer, provider: OpenAICompatibleProvider
+) -> None:
+    """Reading on for the usage of a reply already whole is bounded: keep-alives that never
+    end would have held the cancel for good."""
+    from terret.adapters.providers.openai_compat import USAGE_AFTER_CANCEL
+
+    cancel = threading.Event()
+    *reply, _usage, _done = text_stream(["all ", "done"], style="openai")
+    server.script(CHAT, Reply.sse([*reply, *[b": OPENROUTER PROCESSING\n\n"] * 80],
+                                  part_delay=0.1))
+    threading.Timer(0.55, cancel.set).start()
+    started = time.monotonic()
+    kept = provider.complete(HELLO, cancel=cancel)
+    assert kept.text == "all done" and kept.usage is None
+    assert time.monotonic() - started < 0.55 + USAGE_AFTER_CANCEL + 1.5  # not the 8 s
+
+
 def test_a_stream_cut_after_the_cancel_is_a_cancel(
     server: ScriptedServer, provider: OpenAICompatibleProvider
 ) -> None:

@@ -78,6 +78,11 @@ class _Retry(Exception):
         self.retry_after = retry_after
 
 
+USAGE_AFTER_CANCEL = 2.0
+"""How long a cancelled request whose reply was already whole reads on for the usage chunk
+that follows it (what the reply was billed)."""
+
+
 class OpenAICompatibleProvider:
     """The :class:`~terret.runtime.model.ModelProvider` port over
     ``POST <base_url>/chat/completions``.
@@ -360,10 +365,20 @@ class OpenAICompatibleProvider:
 
     def _cut_short(self, assembler: ChunkAssembler) -> bool:
         """On a cancel: True when the reply is whole (stop reading, keep it), else
-        ``ModelCancelled``; False while its usage is the one thing still to come."""
+        ``ModelCancelled``; False while its usage is the one thing still to come — for
+        ``USAGE_AFTER_CANCEL`` seconds at most (keep-alives without an end would hold the
+        cancel for good), and not at all when none was asked for."""
         if assembler.finish_reason is None:
             raise ModelCancelled(f"{self.name}: request cancelled")
-        return assembler.usage is not None
+        if assembler.usage is not None or not self._stream_usage:
+            return True
+        if assembler.cancel_seen is None:
+            assembler.cancel_seen = time.monotonic()
+        if time.monotonic() - assembler.cancel_seen < USAGE_AFTER_CANCEL:
+            return False
+        logger.warning("%s: cancelled after the reply finished; its usage did not follow "
+                       "within %g s: usage may be missing", self.name, USAGE_AFTER_CANCEL)
+        return True
 
     def _read_on(self, chunks: Iterator[bytes], cancel: threading.Event | None) -> None:
         """Read the body on after ``[DONE]``, so that the connection returns to the pool; a

@@ -51,6 +51,8 @@ class ChunkAssembler:
         self._ids: dict[str, int] = {}
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
+        self.cancel_seen: float | None = None
+        """When the reader first saw a cancel after the reply finished (monotonic)."""
 
     @property
     def progressed(self) -> bool:
