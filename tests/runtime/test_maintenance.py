@@ -119,6 +119,7 @@ def test_r18_a_turn_landing_meanwhile_stays_after_a_summary_of_what_came_before(
     sid = rt.create_session()
     holder.update(rt=rt, sid=sid)
     rt.run_turn(sid, "q")
+    drain_upkeep(rt)  # the turn's title first: landing after the mark, it would fold under
     mark = len(read_log(store, sid))
     assert rt.compact(sid) == mark  # the summary covers what it read, not the turn after it
     log = read_log(store, sid)
