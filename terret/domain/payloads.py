@@ -57,14 +57,12 @@ def validated(model: BaseModel, name: str, data: dict[str, Any]) -> None:
     each refusal an ``InvalidPayload`` of ``name``: bytes where text goes first — pydantic would
     decode them, and a value given as bytes is not the text the caller meant to record. (A
     field typed ``bytes`` — ``Base64Bytes``, say — takes them, as declared.)"""
-    fields = type(model).model_fields
+    takes_bytes = _bytes_fields(type(model))
     for key, value in data.items():
-        field = fields.get(key)
-        if field is not None and "bytes" in repr(field.annotation).lower():
-            continue
-        where = _bytes_at(value, str(key))
-        if where is not None:
-            raise InvalidPayload(name, where, "text, not bytes")
+        if key not in takes_bytes:
+            where = _bytes_at(value, str(key))
+            if where is not None:
+                raise InvalidPayload(name, where, "text, not bytes")
     try:
         model.__pydantic_validator__.validate_python(data, self_instance=model,
                                                      context=_CREATING)
@@ -73,22 +71,34 @@ def validated(model: BaseModel, name: str, data: dict[str, Any]) -> None:
         raise InvalidPayload(name, loc, msg) from None
 
 
+@cache
+def _bytes_fields(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``cls`` typed to take bytes (``bytes``, ``Base64Bytes``): once per class,
+    not per payload made."""
+    return frozenset(name for name, info in cls.model_fields.items()
+                     if "bytes" in repr(info.annotation).lower())
+
+
+_BYTES = bytes | bytearray | memoryview
+
+
 def _bytes_at(value: Any, loc: str, depth: int = 0) -> str | None:
     """Where ``value`` holds bytes (a few levels of dicts and lists down), or None."""
-    if isinstance(value, bytes | bytearray | memoryview):
+    if isinstance(value, _BYTES):
         return loc
-    if depth < 4 and isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(item, bytes | bytearray | memoryview | dict | list | tuple):
-                found = _bytes_at(item, f"{loc}.{key}" if loc else str(key), depth + 1)
-                if found is not None:
-                    return found
-    elif depth < 4 and isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            if isinstance(item, bytes | bytearray | memoryview | dict | list | tuple):
-                found = _bytes_at(item, f"{loc}.{i}" if loc else str(i), depth + 1)
-                if found is not None:
-                    return found
+    if depth >= 4:
+        return None
+    if isinstance(value, dict):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        if isinstance(item, _BYTES | dict | list | tuple):
+            found = _bytes_at(item, f"{loc}.{key}" if loc else str(key), depth + 1)
+            if found is not None:
+                return found
     return None
 
 

@@ -575,14 +575,11 @@ class Session(Aggregate):
         if not isinstance(patterns, Sequence | set | frozenset):
             raise errors.InvalidPayload(PolicyUpdated.wire_name, "patterns", "a list of "
                                         f"patterns, not {type(patterns).__name__}")
-        for i, pattern in enumerate(patterns):
-            self._storable(PolicyUpdated.wire_name, **{f"patterns.{i}": pattern})
         payload = PolicyUpdated(patterns=list(patterns), by=by)
         self._require_open()
         self._record(payload)
 
     def set_model(self, role: str, spec: str, *, by: Actor | None = None) -> None:
-        self._storable(ModelSet.wire_name, role=role, spec=spec)
         payload = ModelSet(role=role, spec=spec, by=by)
         self._require_open()
         self._record(payload)

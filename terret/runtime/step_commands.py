@@ -38,7 +38,7 @@ def fitted_reply(text: str, calls: list[ToolCallData], *, name: str
     """The reply as its ``assistant/message`` can hold it: its text cut to fit beside its
     calls; when the calls alone do not fit, none of them (and their size, to refuse the turn
     with — the reply is recorded all the same, for the usage it was billed with)."""
-    calls_size = len(pydantic_core.to_json([c.model_dump() for c in calls])) if calls else 0
+    calls_size = len(pydantic_core.to_json(calls)) if calls else 0
     if calls_size > MAX_REPLY_BYTES // 2:
         return storable(text, name=name, limit=MAX_REPLY_BYTES // 2, what="reply"), [], \
             calls_size
