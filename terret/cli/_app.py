@@ -182,6 +182,9 @@ def load_app(spec: str | None) -> App:
         raise ConfigurationError(f"cannot load app {shown(spec)}: {attr or 'app'} is not callable")
     try:
         app = factory()
+    except SystemExit as exc:
+        raise ConfigurationError(
+            f"cannot load app {shown(spec)}: it called sys.exit({exc.code!r})") from None
     except Exception as exc:
         raise ConfigurationError(
             f"cannot load app {shown(spec)}: {type(exc).__name__}: {exc}") from None

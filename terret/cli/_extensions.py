@@ -15,6 +15,11 @@ import click
 from terret.domain.errors import shown
 
 
+class ModuleExited(Exception):
+    """A user's module called ``sys.exit`` while it was imported (or its app built): a module
+    that cannot be loaded, not the end of the command (which would exit as if it had run)."""
+
+
 def import_from_cwd(name: str) -> ModuleType:
     """Import ``name`` as Python would from the working directory. The ``terret`` entry point's
     ``sys.path[0]`` is its bin directory, not the working directory: put the latter first, so
@@ -22,7 +27,10 @@ def import_from_cwd(name: str) -> ModuleType:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
-    return importlib.import_module(name)
+    try:
+        return importlib.import_module(name)
+    except SystemExit as exc:
+        raise ModuleExited(f"it called sys.exit({exc.code!r})") from None
 
 
 def import_extensions(modules: str | None) -> list[str]:

@@ -9,10 +9,11 @@ finds them. This module imports no event, so there is no import cycle.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
 from pydantic_core import ErrorDetails, PydanticSerializationError
@@ -166,14 +167,23 @@ MAX_VERSION = 2**31 - 1
 _JSON_KINDS = (str, int, dict, list, tuple, BaseModel, type(None))  # bool is an int
 
 
-def _unstorable(value: Any, loc: str, odd: list[str], depth: int = 0
+INT_DIGITS = sys.int_info.default_max_str_digits
+"""The most digits an integer in a payload may have: Python reads no longer one from JSON
+(``sys.set_int_max_str_digits``, 4300 unless a process changed it), so every reader of the
+record, in any process, could not read it back."""
+_INT_BOUND = 10**INT_DIGITS
+
+
+def _unstorable(value: Any, loc: str, odd: list[str], depth: int = 0, untyped: bool = False
                 ) -> tuple[str, str] | None:
-    """The location and problem of the first text in ``value`` that cannot be stored. Inside a
-    dict or list, a value JSON has no form for (bytes, a set, NaN, any other object), or one
-    nested :data:`_DEEP` levels down, has its location added to ``odd``: a typed field may turn
-    it into JSON and back (a datetime), or may not (``Any``), which only a round trip tells."""
-    if isinstance(value, str):
-        problem = text_problem(value)
+    """The location and problem of the first text or integer in ``value`` that cannot be
+    stored. Inside a dict or list, a value JSON has no form for (bytes, a set, NaN, any other
+    object), or one nested :data:`_DEEP` levels down, has its location added to ``odd``: a typed
+    field may turn it into JSON and back (a datetime), or may not (``Any``), which only a round
+    trip tells. ``untyped``: ``value`` sits where a field's type says ``Any`` — a model given
+    there is kept as the object, and would read back as a dict: ``odd`` too."""
+    if isinstance(value, str | int):
+        problem = _scalar_problem(value)
         return (loc or "<payload>", problem) if problem else None
     items = _to_walk(value, depth)
     if items is None:
@@ -181,24 +191,37 @@ def _unstorable(value: Any, loc: str, odd: list[str], depth: int = 0
     keyed = isinstance(value, dict)  # a model's keys are its field names
     # In a model only an untyped field holds what it is given: a typed one (a datetime, a
     # UUID) has its own JSON form, which pydantic reads back.
-    loose = _loose_fields(type(value)) if isinstance(value, BaseModel) else None
+    loose: frozenset[str] | None = None
+    anywhere: frozenset[str] | None = None
+    if isinstance(value, BaseModel):
+        loose, anywhere = _loose_fields(type(value)), _untyped_fields(type(value))
     for key, item in items:
         here = f"{loc}.{key}" if loc else str(key)
         if keyed and isinstance(key, str) and (problem := text_problem(key)):
             return here.encode("ascii", "backslashreplace").decode(), f"key: {problem}"
+        inner = untyped if anywhere is None else key in anywhere
         if not odd and ((keyed and not isinstance(key, str)) or depth >= _DEEP or (
-                (loose is None or key in loose) and not _plain(item))):
+                (loose is None or key in loose) and not _plain(item))
+                or (inner and isinstance(item, BaseModel))):
             odd.append(here)
         if loose is None:
-            found = _unstorable(item, here, odd, depth + 1)
+            found = _unstorable(item, here, odd, depth + 1, inner)
         else:  # a field of a model: one that contains itself is named
             try:
-                found = _unstorable(item, here, odd, depth + 1)
+                found = _unstorable(item, here, odd, depth + 1, inner)
             except RecursionError:
                 return here, "nested too deeply, or contains itself"
         if found is not None:
             return found
     return None
+
+
+def _scalar_problem(value: str | int) -> str | None:
+    if isinstance(value, str):
+        return text_problem(value)
+    if -_INT_BOUND < value < _INT_BOUND:
+        return None
+    return f"an integer of more than {INT_DIGITS} digits: no reader could read it back from JSON"
 
 
 @cache
@@ -207,6 +230,20 @@ def _loose_fields(cls: type[BaseModel]) -> frozenset[str]:
     given, JSON or not."""
     return frozenset(name for name, info in cls.model_fields.items()
                      if info.annotation in (Any, object))
+
+
+@cache
+def _untyped_fields(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``cls`` whose type says ``Any`` (or ``object``) anywhere in it — ``Any``,
+    ``dict[str, Any]``, ``list[object] | None``: what sits there is kept as it was given."""
+    return frozenset(name for name, info in cls.model_fields.items()
+                     if _holds_any(info.annotation))
+
+
+def _holds_any(annotation: Any) -> bool:
+    if annotation is Any or annotation is object:
+        return True
+    return any(_holds_any(arg) for arg in get_args(annotation))
 
 
 def _to_walk(value: Any, depth: int = 0) -> Iterable[tuple[Any, Any]] | None:
@@ -245,19 +282,38 @@ def _same(read: Any, written: Any) -> bool:
     return type(read) is type(written) and bool(read == written)
 
 
-def _survives_json(payload: EventPayload, name: str, loc: str) -> None:
+def _survives_json(payload: BaseModel, name: str, loc: str) -> None:
     """Raise ``InvalidPayload`` unless ``payload`` reads back from its JSON as it is: what is
     written must be what every later reader gets (bytes, a set or NaN under ``Any`` would come
     back as text, a list or null; an object JSON has no form for could not be written)."""
     try:
-        back = type(payload).model_validate_json(payload.to_json())
+        written = (payload.to_json() if isinstance(payload, EventPayload)
+                   else payload.model_dump_json(exclude_none=True))
+        back = type(payload).model_validate_json(written)
     except (PydanticSerializationError, ValidationError) as exc:
         raise InvalidPayload(name, loc, "JSON has no form for this value "
                              f"({' '.join(str(exc).split())[:120]})") from None
     if not _same(back, payload):
         raise InvalidPayload(name, loc, "would not read back as written: JSON has no form for "
                              "bytes, sets, NaN, infinity, keys other than text or other "
-                             "objects")
+                             "objects, and a model where the type says Any reads back as a "
+                             "dict")
+
+
+def check_storable(value: BaseModel, name: str) -> None:
+    """``InvalidPayload`` naming the first field of ``value`` (a validated payload, or a part
+    of one) that would not be stored and read back as it is: text that cannot be encoded, an
+    integer no reader can parse, a value JSON has no form for, one nested too deeply."""
+    odd: list[str] = []
+    try:
+        found = _unstorable(value, "", odd)
+        if found is None and odd:
+            _survives_json(value, name, odd[0])
+    except RecursionError:  # a value that contains itself, or nested thousands deep
+        raise InvalidPayload(name, odd[0] if odd else "<payload>",
+                             "nested too deeply, or contains itself") from None
+    if found is not None:
+        raise InvalidPayload(name, *found)
 
 
 class EventPayload(BaseModel):
@@ -286,16 +342,7 @@ class EventPayload(BaseModel):
     def __init__(self, **data: Any) -> None:
         name = type(self).wire_name or type(self).__name__
         validated(self, name, data)  # what BaseModel.__init__ does, for a payload being made
-        odd: list[str] = []
-        try:
-            found = _unstorable(self, "", odd)
-            if found is None and odd:
-                _survives_json(self, name, odd[0])
-        except RecursionError:  # a value that contains itself, or nested thousands deep
-            raise InvalidPayload(name, odd[0] if odd else "<payload>",
-                                 "nested too deeply, or contains itself") from None
-        if found is not None:
-            raise InvalidPayload(name, *found)
+        check_storable(self, name)
 
     # Only construction in code needs the typed error. Marked as pydantic's own ``__init__``,
     # it is not called again by ``model_validate``/``model_validate_json`` (decoding), which

@@ -37,7 +37,8 @@ from terret.domain.errors import SessionNotFound, WrongExpectedVersion, shown
 from terret.domain.workers import MemoryWorkers, WorkerRegistry
 
 MAX_RECORD_BYTES = 1024 * 1024
-"""EventStoreDB's limit on one record; every adapter refuses larger payloads before writing."""
+"""EventStoreDB's limit on one append (its ``--max-append-size`` default), and every store's on
+one record, counted by :func:`record_size`: each adapter refuses a larger one before writing."""
 
 SESSION_PREFIX = "session-"
 RETENTION_STREAM = "terret-retention"
@@ -88,6 +89,13 @@ class NewRecord:
     wire_name: str
     data: bytes
     metadata: bytes = b"{}"
+
+
+def record_size(record: NewRecord) -> int:
+    """A record's size as EventStoreDB counts it against its limit: data + metadata + the wire
+    name in UTF-16 (two bytes a character). Every store counts it so, so that a record one
+    store takes, every store takes."""
+    return len(record.data) + len(record.metadata) + len(record.wire_name.encode("utf-16-le"))
 
 
 class StoredRecord(NamedTuple):
@@ -202,6 +210,11 @@ class EventStore(es.ApplicationRecorder):
     ``ApplicationRecorderTestCase`` runs against each adapter as well."""
 
     max_record_bytes: int = MAX_RECORD_BYTES
+    """The most one record may take (:func:`record_size`): larger ones are refused with
+    ``PayloadTooLarge`` before anything is written."""
+    max_append_bytes: int | None = None
+    """The most one append may take, all its records counted: None where only each record is
+    bounded (SQLite, memory); EventStoreDB's server bounds a whole append (1 MiB by default)."""
 
     @abstractmethod
     def append(

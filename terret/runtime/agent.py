@@ -27,6 +27,7 @@ from terret.domain.events import (
     TurnStatus,
 )
 from terret.domain.messages import Message, ToolCall, distinct_ids
+from terret.domain.payloads import check_storable
 from terret.domain.session import Session
 from terret.projections._bus import Listener, ListenerHandle
 from terret.projections.views import Views
@@ -434,13 +435,16 @@ class Agent:
         self._warn_unpriced(spec, reply, session)
         # Any provider's reply, yours too: two calls under one id are told apart, not a failed
         # turn (the log refuses a reply whose calls share an id).
-        calls = [_call_data(spec, c)
-                 for c in distinct_ids([_shaped(spec, c) for c in reply.tool_calls])]
-        text, calls, too_large = fitted_reply(reply.text, calls,
-                                              name=f"session {self.session_id}: {spec}")
-        if too_large is not None:  # its usage is recorded all the same (R31), then it fails
-            self._write(lambda s: s.record_assistant(text, [], model=spec,
-                                                     usage=usage_of(reply)))
+        name = f"session {self.session_id}: {spec}"
+        try:
+            calls = [_call_data(spec, c)
+                     for c in distinct_ids([_shaped(spec, c) for c in reply.tool_calls])]
+        except errors.MalformedStream:  # a call the log cannot hold: the reply's usage is
+            self._record_without_calls(spec, reply, fitted_reply(reply.text, [], name=name)[0])
+            raise  # recorded all the same (R31), then the turn fails
+        text, calls, too_large = fitted_reply(reply.text, calls, name=name)
+        if too_large is not None:  # as a call the log cannot hold
+            self._record_without_calls(spec, reply, text)
             raise errors.PayloadTooLarge(f"{AssistantMessage.wire_name} (its tool calls)",
                                          too_large, MAX_REPLY_BYTES // 2)
         # The calls are durable before any of them runs (R15: at-least-once, never lost).
@@ -451,6 +455,11 @@ class Agent:
         self._run_calls(turn, calls)
         log.debug("session %s turn %d step %d closed", self.session_id, turn, step)
         return None
+
+    def _record_without_calls(self, spec: str, reply: ModelReply, text: str) -> None:
+        """A reply whose calls cannot be recorded, recorded without them: the model call was
+        billed, and its usage counts (R31) whatever is done with what it answered."""
+        self._write(lambda s: s.record_assistant(text, [], model=spec, usage=usage_of(reply)))
 
     def _warn_unpriced(self, spec: str, reply: ModelReply, session: Session) -> None:
         """A budget counts only costs: a model whose replies carry none (OpenAI, vLLM without
@@ -638,6 +647,10 @@ def _call_data(spec: str, call: ToolCall) -> ToolCallData:
     """A reply's call as the log records it (``MalformedStream`` for a value the payload
     refuses, an empty name say)."""
     try:
-        return ToolCallData(id=call.id, name=call.name, args=call.args)
-    except ValueError as exc:  # pydantic's, for a value the payload refuses
+        data = ToolCallData(id=call.id, name=call.name, args=call.args)
+        # An integer too long to read back, a model where the arguments' type says Any: what
+        # the reply's assistant/message would refuse, said of the call.
+        check_storable(data, ToolCallData.__name__)
+    except (ValueError, errors.InvalidPayload) as exc:  # a value the payload refuses
         raise errors.MalformedStream(spec, f"tool call {call.name!r}: {exc}") from None
+    return data

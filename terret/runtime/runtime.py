@@ -35,7 +35,7 @@ from terret.domain.events import (
 from terret.domain.groups import GroupReader
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
-from terret.domain.store import EventStore, as_session_id, session_stream
+from terret.domain.store import EventStore, as_session_id, record_size, session_stream
 from terret.projections.base import ViewStore
 from terret.projections.registry import serving_projections
 from terret.projections.runner import ProjectionRunner
@@ -503,8 +503,7 @@ class Runtime:
         writes nothing."""
         if text is None:
             return
-        record = encode(UserMessage(text=text))
-        size = len(record.data) + len(record.metadata)
+        size = record_size(encode(UserMessage(text=text)))
         if size > self.store.max_record_bytes:
             raise errors.PayloadTooLarge(UserMessage.wire_name, size, self.store.max_record_bytes)
 

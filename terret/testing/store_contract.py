@@ -66,6 +66,7 @@ from terret.domain.store import (
     StreamState,
     Subscription,
     SubscriptionItem,
+    record_size,
     session_stream,
 )
 
@@ -497,6 +498,45 @@ class StoreContract:
         data = b'"' + b"y" * (size - 2) + b'"'
         store.append(stream, [NewRecord(uuid4(), SIGNAL, data, META)], StreamState.NO_STREAM)
         assert store.read_stream(stream)[0].data == data
+
+    def test_a_record_is_counted_as_eventstoredb_counts_it(self, store: EventStore) -> None:
+        """Data + metadata + the wire name in UTF-16, on every store: a record whose data and
+        metadata alone were under 1 MiB was stored on SQLite and refused on EventStoreDB."""
+        limit = store.max_record_bytes
+        stream = new_stream()
+
+        def sized(size: int) -> NewRecord:
+            body = size - len(META) - 2 * len(SIGNAL) - 2
+            return NewRecord(uuid4(), SIGNAL, b'"' + b"z" * body + b'"', META)
+
+        assert record_size(sized(limit)) == limit
+        store.append(stream, [sized(limit)], StreamState.NO_STREAM)
+        over = sized(limit + 1)
+        assert len(over.data) + len(over.metadata) < limit  # only its name puts it over
+        with pytest.raises(PayloadTooLarge) as info:
+            store.append(stream, [over], 1)
+        assert (info.value.size, info.value.limit) == (limit + 1, limit)
+        assert store.stream_version(stream) == 1
+
+    def test_a_whole_append_is_bounded_where_the_store_says_so(self, store: EventStore
+                                                                ) -> None:
+        """``max_append_bytes``: None where only each record is bounded; otherwise an append
+        whose records together take more is refused whole, nothing written."""
+        half = NewRecord(uuid4(), SIGNAL, b'"' + b"h" * (store.max_record_bytes // 2) + b'"',
+                         META)
+        pair = [half, NewRecord(uuid4(), SIGNAL, half.data, META)]
+        stream = new_stream()
+        if store.max_append_bytes is None:
+            assert store.append(stream, pair, StreamState.NO_STREAM).version == 2
+            return
+        assert sum(map(record_size, pair)) > store.max_append_bytes
+        with pytest.raises(PayloadTooLarge) as info:
+            store.append(stream, pair, StreamState.NO_STREAM)
+        assert info.value.limit == store.max_append_bytes
+        assert store.stream_version(stream) == 0
+        store.append(stream, pair[:1], StreamState.NO_STREAM)  # each on its own fits
+        store.append(stream, pair[1:], 1)
+        assert store.stream_version(stream) == 2
 
     # --- reading streams ------------------------------------------------------------------
 

@@ -88,6 +88,31 @@ def test_an_extension_module_that_cannot_be_imported_is_a_usage_error(target: Ta
     assert target.snapshot() == before
 
 
+def test_a_module_that_exits_while_imported_is_a_usage_error_not_an_empty_success(
+        target: Target) -> None:
+    """``sys.exit(0)`` in an extension module (or an app's module, or its factory) is a module
+    that cannot be loaded: before, the command printed nothing and exited 0 as if it had run."""
+    (target.cwd / "acme_exits.py").write_text("import sys\nsys.exit(0)\n")
+    (target.cwd / "exiting_app.py").write_text("def app():\n    raise SystemExit('bye')\n")
+    sid = str(target.finished())
+    before = target.snapshot()
+    done = target.run("--extensions", "acme_exits", "sessions", "list")
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert one_line_error(done.stderr) == (
+        "Error: BadParameter: Invalid value for '--extensions': cannot import 'acme_exits': "
+        "ModuleExited: it called sys.exit(0)")
+    for spec, said in (("acme_exits:app", "it called sys.exit(0)"),
+                       ("exiting_app:app", "it called sys.exit('bye')")):
+        done = target.run("compact", sid, "--app", spec)
+        assert done.returncode == 2, done.stderr
+        line = one_line_error(done.stderr)
+        assert line.startswith("Error: BadParameter: Invalid value for '--app': cannot load "
+                               f"app '{spec}': "), line
+        assert line.endswith(said), line
+    assert target.snapshot() == before
+
+
 UPCASTING = '''
 import terret
 

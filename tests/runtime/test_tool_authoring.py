@@ -255,6 +255,34 @@ def test_a_call_of_another_shape_fails_the_step_as_a_malformed_reply(
     assert turn_end(store, sid)["error"].startswith("MalformedStream: ")
 
 
+def test_a_call_the_log_could_not_read_back_fails_the_turn_keeping_the_reply_s_cost(
+        make_runtime: MakeRuntime, store: Any, opened: Any) -> None:
+    """A call whose arguments hold an integer of more than 4300 digits (which no reader parses
+    from JSON) was written in the reply's ``assistant/message``: every later read of the
+    session failed, in every process. Now it is a malformed reply, recorded without its calls
+    but with the usage it was billed (R31); the session goes on, read from another process."""
+    from terret import Reply, Usage
+    from terret.domain.errors import MalformedStream
+    from terret.domain.messages import ToolCall
+    from tests.runtime.kit import other_process, read_log
+
+    billed = Usage(prompt_tokens=10, completion_tokens=5, cost=0.25)
+    rt = make_runtime([Reply(text="counting", usage=billed, tool_calls=[
+        ToolCall(id="c1", name="look", args={"n": 10**4300})]), final("fine")],
+        tools=[tool("look", args=NoArgs)(_handler)])
+    sid = rt.create_session()
+    with pytest.raises(MalformedStream, match=r"tool call 'look'.*args\.n.*4300 digits"):
+        rt.run_turn(sid, "go")
+    end = turn_end(store, sid)
+    assert end["status"] == "failed" and end["error"].startswith("MalformedStream: ")
+    (reply,) = [e.data for e in read_log(store, sid) if e.name == "assistant/message"]
+    assert reply["text"] == "counting" and not reply.get("tool_calls")
+    assert reply["usage"]["cost"] == 0.25
+    assert rt.run_turn(sid, "again").status == "completed"
+    usage = other_process(opened.uri, "usage", str(sid))  # the log reads back there too
+    assert usage["cost"] == 0.25 and usage["steps"] == 2, usage
+
+
 # --- stops and failures whose message the log could not hold ----------------------------------
 
 LONE_SURROGATE = "report-\udcff.csv"  # a file name that was not UTF-8

@@ -12,12 +12,12 @@ from typing import Any, ClassVar
 from uuid import uuid4
 
 import pytest
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 import terret
 from terret.adapters.stores.memory import MemoryStore
 from terret.adapters.stores.sqlite import SQLiteStore
-from terret.domain import errors
+from terret.domain import errors, payloads
 from terret.domain.catalogue import EventCatalogue, EventPayload, OpaquePayload, catalogue
 from terret.domain.codec import decode, encode
 from terret.domain.events import (
@@ -389,6 +389,56 @@ def test_an_untyped_field_is_held_to_json_as_its_items_are() -> None:
         made = Loose(value=good, thing=good, when=datetime(2026, 12, 5, tzinfo=UTC))
         back = made.model_validate_json(made.to_json())
         assert (back.value, back.thing, back.when) == (good, good, made.when)
+
+
+def test_an_integer_no_reader_could_parse_is_refused_when_the_payload_is_made(
+        store: EventStore) -> None:
+    """Python reads no integer of more than 4300 digits from JSON (``sys.int_info``): one was
+    written, and every later read of the session's stream failed with ``CorruptRecord``."""
+    class Counted(EventPayload):
+        wire_name: ClassVar[str] = "acme/counted"
+        n: int = 0
+        value: Any = None
+        data: dict[str, Any] = {}
+
+    too_long = 10**payloads.INT_DIGITS  # the first integer with one digit too many
+    for made, where in [(dict(n=too_long), "n"), (dict(n=-too_long), "n"),
+                        (dict(value=too_long), "value"),
+                        (dict(data={"k": [1, {"m": too_long}]}), "data.k.1.m")]:
+        with pytest.raises(errors.InvalidPayload, match="more than 4300 digits") as raised:
+            Counted(**made)
+        assert raised.value.field == where, made
+    longest = Counted(n=too_long - 1, value=-(too_long - 1), data={"k": too_long - 1})
+    terret.event_type(Counted)
+    try:
+        stream = f"session-{uuid4()}"
+        store.append(stream, [encode(longest)], StreamState.NO_STREAM)
+        (read,) = store.read_stream(stream)
+        assert decode(read).payload == longest
+    finally:
+        catalogue.unregister(Counted.wire_name)
+
+
+def test_a_model_where_the_type_says_any_is_refused_it_would_read_back_a_dict() -> None:
+    """A pydantic model under ``Any`` (or in a ``dict[str, Any]``) was written as its fields
+    and read back as a plain dict, not equal to what was written."""
+    class Point(BaseModel):
+        x: int
+
+    class Marked(EventPayload):
+        wire_name: ClassVar[str] = "acme/marked"
+        value: Any = None
+        data: dict[str, Any] = {}
+        points: list[Point] = []  # typed: read back as Points
+
+    for made, where in [(dict(value=Point(x=1)), "value"),
+                        (dict(value={"p": Point(x=1)}), "value.p"),
+                        (dict(data={"k": [Point(x=1)]}), "data.k.0")]:
+        with pytest.raises(errors.InvalidPayload, match="reads back as a dict") as raised:
+            Marked(**made)
+        assert raised.value.field == where, made
+    typed = Marked(points=[Point(x=1)], data={"p": {"x": 1}})
+    assert Marked.model_validate_json(typed.to_json()) == typed
 
 
 # --- validation --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from terret.domain.errors import PayloadTooLarge, WrongExpectedVersion
-from terret.domain.store import ExpectedVersion, NewRecord, StreamState
+from terret.domain.store import ExpectedVersion, NewRecord, StreamState, record_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ Decision = Write | AlreadyWritten
 
 def check_size(records: Sequence[NewRecord], limit: int) -> None:
     for record in records:
-        size = len(record.data) + len(record.metadata)
+        size = record_size(record)
         if size > limit:
             raise PayloadTooLarge(record.wire_name, size, limit)
 

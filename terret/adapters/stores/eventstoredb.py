@@ -78,6 +78,7 @@ from terret.domain.store import (
     StoredRecord,
     StreamState,
     Subscription,
+    record_size,
 )
 from terret.domain.workers import WorkerRegistry
 
@@ -141,7 +142,7 @@ class EventStoreDBStore(EventStore):
             checkpoint_interval_multiplier=checkpoint_interval_multiplier,
             idle_checkpoint_after=idle_checkpoint_after)
         self.subscription_buffer = subscription_buffer
-        self.max_append_bytes = max_append_bytes
+        self.max_append_bytes: int = max_append_bytes
         self._subscriptions: weakref.WeakSet[EsdbSubscription] = weakref.WeakSet()
         self._groups: weakref.WeakSet[EsdbConsumerGroup] = weakref.WeakSet()
         self._store_id: str | None = None
@@ -230,7 +231,7 @@ class EventStoreDBStore(EventStore):
         """What the append is (for errors) and its size as the server counts it (data +
         metadata + the type in UTF-16); ``PayloadTooLarge`` before anything is sent."""
         check_size(records, self.max_record_bytes)
-        total = sum(2 * len(r.wire_name) + len(r.data) + len(r.metadata) for r in records)
+        total = sum(map(record_size, records))
         what = f"{records[0].wire_name} (batch of {len(records)})" if records else ""
         if total > self.max_append_bytes:
             # The server limits a whole append, not only one record; refusing here gives the
