@@ -82,22 +82,29 @@ class SessionRepository:
         after a purge with a max age: what is left is part of a log, not the session's (a
         reader showing it would show a partial log as whole)."""
         session_id = as_session_id(session_id)
-        first = self.store.read_stream(session_stream(session_id), limit=1)
+        stream = session_stream(session_id)
+        first = self.store.read_stream(stream, limit=1)
         if first and first[0].seq > 1:
             self._refuse_expiring(session_id, first[0].seq)
+        elif first and self.store.max_age(stream) is not None:
+            # Purged to expire, none dropped yet: the views forgot it at the purge, so a
+            # reader of them would show it as empty — it is as gone from the purge on.
+            self._refuse_expiring(session_id, None)
 
-    def _refuse_expiring(self, session_id: UUID, first_seq: int) -> None:
-        """``SessionExpiring`` for a stream whose start the store dropped after a purge with a
-        max age (the rest expires in turn); a stream that lost its start otherwise is a
-        damaged log, and the replay says so (``CorruptRecord``)."""
+    def _refuse_expiring(self, session_id: UUID, first_seq: int | None) -> None:
+        """``SessionExpiring`` for a stream purged with a max age, whose start the store
+        dropped already (``first_seq``: the first left) or not yet; a stream that lost its
+        start otherwise is a damaged log, and the replay says so (``CorruptRecord``)."""
         for record in reversed(self.store.read_stream(RETENTION_STREAM)):
             payload = decode(record).payload
             if isinstance(payload, SessionPurged) and payload.session_id == str(session_id) \
                     and payload.max_age_seconds is not None:
+                dropped = ("its events expire as they reach that age" if first_seq is None
+                           else f"the store has dropped its events before seq {first_seq} "
+                                "already, and the rest follow")
                 raise SessionExpiring(
                     f"session {session_id} was purged to expire after "
-                    f"{payload.max_age_seconds}s: the store has dropped its events before seq "
-                    f"{first_seq} already, and the rest follow (purge it without a max age to "
+                    f"{payload.max_age_seconds}s: {dropped} (purge it without a max age to "
                     "delete it now)")
 
     def records_of(self, session: Session, *, correlation_id: str | None = None,

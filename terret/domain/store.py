@@ -303,6 +303,11 @@ class EventStore(es.ApplicationRecorder):
         """Ask the store to expire a stream's events after ``seconds`` (R27), on a store with
         ``native_expiry``; the others do nothing here."""
 
+    def max_age(self, stream: str) -> int | None:
+        """The expiry ``set_max_age`` gave the stream, or None (always, on a store without
+        ``native_expiry``)."""
+        return None
+
     @abstractmethod
     def write_snapshot(self, stream: str, version: int, state: bytes) -> None:
         """Store a snapshot of an aggregate at ``version`` (replaces any older one)."""

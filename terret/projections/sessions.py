@@ -72,10 +72,17 @@ class EveryWireName(LiveWireNames):
         return isinstance(name, str)
 
 
+WORKERS_COMINGS_AND_GOINGS = frozenset({"agent/attached", "agent/detached", "agent/revised"})
+"""Events that are not a session's activity: a worker taking it or letting it go, a deploy's
+new revision. A rolling deploy writes them to every session its workers held, idle ones too:
+counted, every session would look active at the deploy."""
+
+
 class SessionsProjection(TypedProjection):
     name = "sessions"
-    version = 4  # 2: how the last turn ended (last_turn); 3: unreadable events counted too;
-    # 4: records that do not decode counted too (they halted it)
+    version = 5  # 2: how the last turn ended (last_turn); 3: unreadable events counted too;
+    # 4: records that do not decode counted too (they halted it); 5: a worker's comings and
+    # goings are not activity
     handles = EveryWireName(_every_known_event)
     tables = ("sessions",)
     schema = """
@@ -91,31 +98,38 @@ class SessionsProjection(TypedProjection):
         # activity, its seq the event count), besides the start and a close: processing an
         # event is remembering it, and ``flush`` reads and writes each touched row once.
         self._last: dict[str, RecordedEvent] = {}
+        self._active: dict[str, float] = {}  # the time of the last event that is activity
         self._started: dict[str, RecordedEvent] = {}
         self._closed: set[str] = set()
         self._ended: dict[str, RecordedEvent] = {}
 
     def begin(self) -> None:
-        self._last, self._started, self._closed, self._ended = {}, {}, set(), {}
+        self._last, self._active, self._started, self._closed, self._ended = \
+            {}, {}, {}, set(), {}
 
     @handler
     def _on_any(self, db: sqlite3.Connection, event: RecordedEvent,
                 p: EventPayload | OpaquePayload) -> None:
         self._last[event.stream] = event
+        if event.wire_name not in WORKERS_COMINGS_AND_GOINGS:
+            self._active[event.stream] = event.recorded_at
 
     @handler
     def _on_started(self, db: sqlite3.Connection, event: RecordedEvent, p: SessionStarted
                     ) -> None:
         self._last[event.stream] = self._started[event.stream] = event
+        self._active[event.stream] = event.recorded_at
 
     @handler
     def _on_closed(self, db: sqlite3.Connection, event: RecordedEvent, p: SessionClosed) -> None:
         self._last[event.stream] = event
+        self._active[event.stream] = event.recorded_at
         self._closed.add(event.stream)
 
     @handler
     def _on_turn_ended(self, db: sqlite3.Connection, event: RecordedEvent, p: TurnEnded) -> None:
         self._last[event.stream] = self._ended[event.stream] = event
+        self._active[event.stream] = event.recorded_at
 
     def flush(self, db: sqlite3.Connection) -> None:
         rows = [row for stream, last in self._last.items()
@@ -137,7 +151,7 @@ class SessionsProjection(TypedProjection):
             if found is None:
                 return None
             row = list(found)
-        row[2] = last.recorded_at
+        row[2] = self._active.get(stream, row[2])
         row[3] = max(row[3], last.seq)
         if stream in self._closed:
             row[4] = 1

@@ -143,6 +143,19 @@ def test_sessions_purge_max_age(target: Target) -> None:
     assert json.loads(result.stdout) == {"id": str(sid), "purged": False, "max_age": 3600}
     assert "expires after 3600s" in result.stderr
     assert target.types(sid)  # not deleted now
+    # None of its events expired yet, but the views forgot it at the purge: `usage` printed 0
+    # tokens and $0, `title` "(untitled)", `sessions show` ViewsBehind (a halt doctor denied).
+    for args in (["usage", str(sid)], ["title", str(sid)], ["sessions", "show", str(sid)],
+                 ["budget", "show", str(sid)], ["approvals", "list", str(sid)],
+                 ["policy", "show", str(sid)], ["log", str(sid)]):
+        shown = target.invoke(*args)
+        assert shown.exit_code == 1, (args, shown.stdout)
+        error = one_line_error(shown.stderr)
+        assert error.startswith(f"Error: SessionExpiring: session {sid} was purged to expire "
+                                "after 3600s: its events expire as they reach that age"), error
+    assert target.invoke("doctor").exit_code == 0
+    deleted = target.invoke("--json", "sessions", "purge", str(sid), "--yes")
+    assert json.loads(deleted.stdout)["purged"] is True  # and deleted now, on second thought
 
 
 def test_a_session_expiring_part_way_reads_as_expiring_and_can_still_be_deleted(

@@ -320,6 +320,16 @@ class EventStoreDBStore(EventStore):
         for name in (stream, _snapshot_stream(stream)):
             self.connection.update_metadata(name, {"$maxAge": int(seconds)})
 
+    def max_age(self, stream: str) -> int | None:
+        try:
+            metadata, _ = self.connection.read_metadata(f"read the metadata of {stream}", stream)
+        except Refused as refused:
+            if refused.kind == "deleted":
+                return None
+            raise StoreError(f"the metadata of {stream!r}: {refused}") from None
+        seconds = metadata.get("$maxAge")
+        return seconds if isinstance(seconds, int) and not isinstance(seconds, bool) else None
+
     def workers(self) -> WorkerRegistry:
         if self._workers is None:
             self._workers = EsdbWorkers(self.connection)
