@@ -425,15 +425,18 @@ def test_redact_cleans_a_chain_its_notes_and_its_attributes() -> None:
 def test_a_key_echoed_inside_a_complete_reply_is_masked_in_what_is_recorded(
         key: str, server: ScriptedServer, make_provider: ProviderFactory) -> None:
     """A server that echoes the key inside a *successful* reply (its text, a call's id or
-    arguments): the reply went to the log as the model's content, key and all."""
+    arguments, a call's name): the reply went to the log as the model's content, key and
+    all — a name too, which the unknown tool's result then repeated."""
     server.repeat(CHAT, Reply.sse(tool_call_stream(
-        [(f"call-{key}", "deploy", json.dumps({"token": key, "keep": "v2"}))],
+        [(f"call-{key}", "deploy", json.dumps({"token": key, "keep": "v2"})),
+         ("call-2", f"t_{key}", "{}")],
         text=f"your key is {key}")))
     provider = make_provider(api_key=key)
 
     reply = provider.complete(HELLO)
 
     assert leaks(reply.text, key) == [] and reply.text.startswith("your key is ")
-    (call,) = reply.tool_calls
+    call, named = reply.tool_calls
     assert call.name == "deploy" and call.args["keep"] == "v2"
     assert leaks(call.id, key) == [] and leaks(json.dumps(call.args), key) == []
+    assert leaks(named.name, key) == [] and named.name.startswith("t_")

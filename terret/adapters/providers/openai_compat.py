@@ -191,11 +191,11 @@ class OpenAICompatibleProvider:
         return self._priced(request.model, self._masked(reply))
 
     def _masked(self, reply: ModelReply) -> ModelReply:
-        """The reply with the key masked wherever a server echoed it (the text, a call's id or
-        arguments): what the log keeps of a reply is the model's, never the key."""
+        """The reply with the key masked wherever a server echoed it (the text, a call's id,
+        name or arguments): what the log keeps of a reply is the model's, never the key."""
         if self._key is None:
             return reply
-        calls = tuple(ToolCall(id=self._scrub(c.id), name=c.name,
+        calls = tuple(ToolCall(id=self._scrub(c.id), name=self._scrub(c.name),
                                args=_scrub_values(c.args, self._scrub))
                       for c in reply.tool_calls)
         return dataclasses.replace(reply, text=self._scrub(reply.text), tool_calls=calls)
