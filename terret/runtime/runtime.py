@@ -28,6 +28,7 @@ from terret.domain.events import (
     InDoubtResolved,
     SessionClosed,
     SessionCompacted,
+    SessionPurged,
     SessionStarted,
     TurnEnded,
     UserMessage,
@@ -182,6 +183,7 @@ class Runtime:
         r.add_listener(self.supervisor.on_turn_end, {TurnEnded.wire_name})
         r.add_listener(self.supervisor.on_detached, {AgentDetached.wire_name})
         r.add_listener(self._on_closed, {SessionClosed.wire_name})
+        r.add_listener(self._on_purged, {SessionPurged.wire_name})
         r.add_listener(self._on_attached, {AgentAttached.wire_name})
         r.start()
         self._started = True
@@ -418,6 +420,19 @@ class Runtime:
         sid = event.session_id
         if sid is not None and self.agent_for_session(sid) is not None:
             self.background(partial(self.agent_host.let_go, sid, "session closed",
+                                    wait=self.config.wait_timeout))
+
+    def _on_purged(self, event: RecordedEvent) -> None:
+        """A session purged (by any process), its close maybe never heard here: on a store that
+        deletes at once, a purge right after the close leaves no ``session/closed`` for the
+        subscription to read. Its agent here is let go all the same (its release cannot be
+        written), so the worker stops listing a session that is gone."""
+        try:
+            sid = UUID(str(getattr(event.payload, "session_id", "")))
+        except ValueError:
+            return
+        if self.agent_for_session(sid) is not None:
+            self.background(partial(self.agent_host.let_go, sid, "session purged",
                                     wait=self.config.wait_timeout))
 
     def _on_attached(self, event: RecordedEvent) -> None:

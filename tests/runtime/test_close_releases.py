@@ -45,3 +45,36 @@ def test_close_session_here_releases_once(make_runtime: MakeRuntime, store: Even
     types = [r.wire_name for r in store.read_stream(session_stream(sid))]
     assert types[-2:] == ["session/closed", "agent/detached"]
     assert types.count("agent/detached") == 1
+
+
+def test_a_purge_right_after_the_close_releases_the_owner_that_never_saw_the_close(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    """Close and purge back to back from another process (a retention script): on SQLite the
+    purge deleted the ``session/closed`` before the owner's subscription read it, and the owner
+    kept the session — in its beats, in ``terret workers`` — until it stopped. The purge, which
+    the subscription does read, lets it go."""
+    import threading
+
+    from terret.domain.events import TurnEnded
+
+    rt = make_runtime()
+    sid = rt.create_session()
+    held, go = threading.Event(), threading.Event()
+
+    def hold(event: object) -> None:  # the subscription, held right after the turn's end
+        held.set()
+        go.wait(30)
+
+    rt.runner.add_listener(hold, {TurnEnded.wire_name})
+    assert rt.run_turn(sid, "hello").status == "completed"
+    assert held.wait(10)
+    commands = SessionCommands.on(store)
+    commands.close(sid, by=Actor(actor="operator"), reason="done")
+    commands.purge(sid, by=Actor(actor="operator"), reason="retention")
+    go.set()
+    deadline = time.monotonic() + 10
+    while rt.agent_for_session(sid) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert rt.agent_for_session(sid) is None
+    assert sid not in rt.agent_host.session_ids()
+    assert store.read_stream(session_stream(sid)) == []  # nothing written after the purge
