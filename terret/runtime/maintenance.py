@@ -93,21 +93,30 @@ class UpkeepServices:
     owner_folds: Callable[[Session], bool] = lambda session: True
     """Whether the session's open turn may take a summary while it runs: its owner folds
     ``session/compacted`` in (this release does; an older one, live, does not)."""
+    upkeep_rank: Callable[[Session, str], int] = lambda session, purpose: 0
+    """This process's place among the live processes that would do this upkeep of the session
+    (those that follow the log, define its agent and do it), in rendezvous order: 0, first."""
 
-    def left_to_owner(self, session: Session, purpose: str, end: RecordedEvent,
-                      again: Callable[[int], None], attempt: int) -> bool:
-        """Whether this process leaves the upkeep of the turn that ``end`` closed to the
-        session's owner, which ran it and does its own — so that a title or summary is asked
-        for and paid for once, not once per serving process. Left, it is looked at again
-        (``again(attempt + 1)``) after a lease's TTL, for as long as the owner lives: one
-        that died before doing it leaves it to this process."""
+    def left_to_another(self, session: Session, purpose: str, end: RecordedEvent,
+                        again: Callable[[int], None], attempt: int) -> bool:
+        """Whether this process leaves the upkeep of the turn that ``end`` closed to another —
+        so that a title or summary is asked for and paid for once, not once per serving
+        process. To the session's owner, which ran it and does its own: looked at again
+        (``again(attempt + 1)``) after a lease's TTL, for as long as the owner lives (one that
+        died before doing it leaves it to this process). Else to the processes before this
+        one in rendezvous order: looked at again two TTLs a place later, and done then if it
+        is still undone (the one before may have died, or not follow the session: a pool
+        member)."""
         if self.ended_here(end.event_id):
             return False
-        if not self.owner_upkeeps(session, purpose, end.seq):
-            return False
-        if attempt < MAX_RECHECKS:
-            self.later(self.recheck_after, lambda: again(attempt + 1))
-        return True
+        if self.owner_upkeeps(session, purpose, end.seq):
+            if attempt < MAX_RECHECKS:
+                self.later(self.recheck_after, lambda: again(attempt + 1))
+            return True
+        rank = self.upkeep_rank(session, purpose) if attempt < RANKED else 0
+        if rank:
+            self.later(rank * 2 * self.recheck_after, lambda: again(RANKED))
+        return rank > 0
 
 
 def last_turn_end(store: EventStore, sid: UUID) -> RecordedEvent | None:
@@ -125,6 +134,9 @@ def last_turn_end(store: EventStore, sid: UUID) -> RecordedEvent | None:
 
 MAX_RECHECKS = 40
 """How many times upkeep left to a live owner is looked at again (at 15 s, ten minutes)."""
+RANKED = MAX_RECHECKS + 1
+"""The attempt of upkeep this process left to those before it in rendezvous order, looked at
+again when its turn came: done now if still undone (unless a live owner does it)."""
 
 
 def session_roles(upkeep: UpkeepServices, session: Session,
@@ -203,7 +215,7 @@ class Compactor:
         session = self.upkeep.writer.refresh(sid)
         if session.state.compacted_upto >= end.seq:
             return  # compacted since (its owner, or another process)
-        if not self.upkeep.serves(session.state.agent) or self.upkeep.left_to_owner(
+        if not self.upkeep.serves(session.state.agent) or self.upkeep.left_to_another(
                 session, "compaction", end,
                 lambda n: self.upkeep.background(lambda: self._maybe_compact(end, n)),
                 attempt):
@@ -329,7 +341,7 @@ class AutoTitler:
         if self.upkeep.views.title(sid) is not None:
             return  # titled already: a local view read; a title once projected stays until a purge
         session = self.upkeep.writer.refresh(sid)
-        if session.state.titled or self.upkeep.left_to_owner(
+        if session.state.titled or self.upkeep.left_to_another(
                 session, "title", end,
                 lambda n: self.upkeep.background(lambda: self._after_turn(end, n)), attempt):
             return  # titled already, or its owner titles it

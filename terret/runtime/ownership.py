@@ -74,6 +74,8 @@ class LiveWorker:
     """It follows the log (or, of an older release, does not say)."""
     agents: tuple[str, ...] | None
     """The agents its app defines; None: it does not say (an older release)."""
+    upkeep: tuple[str, ...] = ()
+    """The between-turn upkeep it does (``title``, ``compaction``) while it follows the log."""
 
     def defines(self, agent: str | None) -> bool:
         return agent is None or self.agents is None or agent in self.agents
@@ -200,8 +202,8 @@ class WorkerLease:
         now = time.time()
         beats = [b for b in self.registry.beats()
                  if b.alive(now) and (b.host != self.host or process_running(b.pid, b.proc_start))]
-        mine = LiveWorker(self.worker, True, self.agents())
-        return [mine, *(LiveWorker(b.worker, b.follows is not False, b.agents)
+        mine = LiveWorker(self.worker, True, self.agents(), self.upkeep())
+        return [mine, *(LiveWorker(b.worker, b.follows is not False, b.agents, b.upkeep)
                         for b in beats if b.worker != self.worker)]
 
     def orphans(self) -> list[tuple[str, str]]:

@@ -134,7 +134,7 @@ class Runtime:
                                 self.model_spec, self.background, self.catch_up_views,
                                 self.defines, self.writer.ended_here, self._owner_upkeeps,
                                 self.deferred.after, self.config.lease_ttl,
-                                owner_folds=self._owner_folds)
+                                owner_folds=self._owner_folds, upkeep_rank=self._upkeep_rank)
         # Defaults: the role summarizer and role titler on the session's roles (R19, R20).
         self.compactor = Compactor(upkeep, summarizer, self.config.compaction_budget)
         self.titler = AutoTitler(upkeep, titler)
@@ -208,6 +208,15 @@ class Runtime:
         takeover and stop the turn (it does not fold ``session/compacted`` in)."""
         owner = session.state.owner
         return owner is None or self.lease.folds(owner.worker, SessionCompacted.wire_name)
+
+    def _upkeep_rank(self, session: Session, purpose: str) -> int:
+        """This worker's place among the live workers that would do this upkeep of the
+        session — they follow the log, define its agent and do it — in rendezvous order (0: the
+        first, or this worker not among them, as before its first beat)."""
+        live = [w.worker for w in self.lease.live_workers()
+                if w.follows and w.defines(session.state.agent) and purpose in w.upkeep]
+        ranked = self.lease.ranked(str(session.id), live)
+        return ranked.index(self.lease.worker) if self.lease.worker in ranked else 0
 
     def _owner_upkeeps(self, session: Session, purpose: str, end_seq: int) -> bool:
         owner = session.state.owner

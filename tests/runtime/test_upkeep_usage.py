@@ -231,6 +231,37 @@ def test_compaction_is_not_left_to_an_owner_that_does_none(
     assert len(cheap.requests) == 1
 
 
+def test_a_turn_ended_by_a_runtime_without_upkeep_is_titled_and_compacted_once_by_the_others(
+        make_runtime: MakeRuntime, store: EventStore, other_store: EventStore) -> None:
+    """The turn's runtime was never started (a web app's request worker: no upkeep): every
+    serving process that defined the agent asked the titler and the summarizer, and each
+    request was paid for (the aggregate kept one title and one summary). The first of them in
+    rendezvous order does it; the next looks again two lease TTLs later and finds it done."""
+    config = RuntimeConfig(compaction_budget=100, lease_ttl=2.0,
+                           roles={"main": "scripted:default", "titler": "tiny:t1",
+                                  "compactor": "tiny:c1"})
+    serving = []
+    for on_store in (store, other_store):
+        provider = ScriptedProvider(default=Reply(text="Heavy work", usage=TITLE), name="tiny")
+        rt = make_runtime(config=config, on_store=on_store)
+        rt.resolver.add(provider)  # type: ignore[attr-defined]
+        rt.serve_start()
+        serving.append((rt, provider))
+    web = make_runtime([final("heavy", usage=Usage(500, 5, 0.01))], config=config, start=False)
+    sid = web.create_session()
+    assert web.run_turn(sid, "a heavy question").status == "completed"
+    wait_for_event(store, sid, "usage/recorded", count=2)
+    threading.Event().wait(2 * 2.0 + 1.0)  # past the second one's look again
+    for rt, _ in serving:
+        drain_upkeep(rt)
+    asked = [len(provider.requests) for _, provider in serving]
+    assert sorted(asked) == [0, 2], asked  # one process asked for the title and the summary
+    log = read_log(store, sid)
+    assert sorted(e.data["purpose"] for e in only(log, "usage/recorded")) == [
+        "compaction", "title"]
+    assert len(only(log, "session/titled")) == len(only(log, "session/compacted")) == 1
+
+
 def test_upkeep_left_to_an_owner_that_is_gone_before_it_did_it_is_done_by_another(
         make_runtime: MakeRuntime, store: EventStore, other_store: EventStore,
         gates: Any) -> None:
