@@ -378,6 +378,12 @@ class Session(Aggregate):
         payload = InDoubtResolved(call_id=call_id, verdict=verdict,  # type: ignore[arg-type]
                                   reason=reason, by=by)
         doubt = self.state.doubts.get(call_id) if self.state.turn_open else None
+        decided = self.state.doubt_verdicts.get(call_id) if self.state.turn_open else None
+        if doubt is None and decided is not None:  # another verdict got there first
+            who = decided.by.actor + (f" {decided.by.id}" if decided.by.id else "")
+            raise errors.CallNotInDoubt(
+                f"call {shown(call_id)} was decided already ({decided.verdict} by {who}): "
+                "that verdict stands")
         if doubt is None and self.state.turn_open and call_id in self.state.started:
             raise errors.CallNotInDoubt(
                 f"call {shown(call_id)} started and has no result, but is not in doubt yet: "

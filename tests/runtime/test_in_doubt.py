@@ -250,7 +250,10 @@ def test_verdicts_are_bound_to_a_call_in_doubt_of_the_open_turn(
         b.do(lambda s: s.resolve_in_doubt("c-pay", "rerun", by=OPERATOR, name="pay",
                                           args={"amount": 6}))
     rt.rerun(sid, "c-pay", by=OPERATOR)
-    with pytest.raises(errors.CallNotInDoubt):  # decided already
+    # Decided already — said so, not "not in doubt yet … resume the turn to mark it", which sent
+    # the operator who lost the race to a needless `terret resume`.
+    with pytest.raises(errors.CallNotInDoubt, match=r"^call 'c-pay' was decided already "
+                       r"\(rerun by operator tests\): that verdict stands$"):
         rt.skip(sid, "c-pay", by=OPERATOR, reason="no")
     b.do(lambda s: s.start_tool("c-pay", "pay"))  # the rerun verdict allows one more start
     with pytest.raises(errors.CallInDoubt):  # and only one
