@@ -179,7 +179,11 @@ class ApprovalQuestions:
         y/yes, or n/no/nothing (the default); ``/approve [CALL]``, ``/deny [CALL [REASON]]``
         as at the prompt (CALL, or a prefix of it, naming the call asked about). Anything else
         is asked again — a message or another ``/command`` typed here is neither a verdict nor
-        sent to the model."""
+        sent to the model. Lines typed before the question showed are no answer to it: kept,
+        they are the next messages."""
+        for line in self.input.keep_typed_ahead():
+            self.screen.line(f"  (typed before this question showed, kept for after it: "
+                             f"{line!r})", dim=True)
         while True:
             ahead = self.input.typed_ahead()
             typed = self.input.ask(self.screen, question, withdraw).strip()

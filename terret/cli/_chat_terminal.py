@@ -86,6 +86,7 @@ class Input:
         self.tty = self.fd is not None and os.isatty(self.fd)
         self.history: Path | None = None
         self._buffer = b""
+        self._kept: list[str] = []  # lines typed before a question showed: the next messages
         if self.tty:
             self._readline()
 
@@ -126,7 +127,11 @@ class Input:
             screen.agent_prefix = True
             screen.waiting = text
         try:
-            if self.tty:
+            if self._kept:  # typed before a question showed, kept for the prompt after it
+                line = self._kept.pop(0)
+                click.echo(click.style(text, bold=True) + printable(line))
+                self._remember(line)
+            elif self.tty:
                 line = input(text)  # readline edits it (a styled prompt confuses its cursor)
             else:
                 # Piped input: the questions read the same buffer, so a line meant for an
@@ -186,10 +191,38 @@ class Input:
         screen.at_line_start = True
         return answer
 
+    def keep_typed_ahead(self) -> list[str]:
+        """The whole lines typed at a terminal before a question shows, taken out of its way
+        and kept for the prompts after it: nobody answers a question not yet seen (a ``y``
+        typed ahead would approve a call unread), and a message typed while the model worked
+        was taken for a wrong answer and lost. Piped input is read in order, each line where
+        it is asked."""
+        if not self.tty or not self._polled():
+            return []
+        assert self.fd is not None
+        while select.select([self.fd], [], [], 0)[0]:
+            chunk = os.read(self.fd, 4096)
+            if not chunk:
+                break
+            self._buffer += chunk
+        lines = []
+        while b"\n" in self._buffer:
+            line, _, self._buffer = self._buffer.partition(b"\n")
+            lines.append(line.decode(errors="surrogateescape").rstrip("\r"))
+        self._kept.extend(lines)
+        return lines
+
+    def _remember(self, line: str) -> None:
+        """A line kept from before a question, in the history as if typed at the prompt."""
+        if self.history is not None and line.strip():
+            import readline
+
+            readline.add_history(line)
+
     def typed_ahead(self) -> bool:
         """Whether a line (or part of one) is already waiting to be read: typed before the
         prompt or question about to be shown could be seen."""
-        if self._buffer:
+        if self._buffer or self._kept:
             return True
         if not self._polled():
             return False

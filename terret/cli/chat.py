@@ -367,10 +367,8 @@ class Chat:
         elif here is None:
             try:  # the turn may have ended: an idle session moves to this process
                 self.attach(self.runtime.spawn_agent(self.sid))
-            except SessionClosed as exc:  # closed from another shell: nothing more to say
-                self.screen.line(f"  (not sent: {type(exc).__name__}: {exc} — closed from "
-                                 "another shell)", fg="red")
-                self.leaving = self.closed = True
+            except SessionClosed as exc:
+                self._closed_elsewhere(exc)
                 return
             except SessionOwned as exc:
                 self.runtime.inject(self.sid, text, wake=True)
@@ -378,7 +376,20 @@ class Chat:
                                  "step takes the message)", dim=True)
                 return
         self.questions.new_turn()
-        self.drive(partial(self.runtime.run_turn, self.sid, text))
+        self.drive(partial(self._run_turn, text))
+
+    def _run_turn(self, text: str) -> object:
+        try:
+            return self.runtime.run_turn(self.sid, text)
+        except SessionClosed as exc:  # the close came before this agent here heard of it
+            self._closed_elsewhere(exc)
+            return None
+
+    def _closed_elsewhere(self, exc: SessionClosed) -> None:
+        """Closed from another shell: the message was not sent, and the chat ends."""
+        self.screen.line(f"  (not sent: {type(exc).__name__}: {exc} — closed from another "
+                         "shell)", fg="red")
+        self.leaving = self.closed = True
 
     def command(self, line: str) -> str | None:
         name, _, rest = line.partition(" ")

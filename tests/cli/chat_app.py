@@ -5,7 +5,8 @@ for a message starting with ``hold``, streams a long answer slowly for one start
 ``long``; it raises a RuntimeError for one starting with
 ``explode`` and a ``ProviderError`` for one starting with ``unavailable``; for one starting with
 ``give up`` it calls ``give_up``, which raises ``SystemExit`` (``KeyboardInterrupt`` with
-``CHAT_GIVE_UP=interrupt``)."""
+``CHAT_GIVE_UP=interrupt``); for one starting with ``slow deploy`` it thinks 1.5 s, then asks
+for a deploy (which needs an approval)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ def model(request: ModelRequest) -> Reply:
     if last.role == "user" and last.text.startswith("long"):
         return Reply(text=" ".join(["word"] * 100), usage=Usage(prompt_tokens=10,
                                                                 completion_tokens=100))
+    if last.role == "user" and last.text.startswith("slow deploy"):
+        time.sleep(1.5)  # the model thinks: a test types ahead meanwhile
+        return Reply(tool_calls=[call("deploy", {"service": "checkout", "version": "v9"},
+                                      id="call-deploy")])
     if last.role == "user" and last.text.startswith("hold"):
         return Reply(tool_calls=[call("hold", {"what": last.text[5:] or "it"}, id="call-hold")],
                      usage=Usage(prompt_tokens=10, completion_tokens=3))

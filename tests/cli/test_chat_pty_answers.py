@@ -169,3 +169,44 @@ def test_a_turn_another_process_runs_on_the_idle_session_shows_in_the_chat(
         term.say("back here", "agent> You said: back here")
         term.expect("you> ")
         term.leave()
+
+
+def test_a_message_typed_while_the_model_works_is_kept_when_a_question_comes(
+        target: Target, chat_env: dict[str, str]) -> None:
+    """Typed while the model was still answering, a message was read by the approval's
+    question that followed — not a y or n, it was refused there and lost, never sent. A line
+    typed before a question shows is no answer to it (a ``y`` would approve a call unseen): it
+    is kept and sent at the next prompt, once the question is answered."""
+    with chatting(target, chat_env, CHAT_APP) as (term, sid):
+        term.type("slow deploy please\r")
+        time.sleep(0.3)
+        term.type("and then tell me the status\r")  # while the model thinks
+        term.expect("typed before this question showed, kept for after it: "
+                    "'and then tell me the status'")
+        term.say("y", "← deploy: checkout v9")
+        term.expect("you> and then tell me the status")
+        term.expect("agent> ")
+        term.expect("you> ")
+        term.leave()
+    said = [e.payload.text for e in target.events(sid) if isinstance(e.payload, UserMessage)]
+    assert said == ["slow deploy please", "and then tell me the status"], said
+    verdicts = [e.payload.verdict for e in target.events(sid)
+                if isinstance(e.payload, ApprovalResolved)]
+    assert verdicts == ["approved"], verdicts
+
+
+def test_a_close_from_another_shell_ends_the_chat_at_the_next_message_at_once(
+        target: Target, chat_env: dict[str, str]) -> None:
+    """The close came while this process still held the session's agent (its listener lets
+    it go a moment later): the message's turn was refused with a bare error line and the chat
+    went on, ending only at a second message."""
+    with chatting(target, chat_env, CHAT_APP) as (term, sid):
+        term.say("hello", "agent> ")
+        term.expect("you> ")
+        _other_shell(target, "sessions", "close", str(sid))
+        term.type("are you there\r")
+        term.expect("(not sent: SessionClosed: ")
+        term.expect("bye — the session is closed")
+        assert term.finish() == 0
+    said = [e.payload.text for e in target.events(sid) if isinstance(e.payload, UserMessage)]
+    assert said == ["hello"], said
