@@ -44,6 +44,13 @@ def reason_problem(reason: object) -> str | None:
     return text_problem(reason)
 
 
+MAX_MESSAGE_BYTES = 512 * 1024
+"""The most a person's text may take as stored, on every store: a turn's input
+(``user/message``) or an inbox entry (``inbox/queued``, then ``context/injected``). Half the
+1 MiB EventStoreDB allows a whole append, so that what is appended with it fits too — a turn's
+start and its claim; a step's start and the last tool result it carries (256 KiB at most)."""
+
+
 _PROVIDER = r"[a-z][a-z0-9_-]*"
 #: The provider part of a model spec (``provider:model``). Anchored with ``\Z``: ``$`` would let
 #: a trailing newline through.

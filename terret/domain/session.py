@@ -23,6 +23,7 @@ from terret.domain.catalogue import EventPayload, OpaquePayload, text_problem
 from terret.domain.codec import RecordedEvent
 from terret.domain.errors import shown
 from terret.domain.events import (
+    MAX_MESSAGE_BYTES,
     TITLE_MAX,
     Actor,
     AgentAttached,
@@ -231,6 +232,7 @@ class Session(Aggregate):
         payload = InboxQueued(inbox_id=inbox_id or uuid4().hex, text=text, wake=wake)
         if not payload.text.strip():
             raise errors.InvalidPayload(InboxQueued.wire_name, "text", "the text is blank")
+        _message_fits(payload)
         self._require_open()
         self._record(payload)
         return payload.inbox_id
@@ -268,12 +270,20 @@ class Session(Aggregate):
         _turn_start(1, trigger, text, inbox_id)
 
     def take_inbox(self) -> list[str]:
-        """Move every pending inbox entry into the log as ``context/injected`` (R24)."""
+        """Move the pending inbox entries into the log as ``context/injected`` (R24), oldest
+        first, as many as take ``MAX_MESSAGE_BYTES`` together (one at least): they ride in the
+        step's append, which EventStoreDB bounds whole; the rest ride the next steps."""
         self._require_turn()
-        taken = []
+        taken: list[str] = []
+        room = MAX_MESSAGE_BYTES
         for inbox_id, entry in list(self.state.inbox.items()):
-            self._record(ContextInjected(text=entry.text, inbox_id=inbox_id))
+            injected = ContextInjected(text=entry.text, inbox_id=inbox_id)
+            size = len(injected.to_json())
+            if taken and size > room:
+                break
+            self._record(injected)
             taken.append(entry.text)
+            room -= size
         return taken
 
     def start_step(self, model: str, *, max_steps: int = MAX_STEPS) -> int:
@@ -661,7 +671,17 @@ def _unanswered(name: str, why: str, *, started: bool, unsure: bool) -> str:
 def _turn_start(turn: int, trigger: str, text: str | None, inbox_id: str | None
                 ) -> tuple[TurnStarted, UserMessage | None]:
     message = UserMessage(text=text, inbox_id=inbox_id) if text is not None else None
+    if message is not None:
+        _message_fits(message)
     return TurnStarted(turn=turn, trigger=trigger), message
+
+
+def _message_fits(payload: UserMessage | InboxQueued) -> None:
+    """``PayloadTooLarge`` for a person's text over ``MAX_MESSAGE_BYTES`` as stored: every
+    store refuses it the same way, before anything is written."""
+    size = len(payload.to_json())
+    if size > MAX_MESSAGE_BYTES:
+        raise errors.PayloadTooLarge(payload.wire_name, size, MAX_MESSAGE_BYTES)
 
 
 def _decided_on(waiting: WaitingCall, name: str | None, args: dict[str, Any] | None) -> bool:

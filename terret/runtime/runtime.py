@@ -18,7 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from terret.domain import errors
-from terret.domain.codec import RecordedEvent, encode
+from terret.domain.codec import RecordedEvent
 from terret.domain.events import (
     Actor,
     AgentAttached,
@@ -36,7 +36,7 @@ from terret.domain.events import (
 from terret.domain.groups import GroupReader
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
-from terret.domain.store import EventStore, as_session_id, record_size, session_stream
+from terret.domain.store import EventStore, as_session_id, session_stream
 from terret.projections.base import ViewStore
 from terret.projections.registry import serving_projections
 from terret.projections.runner import ProjectionRunner
@@ -510,8 +510,7 @@ class Runtime:
                                         f"a string, not {type(text).__name__}")
         if text is not None and not text.strip():
             text = None  # only whitespace: nothing to answer (an empty turn, no model call)
-        Session.check_turn_input(text=text)  # refused input claims nothing
-        self._check_fits(text)
+        Session.check_turn_input(text=text)  # refused input (too large too) claims nothing
         try:
             # A racing worker's turn may also be found when this one starts its own (the
             # append conflicts, and the re-read shows the turn open): refused the same way.
@@ -520,16 +519,6 @@ class Runtime:
         except errors.TurnOpenInLog:
             self._refuse_if_run_elsewhere(session_id)
             raise  # nobody is running it: a process died in it (R4)
-
-    def _check_fits(self, text: str | None) -> None:
-        """``PayloadTooLarge`` for a message the store would refuse, before the session is
-        claimed: the claim (``agent/attached``) is an append of its own, and a refused turn
-        writes nothing."""
-        if text is None:
-            return
-        size = record_size(encode(UserMessage(text=text)))
-        if size > self.store.max_record_bytes:
-            raise errors.PayloadTooLarge(UserMessage.wire_name, size, self.store.max_record_bytes)
 
     def _refuse_if_run_elsewhere(self, session_id: UUID) -> None:
         """``SessionOwned`` when the open turn is another live worker's: it is not one a

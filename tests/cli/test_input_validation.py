@@ -184,6 +184,16 @@ def test_good_text_on_a_missing_session_is_still_a_domain_error(target: Target) 
     assert_usage_error(target, ["inject", MISSING, "caf\u00e9"], "SessionNotFound", code=1)
 
 
+def test_a_message_over_the_limit_is_refused_alike_on_every_store(target: Target) -> None:
+    """Text over ``MAX_MESSAGE_BYTES`` (512 KiB as stored) is refused with nothing written,
+    on SQLite as on EventStoreDB — where such text, once queued, was too large for the step
+    that injects it, and every turn after failed."""
+    sid = str(target.finished())
+    line = assert_usage_error(target, ["inject", sid, "x" * 600_000], code=1)
+    assert line == ("Error: PayloadTooLarge: inbox/queued payload is 600070 bytes; the limit "
+                    "is 524288 bytes"), line
+
+
 def test_numbers_out_of_range_are_usage_errors_not_tracebacks(target: Target) -> None:
     """What an outside probe found: nan and inf let through, and numbers too large for SQLite
     or for Python's indexes raising from deep inside a command."""

@@ -31,19 +31,55 @@ def test_run_turn_with_a_lone_surrogate_is_a_typed_error_and_writes_nothing(
     assert rt.run_turn(sid, "deploy café").status == "completed"
 
 
-def test_run_turn_with_a_message_too_large_for_the_store_writes_nothing(
+def test_run_turn_with_a_message_too_large_writes_nothing_and_the_same_on_every_store(
         make_runtime: MakeRuntime, store) -> None:
-    """The claim (``agent/attached``) was written before the store refused the message."""
+    """The claim (``agent/attached``) was written before the store refused the message; and a
+    message under the 1 MiB a record may take was run on SQLite but refused on EventStoreDB
+    (its ``turn/start`` and claim in one append over the 1 MiB an append may take), after the
+    claim. A person's text is bounded alike on every store: ``MAX_MESSAGE_BYTES``."""
     from terret.domain.errors import PayloadTooLarge
+    from terret.domain.events import MAX_MESSAGE_BYTES
 
     rt = make_runtime()
     sid = rt.create_session()
     before = read_log(store, sid)
-    with pytest.raises(PayloadTooLarge) as info:
-        rt.run_turn(sid, "x" * (store.max_record_bytes + 1))
-    assert info.value.wire_name == "user/message"
+    overhead = len('{"text":""}')
+    for text in ("x" * (store.max_record_bytes + 1), "x" * (MAX_MESSAGE_BYTES - overhead + 1),
+                 "é" * (MAX_MESSAGE_BYTES // 2)):
+        with pytest.raises(PayloadTooLarge) as info:
+            rt.run_turn(sid, text)
+        assert (info.value.wire_name, info.value.limit) == ("user/message", MAX_MESSAGE_BYTES)
+        with pytest.raises(PayloadTooLarge):
+            rt.inject(sid, text)
     assert read_log(store, sid) == before
-    assert rt.run_turn(sid, "x" * (store.max_record_bytes // 2)).status == "completed"
+    assert rt.run_turn(sid, "x" * (MAX_MESSAGE_BYTES - overhead)).status == "completed"
+    rt.inject(sid, "y" * (MAX_MESSAGE_BYTES - overhead - 64))
+
+
+def test_inbox_entries_too_large_for_one_step_together_ride_the_steps_after(
+        make_runtime: MakeRuntime, store) -> None:
+    """Each accepted, three 400 KB inbox entries were injected into one step's append, which
+    EventStoreDB refused whole: every turn after failed, the text never delivered. A step takes
+    as many as fit; the rest ride the next steps."""
+    from terret import ScriptedProvider
+    from tests.runtime.kit import calls, final, only
+
+    texts = [c * 400_000 for c in "abc"]
+    rt = make_runtime(ScriptedProvider([calls(("status", {"env": "prod"})),
+                                        calls(("status", {"env": "prod"})),
+                                        final("read it all")]))
+    sid = rt.create_session()
+    for text in texts:
+        rt.inject(sid, text)
+    assert rt.run_turn(sid, "hi").status == "completed"
+    log = read_log(store, sid)
+    step, injected = 0, []  # (the entry's letter, the step that took it)
+    for event in log:
+        step += event.name == "step/start"
+        if event.name == "context/injected":
+            injected.append((event.data["text"][0], step))
+    assert injected == [("a", 1), ("b", 2), ("c", 3)], injected
+    assert len(only(log, "turn/end")) == 1
 
 
 def test_inject_set_model_and_verdicts_with_bad_text_are_typed_errors(
