@@ -146,9 +146,9 @@ def validate_role(role: str) -> str:
 
 
 def validate_pattern(pattern: str) -> str:
-    """An allow-list pattern is a glob over tool names (``fs.*``, ``deploy``, ``*``): tool-name
+    """An allow-list pattern is a glob over tool names (``fs_*``, ``deploy``, ``*``): tool-name
     characters (:data:`TOOL_NAME`), the wildcards ``*`` and ``?``, and sets of tool-name
-    characters (``fs.[rw]*``, ``[!x]*``). ``ValueError`` names what is wrong."""
+    characters (``fs_[rw]*``, ``[!x]*``). ``ValueError`` names what is wrong."""
     if _PATTERN.match(pattern):
         return pattern
     where = f"invalid pattern {shown(pattern)}"
@@ -157,7 +157,7 @@ def validate_pattern(pattern: str) -> str:
     if re.search(r"(?<!\[)!", pattern):
         raise ValueError(f"{where}: '!' only negates a set, as in '[!x]*'")
     raise ValueError(f"{where}: unbalanced brackets or an empty set (a set is '[', tool-name "
-                     "characters, ']', as in 'fs.[rw]*')")
+                     "characters, ']', as in 'fs_[rw]*')")
 
 
 def validate_agent_name(name: str) -> str:

@@ -221,3 +221,14 @@ def test_an_agent_definition_refuses_one_string_for_its_floor() -> None:
     with pytest.raises(ConfigurationError, match="not one string"):
         AgentDefinition(name="ops", allow="deploy")  # type: ignore[arg-type]
     assert AgentDefinition(name="ops", allow=["deploy"]).allow == ["deploy"]
+
+
+@pytest.mark.parametrize("pattern", ["a b", "[]", "dep!oy", "", "fs[rw"])
+def test_an_agent_definition_refuses_a_malformed_pattern_in_its_floor(pattern: str) -> None:
+    """It was accepted, and so was a runtime built with it: only ``create_session`` refused
+    it, and a turn on an existing session ran with that floor without a word."""
+    from terret.domain.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"^agent 'ops': allow: invalid pattern"):
+        AgentDefinition(name="ops", allow=["deploy", pattern])
+    assert AgentDefinition(name="ops", allow=["fs_[rw]*", "[!x]?", "*"]).allow
