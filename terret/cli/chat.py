@@ -16,19 +16,19 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 from uuid import UUID
 
 import click
 
 from terret._text import one_line
-from terret.cli._app import check_resolves
+from terret.cli._app import App, check_resolves
 from terret.cli._chat_questions import ApprovalQuestions
 from terret.cli._chat_terminal import Input, Screen
 from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
 from terret.cli._format import actor_text, as_json, money
 from terret.cli._params import AGENT_NAME
-from terret.cli.admin import APP_OPTION, runtime_for
+from terret.cli.admin import APP_OPTION, app_for, runtime_for
 from terret.domain.errors import SessionClosed, SessionOwned, TerretError, TurnSuspended
 
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ class Chat:
                 pass
             if done.wait(0.5):
                 return
-            self.screen.line("  (a tool is still running: the turn closes cancelled when it "
+            self.screen.line(f"  ({self._still_running()}: the turn closes cancelled when it "
                              "returns; Ctrl-C again to stop waiting)", dim=True)
             while not done.wait(0.2):
                 pass
@@ -221,6 +221,17 @@ class Chat:
             self.closing = done
             self.screen.line("  (not waiting: the turn closes in the background; a message "
                              "you type waits for it)", dim=True)
+
+    def _still_running(self) -> str:
+        """What the cancelled turn still waits on: a tool (its step's reply is recorded, its
+        calls not all answered), or the model's request."""
+        try:
+            state = self.runtime.writer.load(self.sid).state
+        except TerretError:
+            return "the turn is still running"
+        if state.step_open and state.step_answered:
+            return "a tool is still running"
+        return "the model's request is still running"
 
     def _closed(self, why: str) -> bool:
         """Wait for a turn left closing by a second Ctrl-C (a new one would be refused while it
@@ -552,12 +563,17 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
     if session_id is not None and agent is not None:  # it was silently ignored
         raise click.BadParameter("names the agent of a new session; SESSION keeps its own",
                                  param_hint="'--agent'")
+    # The command line is checked before the store is opened: a refused one leaves no new
+    # store or views file behind (as serve's).
+    app = app_for(app_spec)
+    if spec is not None:  # this process runs its steps: one it cannot resolve would fail them
+        check_resolves(app.resolver, spec, param_hint="'--model'", served_here=True)
+    if session_id is None and agent is not None:
+        _require_defined(app, agent)
     obj.store(create=session_id is None)  # an existing session needs an existing store
     if session_id is not None:
         obj.require_session(session_id)
-    runtime = runtime_for(obj, app_spec)
-    if spec is not None:  # this process runs its steps: one it cannot resolve would fail them
-        check_resolves(runtime.resolver, spec, param_hint="'--model'", served_here=True)
+    runtime = runtime_for(obj, app_spec, app)
     runtime.start()
     new = session_id is None
     sid = _new_session(runtime, agent, spec) if session_id is None else session_id
@@ -573,6 +589,18 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
     Chat(obj, runtime, sid).run(new=new, live=live, held=held)
 
 
+def _require_defined(app: App, agent: str) -> None:
+    """An agent the app does not define is a usage error on ``--agent``."""
+    names = sorted(a.name for a in app.agents)
+    if agent not in (names or ["default"]):
+        _undefined(agent, names, f"no agent definition named {agent!r}")
+
+
+def _undefined(agent: str, names: list[str], message: str) -> NoReturn:
+    defined = ", ".join(names) or "none, so only 'default'"
+    raise click.BadParameter(f"{message} (the app's agents: {defined})", param_hint="'--agent'")
+
+
 def _new_session(runtime: Runtime, agent: str | None, spec: str | None) -> UUID:
     """A new session of ``agent`` (default: the app's first agent). An agent the app does not
     define is a usage error on ``--agent``, before anything is written."""
@@ -585,9 +613,7 @@ def _new_session(runtime: Runtime, agent: str | None, spec: str | None) -> UUID:
     except ConfigurationError as exc:
         if agent is None:
             raise
-        defined = ", ".join(sorted(runtime.definitions)) or "none, so only 'default'"
-        raise click.BadParameter(f"{exc} (the app's agents: {defined})",
-                                 param_hint="'--agent'") from None
+        _undefined(agent, sorted(runtime.definitions), str(exc))
 
 
 def register(cli: click.Group) -> None:

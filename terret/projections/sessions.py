@@ -8,6 +8,7 @@ import itertools
 import json
 import sqlite3
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from terret.domain.money import cost_figure
@@ -72,10 +73,13 @@ class EveryWireName(LiveWireNames):
         return isinstance(name, str)
 
 
-WORKERS_COMINGS_AND_GOINGS = frozenset({"agent/attached", "agent/detached", "agent/revised"})
-"""Events that are not a session's activity: a worker taking it or letting it go, a deploy's
-new revision. A rolling deploy writes them to every session its workers held, idle ones too:
-counted, every session would look active at the deploy."""
+def workers_comings_and_goings() -> frozenset[str]:
+    """Events that are not a session's activity: a worker taking it or letting it go, a deploy's
+    new revision. A rolling deploy writes them to every session its workers held, idle ones too:
+    counted, every session would look active at the deploy."""
+    from terret.domain.events import AgentAttached, AgentDetached, AgentRevised
+
+    return frozenset({AgentAttached.wire_name, AgentDetached.wire_name, AgentRevised.wire_name})
 
 
 class SessionsProjection(TypedProjection):
@@ -103,6 +107,12 @@ class SessionsProjection(TypedProjection):
         self._closed: set[str] = set()
         self._ended: dict[str, RecordedEvent] = {}
 
+    @cached_property
+    def _not_activity(self) -> frozenset[str]:
+        # Read when the first event is: the payload classes are loaded by then, and a read of
+        # the views that processes none (a command's start-up) does not load them.
+        return workers_comings_and_goings()
+
     def begin(self) -> None:
         self._last, self._active, self._started, self._closed, self._ended = \
             {}, {}, {}, set(), {}
@@ -111,7 +121,7 @@ class SessionsProjection(TypedProjection):
     def _on_any(self, db: sqlite3.Connection, event: RecordedEvent,
                 p: EventPayload | OpaquePayload) -> None:
         self._last[event.stream] = event
-        if event.wire_name not in WORKERS_COMINGS_AND_GOINGS:
+        if event.wire_name not in self._not_activity:
             self._active[event.stream] = event.recorded_at
 
     @handler

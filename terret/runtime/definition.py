@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from uuid import UUID
 
 from terret.domain import errors
-from terret.domain.events import TurnStatus, validate_pattern
+from terret.domain.events import TurnStatus, validate_agent_name, validate_pattern
 from terret.runtime.hooks import PreStepHook
 from terret.runtime.tools import Tool
 
@@ -37,12 +37,15 @@ class AgentDefinition:
             raise errors.ConfigurationError(
                 f"agent {errors.shown(self.name)}: allow is a list of patterns, not one string "
                 f"({errors.shown(self.allow)}); write allow=[{self.allow!r}]")
-        for pattern in self.allow:  # a bad one was met only when a session was created
+        # A bad name or pattern was met only when a session was created (InvalidPayload).
+        checks = [("name", validate_agent_name, self.name),
+                  *(("allow", validate_pattern, p) for p in self.allow)]
+        for name, check, value in checks:
             try:
-                validate_pattern(pattern)
+                check(value)
             except ValueError as exc:
                 raise errors.ConfigurationError(
-                    f"agent {errors.shown(self.name)}: allow: {exc}") from None
+                    f"agent {errors.shown(self.name)}: {name}: {exc}") from None
         names = [t.name for t in self.tools]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:  # the model calls a tool by name: the last of two would silently win

@@ -244,7 +244,8 @@ def sqlite_target(tmp_path: Path) -> Iterator[Target]:
 
 def badfloor_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """An app (``badfloor_app:app``, importable from ``tmp_path``, the working directory) whose
-    agent ``ops`` has a malformed allow-list floor: the domain refuses it (``InvalidPayload``)."""
+    agent ``ops`` has a malformed allow-list floor: refused when the app is loaded (its
+    ``AgentDefinition`` raises ``ConfigurationError`` naming ``allow``)."""
     (tmp_path / "badfloor_app.py").write_text(
         "from terret.cli import App\n"
         "from terret.cli.demo_app import demo_app\n"

@@ -84,11 +84,16 @@ def test_surrogates_reaching_the_domain_are_usage_errors(target: Target, tmp_pat
                                                          monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
     """What the CLI does not check itself, the domain refuses (``InvalidPayload``); the CLI
-    reports that as a usage error too: here an app whose agent's allow-list floor is malformed
-    cannot start a chat session."""
+    reports that as a usage error too: here a reason over the most a reason may have. An app
+    whose agent's allow-list floor is malformed is refused as it loads, before the store is
+    opened: a usage error on ``--app`` (it was the domain's, when the session was created)."""
+    sid = str(target.finished())
+    assert_usage_error(target, ["sessions", "close", sid, "--reason", "r" * 2001],
+                       "InvalidPayload", "'reason'", "at most 2000 characters")
     badfloor_app(tmp_path, monkeypatch)
     assert_usage_error(target, ["chat", "--app", "badfloor_app:app", "--agent", "ops"],
-                       "InvalidPayload", "policy_floor", "'!' only negates a set")
+                       "--app", "ConfigurationError", "allow: invalid pattern 'deploy!'",
+                       "'!' only negates a set")
 
 
 def test_malformed_patterns_are_usage_errors(target: Target) -> None:

@@ -351,3 +351,21 @@ def test_a_file_copy_after_a_crash_holds_every_event_once_the_store_was_opened(
     listed = terret(backup, "--store", str(backup / "terret.db"), "--json", "sessions", "list")
     assert listed.returncode == 0, listed.stderr
     assert len(json.loads(listed.stdout)) == 3
+
+
+@pytest.mark.parametrize("args", [["--model", "nosuch:x"], ["--agent", "nope"],
+                                  ["--app", "nosuchmodule:app"]],
+                         ids=["unknown provider", "unknown agent", "missing app"])
+def test_chat_refused_on_its_command_line_creates_no_store(tmp_path: Path,
+                                                           args: list[str]) -> None:
+    """`chat` opened (created) the store and its views before it checked `--app`, `--model`
+    and `--agent`: a refused command line left a 36 KB store and a views file behind, where
+    `serve` leaves none."""
+    store = tmp_path / "new.db"
+    done = subprocess.run([sys.executable, "-m", "terret", "--store", str(store), "chat",
+                           *args], cwd=tmp_path, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    assert one_line_error(done.stderr).startswith("Error: BadParameter: Invalid value for "
+                                                  f"'{args[0]}'"), done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.iterdir())

@@ -362,12 +362,19 @@ def test_chat_checks_its_model_against_the_app_as_model_set_does(target: Target)
 def test_a_value_the_domain_refuses_has_the_commands_usage_hint(
         target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`InvalidPayload` is a usage error with click's hint (`Usage: …`, `Try …`), as the page
-    says: here an app whose agent's allow-list floor is malformed cannot start a chat."""
-    badfloor_app(tmp_path, monkeypatch)
+    says: here a reason longer than a reason may be; and an app whose agent's allow-list floor
+    is malformed cannot start a chat (refused as it loads, a usage error on `--app`)."""
+    sid = str(target.finished())
     before = target.snapshot()
-    result = target.invoke("chat", "--app", "badfloor_app:app", "--agent", "ops", input="")
+    result = target.invoke("sessions", "close", sid, "--reason", "r" * 2001)
     assert result.exit_code == 2, result.stderr
     assert "InvalidPayload" in one_line_error(result.stderr)
+    assert "sessions close [OPTIONS] SESSION_ID" in result.stderr and (
+        "close --help' for help" in result.stderr)
+    badfloor_app(tmp_path, monkeypatch)
+    result = target.invoke("chat", "--app", "badfloor_app:app", "--agent", "ops", input="")
+    assert result.exit_code == 2, result.stderr
+    assert "ConfigurationError" in one_line_error(result.stderr)
     assert "chat [OPTIONS] [SESSION_ID]" in result.stderr and "chat --help' for help" in (
         result.stderr)
     assert target.snapshot() == before

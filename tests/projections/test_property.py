@@ -35,7 +35,7 @@ from terret.projections import (
     ViewStore,
     default_projections,
 )
-from terret.projections.sessions import WORKERS_COMINGS_AND_GOINGS
+from terret.projections.sessions import workers_comings_and_goings
 from terret.runtime.retention import purge_session
 from tests.projections.logs import Writer
 
@@ -345,7 +345,7 @@ def _check(store: EventStore, harness: Harness, writer: Writer, sessions: list[U
         known = [r for r in store.read_stream(session_stream(sid)) if r.wire_name in catalogue]
         summary = views.summary(sid)
         assert summary is not None
-        active = [r for r in known if r.wire_name not in WORKERS_COMINGS_AND_GOINGS]
+        active = [r for r in known if r.wire_name not in workers_comings_and_goings()]
         assert (summary.events, summary.last_activity, summary.created, summary.closed) == (
             known[-1].seq, active[-1].recorded_at, known[0].recorded_at, state.closed)
         messages = views.messages(sid)
