@@ -44,6 +44,10 @@ class WorkerBeat:
     agents: tuple[str, ...] | None = None
     """The names of the agents the worker's app defines: the sessions it can serve. None: a
     worker of an older release, which does not say (taken as defining every agent)."""
+    serves: bool | None = None
+    """Whether the worker serves (``serve_start``, ``terret serve``): it takes free sessions,
+    wakes, handoffs and takeovers. False: a runtime that only runs the turns asked of it (a web
+    app's request worker, started or not); None: an older release (taken as serving)."""
 
     def alive(self, now: float) -> bool:
         return now - self.at <= self.ttl
@@ -61,7 +65,8 @@ class WorkerBeat:
                    folds=_purposes(raw.get("folds")),
                    follows=raw["follows"] if isinstance(raw.get("follows"), bool) else None,
                    agents=_purposes(raw["agents"]) if isinstance(raw.get("agents"), list)
-                   else None)
+                   else None,
+                   serves=raw["serves"] if isinstance(raw.get("serves"), bool) else None)
 
 
 def _purposes(raw: object) -> tuple[str, ...]:

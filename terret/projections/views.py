@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from terret.domain.errors import ProjectionHalted
 from terret.domain.messages import Message
 from terret.domain.store import as_session_id, session_id_of, session_stream
 from terret.projections import approvals, messages, policy, sessions, status, title, usage
@@ -44,10 +45,15 @@ class Views:
     def __init__(self, store: ViewStore) -> None:
         self.store = store
 
-    def messages(self, session: UUID | str, *, through: int | None = None) -> list[Message]:
+    def messages(self, session: UUID | str, *, through: int | None = None,
+                 reaching: int | None = None) -> list[Message]:
         """The model's context; with ``through``, as it stood at that seq (a summarizer reads
-        no further than its mark)."""
+        no further than its mark). With ``reaching`` (a store position the caller waited
+        for), ``ProjectionHalted`` when the view halted before it: it holds an old
+        conversation, which a model would be asked with, or a summary made of, silently."""
         with self.store.reading() as db:
+            if reaching is not None:
+                _require_reached(db, "messages", reaching)
             return messages.read_messages(db, _stream(session), through=through)
 
     def usage(self, session: UUID | str) -> UsageTotals:
@@ -136,3 +142,16 @@ class Views:
     def summary(self, session: UUID | str) -> SessionSummary | None:
         with self.store.reading() as db:
             return sessions.get_summary(db, _stream(session))
+
+
+def _require_reached(db: Any, name: str, position: int) -> None:
+    tracked = db.execute("SELECT position FROM tracking WHERE projection = ?",
+                         (name,)).fetchone()
+    if tracked is not None and tracked[0] >= position:
+        return
+    fault = db.execute("SELECT position, error FROM projection_faults WHERE projection = ?",
+                       (name,)).fetchone()
+    if fault is not None:  # behind and not halted: the caller's wait is what lacks
+        raise ProjectionHalted(name, fault[0], f"{fault[1]} (a view halted before position "
+                               f"{position}, which it must hold: `terret doctor` says what to "
+                               "do)")

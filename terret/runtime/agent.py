@@ -512,9 +512,10 @@ class Agent:
             # Nothing but this agent's own appends since the last request: the messages view
             # would show the last request's messages plus what those appends added.
             return messages
-        # Read-your-writes: the view, once the projections include this step's start.
+        # Read-your-writes: the view, once the projections include this step's start — and
+        # never a view halted before it (an old conversation, the model asked with it).
         self.services.wait_for(self.work.position)
-        messages = self.services.views.messages(self.session_id)
+        messages = self.services.views.messages(self.session_id, reaching=self.work.position)
         self.model_context.start(messages, self.work.version)  # the version it was read at
         return messages
 

@@ -294,8 +294,12 @@ class Compactor:
         if isinstance(summarizer, RoleBound):
             summarizer = summarizer.for_session(session_roles(upkeep, session, meter))
         upkeep.catch_up_views(sid)  # the views now hold at least everything up to the mark
-        # No further than the mark: what lands after it stays verbatim after the summary (R18).
-        summary = summarizer.summarize(upkeep.views.messages(sid, through=mark))
+        # No further than the mark: what lands after it stays verbatim after the summary (R18);
+        # and not from a view halted before it, or the summary's mark would cover history it
+        # never read — lost to the model for good.
+        (at_mark,) = upkeep.store.read_stream(session_stream(sid), from_seq=mark, limit=1)
+        summary = summarizer.summarize(upkeep.views.messages(sid, through=mark,
+                                                             reaching=at_mark.position))
         if summary is None:
             log.warning("compaction of %s declined by the summarizer", sid)
             record_usage(upkeep, sid, "compaction", meter)

@@ -76,6 +76,8 @@ class LiveWorker:
     """The agents its app defines; None: it does not say (an older release)."""
     upkeep: tuple[str, ...] = ()
     """The between-turn upkeep it does (``title``, ``compaction``) while it follows the log."""
+    serves: bool = True
+    """It serves (takes free sessions, wakes, takeovers), or, of an older release, does not say."""
 
     def defines(self, agent: str | None) -> bool:
         return agent is None or self.agents is None or agent in self.agents
@@ -101,6 +103,9 @@ class WorkerLease:
         """Whether this worker follows the log now (said in each beat: see ``serves_nothing``)."""
         self.agents: Callable[[], tuple[str, ...] | None] = lambda: None
         """The agents this worker's app defines (said in each beat: see ``live_workers``)."""
+        self.serves: Callable[[], bool] = lambda: False
+        """Whether this worker serves now (said in each beat: only serving workers are
+        preferred for a free session — one that never tries would hold it up)."""
         self._sessions = sessions
         self._lock = threading.Lock()
         self._last_ok: float | None = None  # monotonic start of the last successful beat
@@ -150,7 +155,8 @@ class WorkerLease:
                           started=self.started, at=time.time(), ttl=self.ttl,
                           sessions=tuple(sorted(self._sessions())),
                           proc_start=process_start(self.pid), upkeep=self.upkeep(),
-                          folds=_folds(), follows=self.follows(), agents=self.agents())
+                          folds=_folds(), follows=self.follows(), agents=self.agents(),
+                          serves=self.serves())
         try:
             self.registry.beat(beat)
         except StoreError as exc:
@@ -202,8 +208,9 @@ class WorkerLease:
         now = time.time()
         beats = [b for b in self.registry.beats()
                  if b.alive(now) and (b.host != self.host or process_running(b.pid, b.proc_start))]
-        mine = LiveWorker(self.worker, True, self.agents(), self.upkeep())
-        return [mine, *(LiveWorker(b.worker, b.follows is not False, b.agents, b.upkeep)
+        mine = LiveWorker(self.worker, True, self.agents(), self.upkeep(), self.serves())
+        return [mine, *(LiveWorker(b.worker, b.follows is not False, b.agents, b.upkeep,
+                                   b.serves is not False)
                         for b in beats if b.worker != self.worker)]
 
     def orphans(self) -> list[tuple[str, str]]:

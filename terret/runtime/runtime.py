@@ -151,6 +151,7 @@ class Runtime:
             self.writer, self.views, self.lease, self.stopping, self.start,
             self.catch_up_views, self.background, self.titler.catch_up,
             self.compactor.catch_up, self._upkeep_left_by_the_dead))
+        self.lease.serves = lambda: self.supervisor.serving and not self.stopping.is_set()
         self.host = self.lease.host
 
     def _turn_services_of(self) -> TurnServices:

@@ -349,27 +349,30 @@ class Supervisor:
                 return
         log.warning("not serving session %s: %s", sid, exc)
 
-    def _live_workers(self, *, following: bool = False, agent: str | None = None
-                      ) -> list[str]:
+    def _live_workers(self, *, following: bool = False, agent: str | None = None,
+                      serving: bool = False) -> list[str]:
         """The live workers (``following``: those that follow the log; ``agent``: those whose
-        app defines it — another app's worker would only refuse the session), read from the
-        registry at most every ``LIVE_FOR`` seconds: a scan or a burst of wakes asks for every
-        session it offers, one registry read serves them."""
+        app defines it — another app's worker would only refuse the session; ``serving``: those
+        that serve), read from the registry at most every ``LIVE_FOR`` seconds: a scan or a
+        burst of wakes asks for every session it offers, one registry read serves them."""
         with self._lock:
             at, live = self._live
         if time.monotonic() - at >= LIVE_FOR:  # the read outside the lock: wakes take it too
             live = self.services.lease.live_workers()
             with self._lock:
                 self._live = (time.monotonic(), live)
-        return [w.worker for w in live if (w.follows or not following) and w.defines(agent)]
+        return [w.worker for w in live if (w.follows or not following) and w.defines(agent)
+                and (w.serves or not serving)]
 
     def _first_to_try(self, sid: UUID, *, now: bool, leaving: str | None = None,
                       agent: str | None = None) -> bool:
         rt = self.services
         # When no live worker defines the agent, one tries all the same and says it does not
         # serve the session: the operator learns that its app's workers are all down.
-        live = [w for w in self._live_workers(agent=agent) if w != leaving] \
-            or [w for w in self._live_workers() if w != leaving]
+        # Only serving workers: a runtime that does not serve (a web app's request worker)
+        # never tries, and preferred, it held the session up until the grace ran out.
+        live = [w for w in self._live_workers(agent=agent, serving=True) if w != leaving] \
+            or [w for w in self._live_workers(serving=True) if w != leaving]
         if rt.lease.preferred(str(sid), live) == rt.lease.worker:
             return True
         with self._lock:
