@@ -30,3 +30,14 @@ def test_a_beat_names_its_apps_agents_and_is_read_back() -> None:
     # A damaged field reads as "does not say", never as "defines nothing".
     odd = WorkerBeat.from_json(json.dumps({**OLD_BEAT, "agents": "ops"}))
     assert odd.agents is None
+
+
+def test_a_beat_says_whether_its_worker_serves_and_an_older_one_is_taken_as_serving() -> None:
+    """Only serving workers are preferred for a free session: a web app's request worker,
+    preferred, never tried, and held the session up until the grace ran out."""
+    old = WorkerBeat.from_json(json.dumps(OLD_BEAT))
+    assert old.serves is None
+    assert LiveWorker(old.worker, True, old.agents, old.upkeep, old.serves is not False).serves
+    beat = WorkerBeat(worker="w3", host="h", pid=9, started=1.0, at=2.0, ttl=15.0,
+                      follows=False, agents=("ops",), serves=False)
+    assert WorkerBeat.from_json(beat.to_json()) == beat
