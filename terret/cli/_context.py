@@ -115,6 +115,11 @@ class SessionIdType(click.ParamType):
             shown = ", ".join(str(s) for s in found[:5]) + (", …" if len(found) > 5 else "")
             self.fail(f"{cut(prefix.given)} is ambiguous: it starts {len(found)} session ids "
                       f"({shown}); give more of it", prefix.param, ctx)
+        halted = obj.sessions_view_halted()
+        if halted is not None:  # a session past where it stopped may start with it too
+            raise ViewsBehind(f"{text} starts one session id in the sessions view ({found[0]}), "
+                              f"which is halted {halted}; another one the log holds past the "
+                              "halt may start with it too: give the whole id")
         return found[0]
 
     def shell_complete(self, ctx: click.Context, param: click.Parameter,
@@ -467,6 +472,15 @@ class CliContext:
         when it is at its head."""
         stale = self._staleness(["sessions"])
         return stale.line().split(": ", 1)[1] if stale is not None else None
+
+    def sessions_view_halted(self) -> str | None:
+        """How the sessions view is halted, or None. Only a halt: a view a moment behind a
+        serve's appends lacks sessions created meanwhile, not one a prefix was meant for."""
+        stale = self._staleness(["sessions"])
+        if stale is None or "sessions" not in stale.halted:
+            return None
+        position, error = stale.halted["sessions"]
+        return f"at position {position}: {one_line(error, 80)} — see `terret doctor`"
 
     def session_state(self, session_id: UUID) -> Any:
         """The session's ``SessionState`` folded from its log (not a view)."""

@@ -19,6 +19,7 @@ import pytest
 
 from terret.domain.events import ToolCallData
 from terret.domain.store import NewRecord, session_stream
+from terret.runtime.commands import SessionCommands
 from tests.cli.conftest import (
     DEMO_APP,
     DEPLOY_ARGS,
@@ -621,6 +622,32 @@ def test_show_says_the_views_are_behind_when_the_sessions_view_never_saw_it(
     error = one_line_error(by_prefix.stderr)
     assert error.startswith(f"Error: ViewsBehind: no session id starts with {sid[:8]}"), error
     assert "give the whole id" in error
+
+
+def test_a_prefix_one_session_has_in_a_halted_sessions_view_is_not_taken_as_unique(
+        target: Target) -> None:
+    """One match in a halted sessions view was taken as the session meant: `sessions close`
+    and `purge` acted on it while a session created past the halt starts the same way."""
+    first = UUID("abcd1234-0000-4000-8000-" + uuid4().hex[:12])
+    SessionCommands.on(target.store()).create(agent="demo", session_id=first)
+    target.json("sessions", "list")  # the view holds it
+    broken = session_stream(uuid4())
+    target.store().append(broken, [NewRecord(uuid4(), "session/started", b"{not json")],
+                          target.store().stream_version(broken))
+    second = UUID("abcd1234-1111-4000-8000-" + uuid4().hex[:12])
+    SessionCommands.on(target.store()).create(agent="demo", session_id=second)
+    assert target.run("sessions", "list").returncode == 0  # the views meet the halt (said)
+    before = target.snapshot()
+    for args in (["sessions", "close", "abcd1234"], ["log", "abcd1234"],
+                 ["budget", "show", "abcd1234"]):
+        done = target.run(*args)
+        assert done.returncode == 1, (args, done.stdout)
+        error = one_line_error(done.stderr)
+        assert error.startswith(f"Error: ViewsBehind: abcd1234 starts one session id in the "
+                                f"sessions view ({first}), which is halted"), error
+        assert error.endswith("give the whole id"), error
+    assert target.snapshot() == before
+    assert target.run("log", str(first)).returncode == 0  # the whole id still works
 
 
 def test_a_model_spec_with_credentials_in_its_url_is_refused_unquoted(target: Target) -> None:
