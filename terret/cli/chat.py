@@ -312,6 +312,7 @@ class Chat:
         starts = [i for i, m in enumerate(messages) if m.role == "user"]
         if not starts:
             return
+        self._say_if_halted("messages")
         tail = messages[starts[-RECONNECT_EXCHANGES] if len(starts) >= RECONNECT_EXCHANGES
                         else starts[0]:]
         self.screen.line("— the last exchanges —", dim=True)
@@ -443,7 +444,17 @@ class Chat:
             self.screen.line(f"{event.seq:>6}  {event.wire_name:<22} {summarize(event)}",
                              dim=True)
 
+    def _say_if_halted(self, *views: str) -> None:
+        """One line before what is read from a halted view: it is old (the CLI's read commands
+        say the same on stderr)."""
+        for name in views:
+            fault = self.runtime.views.store.fault(name)
+            if fault is not None:
+                self.screen.line(f"  (what follows may be old: the {name} view halted at "
+                                 f"position {fault[0]} — see `terret doctor`)", fg="yellow")
+
     def _usage(self) -> None:
+        self._say_if_halted("usage")
         total = self.runtime.usage(self.sid)
         self.screen.line(f"usage: {total['prompt_tokens']} prompt + "
                          f"{total['completion_tokens']} completion tokens, "

@@ -673,3 +673,21 @@ def test_a_model_spec_with_credentials_in_its_url_is_refused_unquoted(target: Ta
                           env=subprocess_env())
     assert done.stdout.strip() == "refused False", done.stderr
     assert target.types(sid) == before
+
+
+def test_chat_says_when_what_it_shows_comes_from_a_halted_view(target: Target) -> None:
+    """A continued chat's last exchanges and `/usage` read the views: from a halted one they
+    were shown as current, no word said (`terret usage` warns)."""
+    sid = target.finished()
+    other = session_stream(uuid4())
+    target.store().append(other, [NewRecord(uuid4(), "assistant/message", b'{"text": 5}',
+                                            b'{"schema_version":2}')],
+                          target.store().stream_version(other))
+    done = subprocess.run([sys.executable, "-m", "terret",
+                           *target.args("chat", str(sid), "--app", DEMO_APP)],
+                          input="/usage\n/quit\n", capture_output=True, text=True,
+                          timeout=60, cwd=target.cwd, env=subprocess_env())
+    assert done.returncode == 0, done.stderr
+    assert "(what follows may be old: the messages view halted at position" in done.stdout
+    usage = done.stdout.split("/usage", 1)[1]
+    assert usage.lstrip().startswith("(what follows may be old: the usage view halted"), usage
