@@ -32,7 +32,13 @@ from terret.cli._format import (
     printable,
     scrubbed,
 )
-from terret.domain.errors import SessionNotFound, StoreUnavailable, ViewsBehind, ViewsBusy
+from terret.domain.errors import (
+    SessionNotFound,
+    StoreUnavailable,
+    ViewsBehind,
+    ViewsBusy,
+    ViewsMismatch,
+)
 from terret.domain.errors import shown as cut
 
 if TYPE_CHECKING:
@@ -374,6 +380,8 @@ class CliContext:
             self.store()  # a missing store is said first, before a views file is made
             views = self.view_store()
             self._rebuilding = views.rebuild_lock.holder()
+            if self._rebuilding is not None:
+                self._refuse_other_stores(views)
             if self._rebuilding is None and not self._fresh():
                 views.wait_for_rebuilds = False  # this catch-up only: a runtime's may wait
                 try:
@@ -387,6 +395,23 @@ class CliContext:
         if (self._runner is not None or self._rebuilding) and (reads is None or reads):
             self.stale = self._staleness(self._read(reads))  # none on the fresh path
         return Views(self.view_store())
+
+    def _refuse_other_stores(self, views: ViewStore) -> None:
+        """``ViewsMismatch`` for views another store's process is rebuilding: what they hold
+        (until it commits) is that store's, and this command cannot adopt them meanwhile —
+        shown, another store's sessions passed for this one's, no word said."""
+        mark = views.log_mark()
+        if mark is None:  # never built: the rebuild is their first, nothing to show yet
+            raise ViewsBusy(f"{self._rebuilding} is building the views in {views.path} for "
+                            "the first time: run the command again once it ends")
+        mine = self.store().store_id()
+        if mark.store_id is None or mine is None or mark.store_id == mine:
+            return
+        raise ViewsMismatch(
+            f"the views in {views.path} were built from another store ({mark.store_id}; this "
+            f"is {mine}), and {self._rebuilding} is rebuilding them: they are not shown as "
+            "this store's — run the command again once that rebuild ends, or give this store "
+            "views of its own (--views)")
 
     def _read(self, reads: Iterable[str] | None) -> set[str] | None:
         """Every projection the command read so far (None: all): what one command shows from

@@ -369,3 +369,51 @@ def test_chat_refused_on_its_command_line_creates_no_store(tmp_path: Path,
     assert one_line_error(done.stderr).startswith("Error: BadParameter: Invalid value for "
                                                   f"'{args[0]}'"), done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+_HOLD_REBUILD_LOCK = """
+import sys, time
+from terret.projections._rebuild_lock import RebuildLock
+with RebuildLock(sys.argv[1]).held():
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_views_another_stores_process_is_rebuilding_are_not_shown_as_this_stores(
+        tmp_path: Path) -> None:
+    """While another store's process rebuilt a views file shared by mistake, a command on this
+    store skipped the check of whose views they are (it shows a rebuild's views as they were
+    before it): `sessions list` printed the other store's sessions as this one's, exit 0, no
+    warning. Now it is refused, saying whose they are."""
+    big, small, views = tmp_path / "big.db", tmp_path / "small.db", tmp_path / "shared.views.db"
+    made = terret(tmp_path, "--store", str(big), "--views", str(views), "sessions", "new")
+    assert made.returncode == 0, made.stderr
+    assert terret(tmp_path, "--store", str(big), "--views", str(views), "sessions",
+                  "list").returncode == 0  # the views are big's
+    assert terret(tmp_path, "--store", str(small), "sessions", "new").returncode == 0
+    fresh = tmp_path / "fresh.views.db"  # never built: a first build holds the lock
+    holders = [subprocess.Popen([sys.executable, "-c", _HOLD_REBUILD_LOCK, str(path)],
+                                stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                                env=subprocess_env()) for path in (views, fresh)]
+    try:
+        for holder in holders:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        line = failed(terret(tmp_path, "--store", str(small), "--views", str(fresh),
+                             "sessions", "list"), "ViewsBusy")  # not "no such table"
+        assert "for the first time" in line, line
+        line = failed(terret(tmp_path, "--store", str(small), "--views", str(views),
+                             "sessions", "list"), "ViewsMismatch")
+        assert "built from another store" in line and "is rebuilding them" in line, line
+        as_json = terret(tmp_path, "--store", str(small), "--views", str(views), "--json",
+                         "sessions", "list")
+        assert as_json.returncode == 1
+        assert json.loads(as_json.stdout)["error"]["type"] == "ViewsMismatch"
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait(10)
+    shown = terret(tmp_path, "--store", str(small), "--views", str(views), "--json",
+                   "sessions", "list")
+    assert shown.returncode == 0, shown.stderr  # once the rebuild is over: rebuilt, said
+    assert [s["id"] for s in json.loads(shown.stdout)] != [made.stdout.strip()]
