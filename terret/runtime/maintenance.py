@@ -333,6 +333,10 @@ class AutoTitler:
     def __init__(self, upkeep: UpkeepServices, titler: Titler | None) -> None:
         self.upkeep = upkeep
         self.titler: Titler = titler if titler is not None else RoleTitler()
+        self._lock = threading.Lock()
+        self._titling: set[UUID] = set()
+        """The sessions whose title is being asked for here: the turns that end meanwhile
+        leave it to that request (each asked anew and paid for, until the first title landed)."""
 
     def on_turn_end(self, event: RecordedEvent) -> None:
         if event.session_id is None:
@@ -363,6 +367,17 @@ class AutoTitler:
             self._after_turn(end, 0)
 
     def title_now(self, sid: UUID) -> None:
+        with self._lock:
+            if sid in self._titling:
+                return  # the request under way titles it (with the first message, if it fails)
+            self._titling.add(sid)
+        try:
+            self._title_now(sid)
+        finally:
+            with self._lock:
+                self._titling.discard(sid)
+
+    def _title_now(self, sid: UUID) -> None:
         if self.upkeep.views.title(sid) is not None:
             return  # titled already: a local view read; a title once projected stays until a purge
         session = self.upkeep.writer.refresh(sid)

@@ -173,3 +173,15 @@ def test_sse_line_rules() -> None:
     assert not torn
     _, torn = events_of(b'data: {"half', [])
     assert torn
+
+
+@given(st.lists(st.integers(0, 40), max_size=4))
+def test_a_byte_order_mark_opening_the_stream_is_ignored_wherever_the_network_cuts_it(
+        cuts: list[int]) -> None:
+    """SSE says a leading U+FEFF is ignored: the first event (the reply's first text) was
+    dropped without a word — its line read as a field with an unknown name."""
+    stream = "\ufeff".encode() + b'data: {"a":1}\n\ndata: [DONE]\n\n'
+    events, torn = events_of(stream, cuts)
+    assert events == [(b"", b'{"a":1}'), (b"", b"[DONE]")] and not torn
+    later, _ = events_of(b'data: {"b":2}\n\n' + "\ufeff".encode() + b"data: x\n\n", [])
+    assert later[0] == (b"", b'{"b":2}')  # only the stream's first bytes may be a mark

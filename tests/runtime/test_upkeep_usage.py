@@ -25,7 +25,7 @@ from terret.domain.store import EventStore
 from terret.runtime.model import ModelReply, ModelRequest, TextSink
 from tests.cli.conftest import subprocess_env
 from tests.runtime.conftest import MakeRuntime, OpenedStore
-from tests.runtime.kit import drain_upkeep, final, only, read_log, wait_for_event
+from tests.runtime.kit import drain_upkeep, final, only, read_log, wait_for_event, wait_until
 
 OPERATOR = Actor(actor="operator", id="test")
 STEP = Usage(100, 10, 0.01)
@@ -260,6 +260,30 @@ def test_a_turn_ended_by_a_runtime_without_upkeep_is_titled_and_compacted_once_b
     assert sorted(e.data["purpose"] for e in only(log, "usage/recorded")) == [
         "compaction", "title"]
     assert len(only(log, "session/titled")) == len(only(log, "session/compacted")) == 1
+
+
+def test_turns_that_end_while_the_title_is_asked_for_do_not_ask_again(
+        make_runtime: MakeRuntime, store: EventStore, gates: Any) -> None:
+    """Turns in quick succession: each turn/end asked the titler anew until the first title
+    landed — three requests paid for one title (three failures said when it failed)."""
+    slow = gates()
+    config = RuntimeConfig(roles={"main": "scripted:default", "titler": "tiny:t1"})
+    titler = ScriptedProvider([Reply(text="Quick work", usage=TITLE, gate=slow)],
+                              default=Reply(text="Asked again", usage=TITLE), name="tiny")
+    rt = make_runtime([final("one"), final("two"), final("three")], config=config)
+    rt.resolver.add(titler)  # type: ignore[attr-defined]
+    sid = rt.create_session()
+    for text in ("one", "two", "three"):
+        assert rt.run_turn(sid, text).status == "completed"
+    wait_until(lambda: titler.requests, what="the titler to be asked")
+    rt.catch_up_views()
+    threading.Event().wait(0.5)  # the later turn ends' upkeep ran meanwhile
+    slow.set()
+    (titled,) = only(wait_for_event(store, sid, "session/titled"), "session/titled")
+    drain_upkeep(rt)
+    assert titled.data["title"] == "Quick work"
+    assert len(titler.requests) == 1
+    assert len(only(read_log(store, sid), "usage/recorded")) == 1
 
 
 def test_upkeep_left_to_an_owner_that_is_gone_before_it_did_it_is_done_by_another(

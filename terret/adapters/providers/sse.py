@@ -11,6 +11,8 @@ from __future__ import annotations
 #: NamedTuple: it is built once per chunk, and a NamedTuple costs a Python-level call.
 SSEEvent = tuple[bytes, bytes]
 
+_BOM = "\ufeff".encode()
+
 
 class SSEDecoder:
     """Feed it network chunks; it returns the events completed by each one.
@@ -20,7 +22,7 @@ class SSEDecoder:
     Lines end in ``\\n`` or ``\\r\\n``.
     """
 
-    __slots__ = ("_tail", "_data", "_name", "comments", "torn", "idle")
+    __slots__ = ("_tail", "_data", "_name", "comments", "torn", "idle", "_started")
 
     def __init__(self) -> None:
         self._tail = b""
@@ -32,9 +34,17 @@ class SSEDecoder:
         #: No partial line or event is buffered: the next chunk starts a fresh event. A
         #: reader may then take a chunk holding exactly one whole event without the decoder.
         self.idle = True
+        self._started = False  # a byte-order mark may open the stream: ignored (SSE says so)
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         buffer = self._tail + chunk if self._tail else chunk
+        if not self._started:
+            if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
+                self._tail = buffer  # the mark may be split across chunks
+                self.idle = False
+                return []
+            self._started = True
+            buffer = buffer.removeprefix(_BOM)
         lines = buffer.split(b"\n")
         self._tail = lines.pop()
         events: list[SSEEvent] = []
