@@ -193,7 +193,10 @@ class TerretGroup(click.Group):
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
         except click.exceptions.NoArgsIsHelpError as exc:  # a group without its command
-            exc.show()
+            exc.show()  # its help: what the group's commands are
+            typed = "UsageError: Missing command."
+            click.echo(f"Error: {typed}", err=True)
+            _json_error(argv, typed, exc.exit_code)
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
             typed = printable(" ".join(cut_quotes(exc.format_message()).split()))
@@ -204,7 +207,8 @@ class TerretGroup(click.Group):
             else:
                 click.ClickException(typed).show()
             _json_error(argv, typed, exc.exit_code,
-                        one_line=isinstance(exc, DomainFailure) and exc.json_lines)
+                        one_line=(isinstance(exc, DomainFailure) and exc.json_lines)
+                        or _json_lines_command(exc))
             sys.exit(exc.exit_code)
         except click.Abort:
             typed = "Aborted: not confirmed, or interrupted"
@@ -253,6 +257,13 @@ def _json_error(argv: list[str], typed: str, code: int, *, one_line: bool = Fals
         kind, _, message = typed.partition(": ")
         click.echo(json.dumps({"error": {"exit_code": code, "message": message, "type": kind}},
                               indent=None if one_line else 2, sort_keys=True))
+
+
+def _json_lines_command(exc: click.ClickException) -> bool:
+    """A usage error of a command whose ``--json`` output is JSON Lines (``log``): its error
+    document is one line too, whether it came before the first line or not."""
+    ctx = getattr(exc, "ctx", None)
+    return ctx is not None and ctx.command.name == "log"
 
 
 def _click_handles(exc: Exception) -> bool:
@@ -307,7 +318,9 @@ def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) ->
                    "esdb://host:port?… / esdb+discover://… (env TERRET_STORE).")
 @click.option("--views", "views_path", envvar="TERRET_VIEWS", default=None, metavar="PATH",
               callback=_not_empty,
-              help="SQLite file for the projections' views (default: beside the store).")
+              help="SQLite file for the projections' views (default: beside the store, "
+                   "x.views.db for x.db; terret-views.db here for EventStoreDB; env "
+                   "TERRET_VIEWS).")
 @click.option("--store-timeout", "store_timeout", envvar="TERRET_STORE_TIMEOUT",
               type=FloatRange(min=0.1, max=MAX_SECONDS), default=None, metavar="SECONDS",
               help="How long an unreachable EventStoreDB is retried before the command fails "
@@ -317,7 +330,9 @@ def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) ->
               metavar="MODULES",
               help="Comma-separated modules to import first: your extension events register "
                    "there (env TERRET_EXTENSIONS).")
-@click.option("-v", "--verbose", is_flag=True, help="Log lifecycle transitions to stderr.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Log lifecycle transitions to stderr, and every log record as it is (time, "
+                   "logger, message); without it, warnings are `warning:` lines.")
 @click.version_option(__version__, package_name="terret")  # no metadata lookup
 @click.pass_context
 def cli(ctx: click.Context, store_uri: str, views_path: str | None,

@@ -234,6 +234,8 @@ def _as_dict(record: StoredRecord, event: RecordedEvent) -> dict[str, Any]:
 def log(obj: CliContext, session_id: UUID, from_seq: int, types: tuple[str, ...],
         tail: int | None, stamps: bool, full: bool, follow: bool) -> None:
     """A session's events, one line each: seq, wire name, summary."""
+    # JSON Lines: an error, before the first line or after some, is one more line.
+    click.get_current_context().meta[JSON_LINES] = True
     obj.require_session(session_id)
     store = obj.store()
     stream = session_stream(session_id)
@@ -241,8 +243,6 @@ def log(obj: CliContext, session_id: UUID, from_seq: int, types: tuple[str, ...]
     if wanted is not None:
         _check_types(store, stream, wanted)
     show = _printer(obj, full=full, stamps=stamps)
-    # JSON Lines: an error after some lines is one more line, not an indented document.
-    click.get_current_context().meta[JSON_LINES] = True
     head = store.head_position()  # before reading, so --follow cannot miss what lands meanwhile
     last = _show_log(store, stream, from_seq, wanted, tail, show)
     if follow:

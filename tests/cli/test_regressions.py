@@ -78,3 +78,36 @@ def test_serve_wakes_more_than_two_parked_sessions(sqlite_target: Target) -> Non
                             "a parked deploy", timeout=5)
     finally:
         runtime.close(grace=0)
+
+
+def test_a_group_without_its_command_is_a_usage_error_said_as_every_error(
+        sqlite_target: Target) -> None:
+    """`terret --json budget` printed the group's help and exited 2, nothing on stdout and no
+    `Error:` line: a script could not tell it apart. Now as `terret --json` alone."""
+    import json
+
+    for args in (["--json", "budget"], ["sessions", "--json"], ["in-doubt"]):
+        done = sqlite_target.run(*args)
+        assert done.returncode == 2, args
+        assert done.stderr.rstrip().splitlines()[-1] == "Error: UsageError: Missing command."
+        assert "Commands:" in done.stderr  # the group's help, above the line
+        if "--json" in args:
+            assert json.loads(done.stdout) == {"error": {
+                "exit_code": 2, "message": "Missing command.", "type": "UsageError"}}
+        else:
+            assert done.stdout == ""
+
+
+def test_log_errors_are_one_json_line_before_the_first_event_too(
+        sqlite_target: Target) -> None:
+    """`log --json` is JSON Lines: an error after some lines was one more line, but one before
+    the first (a missing session, a malformed id) an indented document of seven."""
+    import json
+
+    sqlite_target.finished()
+    for args, kind in ((["log", "00000000-0000-4000-8000-000000000000"], "SessionNotFound"),
+                       (["log", "x"], "BadParameter")):
+        done = sqlite_target.run("--json", *args)
+        assert done.returncode in (1, 2), done.stderr
+        (line,) = done.stdout.splitlines()
+        assert json.loads(line)["error"]["type"] == kind
