@@ -323,7 +323,8 @@ class Agent:
 
     def _ending(self, turn: int, exc: BaseException, *, resumed: bool) -> TurnResult:
         """Map what stopped the turn to its ending: a cancel closes it ``cancelled``; a stop of
-        the process (``TurnSuspended``) or a failed resume leaves it open, what ran logged; a
+        the process (``TurnSuspended``), a store that failed (``StoreUnavailable``,
+        ``StoreFull``) or a failed resume leaves it open, what ran logged; a
         lost lease or a turn another writer closed stops it without writing; a failure after a
         cancel was recorded (the stream the cancel was closing broke first) is the cancel's;
         anything else — the step cap, a failure, a ``KeyboardInterrupt`` — records ``turn/end
@@ -337,6 +338,14 @@ class Agent:
             self.work.discard()
             log.warning("session %s: lost ownership; turn %d stops without writing",
                         self.session_id, turn)
+        elif isinstance(exc, (errors.StoreUnavailable, errors.StoreFull)):
+            # An outage, a full disk: nothing about the turn failed, and its end could land
+            # only once the store is back — closing it `failed` then dropped the user's
+            # message for good. It stays open; a serving worker resumes it once the store
+            # takes writes again (docs/operations.md, *Crashes*), a caller resumes it.
+            self._flush_quietly()
+            log.warning("session %s turn %d stops open: the store failed (%s); it is resumed "
+                        "once the store takes writes again", self.session_id, turn, exc)
         elif isinstance(exc, Exception) and self._cancel_recorded(turn):
             log.info("session %s turn %d: %s: %s after its cancel was recorded; the cancel "
                      "wins", self.session_id, turn, type(exc).__name__, exc)
