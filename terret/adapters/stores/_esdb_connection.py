@@ -255,8 +255,12 @@ class Retrier:
         pause = self.policy.delay(self.attempts - 1)
         if self.policy.gives_up(self.attempts - 1, self.started, pause):
             self.give_up()
-        log.info("%s on %s failed (%s); retry %d in %.2fs", self.what, self.where,
-                 found.reason, self.attempts, pause)
+        # The first retry of an operation is said; the rest only at DEBUG: during an outage
+        # every reader retries several times a second, and serve's log was a flood of them
+        # (its WARNINGs say what gave up).
+        (log.info if self.attempts == 1 else log.debug)(
+            "%s on %s failed (%s); retry %d in %.2fs", self.what, self.where, found.reason,
+            self.attempts, pause)
         self._sleep(pause)
 
     def give_up(self, permanent: bool = False) -> NoReturn:
