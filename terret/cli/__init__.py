@@ -173,7 +173,7 @@ class TerretGroup(click.Group):
             raise click.UsageError(f"{type(exc).__name__}: {_one_line(ctx, exc)}") from None
         except TerretError as exc:
             raise DomainFailure(f"{type(exc).__name__}: {_one_line(ctx, exc)}",
-                                json_lines=bool(ctx.meta.get(JSON_LINES))) from None
+                                json_lines=ctx.invoked_subcommand in JSON_LINES) from None
         except KeyError as exc:
             raise click.ClickException(
                 f"KeyError: {exc.args[0] if exc.args else exc}") from None
@@ -182,7 +182,7 @@ class TerretGroup(click.Group):
                 raise
             _log_traceback(ctx, exc)
             raise DomainFailure(f"{type(exc).__name__}: {_one_line(ctx, exc)}",
-                                json_lines=bool(ctx.meta.get(JSON_LINES))) from None
+                                json_lines=ctx.invoked_subcommand in JSON_LINES) from None
 
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
@@ -260,10 +260,9 @@ def _json_error(argv: list[str], typed: str, code: int, *, one_line: bool = Fals
 
 
 def _json_lines_command(exc: click.ClickException) -> bool:
-    """A usage error of a command whose ``--json`` output is JSON Lines (``log``): its error
-    document is one line too, whether it came before the first line or not."""
+    """A usage error of a command whose ``--json`` output is JSON Lines: one line too."""
     ctx = getattr(exc, "ctx", None)
-    return ctx is not None and ctx.command.name == "log"
+    return ctx is not None and ctx.command.name in JSON_LINES
 
 
 def _click_handles(exc: Exception) -> bool:

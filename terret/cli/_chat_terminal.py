@@ -207,8 +207,7 @@ class Input:
             self._buffer += chunk
         lines = []
         while b"\n" in self._buffer:
-            line, _, self._buffer = self._buffer.partition(b"\n")
-            lines.append(line.decode(errors="surrogateescape").rstrip("\r"))
+            lines.append(self._take_line())
         self._kept.extend(lines)
         return lines
 
@@ -257,5 +256,9 @@ class Input:
                 self._buffer += chunk
             elif withdraw is not None and (why := withdraw()) is not None:
                 raise Withdrawn(why)
+        return self._take_line()
+
+    def _take_line(self) -> str:
+        """The buffer's first whole line, taken out of it."""
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line.decode(errors="surrogateescape").rstrip("\r")

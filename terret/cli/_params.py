@@ -89,9 +89,9 @@ class PatternType(click.ParamType):
                       param, ctx)
 
 
-JSON_LINES = "terret.json_lines"
-"""Set in ``click.Context.meta`` by a command whose ``--json`` output is JSON Lines (``log``):
-an error it ends with is printed as one more line."""
+JSON_LINES = frozenset({"log"})
+"""The commands whose ``--json`` output is JSON Lines: an error they end with — before their
+first line or after some, a usage error too — is printed as one more line."""
 
 MAX_SECONDS = threading.TIMEOUT_MAX
 """The longest wait the platform can time (about 292 years here): a longer one overflows."""

@@ -16,7 +16,7 @@ import click
 from terret._text import cut
 from terret.cli._context import SESSION, CliContext, note
 from terret.cli._format import money, printable, strict_json
-from terret.cli._params import JSON_LINES, TEXT, IntRange
+from terret.cli._params import TEXT, IntRange
 from terret.domain.errors import shown
 from terret.domain.store import RETENTION_STREAM, StoredRecord, session_stream
 
@@ -234,8 +234,6 @@ def _as_dict(record: StoredRecord, event: RecordedEvent) -> dict[str, Any]:
 def log(obj: CliContext, session_id: UUID, from_seq: int, types: tuple[str, ...],
         tail: int | None, stamps: bool, full: bool, follow: bool) -> None:
     """A session's events, one line each: seq, wire name, summary."""
-    # JSON Lines: an error, before the first line or after some, is one more line.
-    click.get_current_context().meta[JSON_LINES] = True
     obj.require_session(session_id)
     store = obj.store()
     stream = session_stream(session_id)

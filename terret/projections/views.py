@@ -51,10 +51,21 @@ class Views:
         no further than its mark). With ``reaching`` (a store position the caller waited
         for), ``ProjectionHalted`` when the view halted before it: it holds an old
         conversation, which a model would be asked with, or a summary made of, silently."""
+        if reaching is not None:
+            self._require_reached("messages", reaching)
         with self.store.reading() as db:
-            if reaching is not None:
-                _require_reached(db, "messages", reaching)
             return messages.read_messages(db, _stream(session), through=through)
+
+    def _require_reached(self, name: str, position: int) -> None:
+        """``ProjectionHalted`` when ``name`` halted before ``position`` (behind and not
+        halted: the caller's wait is what lacks, not the view)."""
+        if self.store.tracked(name) >= position:
+            return
+        fault = self.store.fault(name)
+        if fault is not None:
+            raise ProjectionHalted(name, fault[0], f"{fault[1]} (a view halted before position "
+                                   f"{position}, which it must hold: `terret doctor` says what "
+                                   "to do)")
 
     def usage(self, session: UUID | str) -> UsageTotals:
         with self.store.reading() as db:
@@ -143,15 +154,3 @@ class Views:
         with self.store.reading() as db:
             return sessions.get_summary(db, _stream(session))
 
-
-def _require_reached(db: Any, name: str, position: int) -> None:
-    tracked = db.execute("SELECT position FROM tracking WHERE projection = ?",
-                         (name,)).fetchone()
-    if tracked is not None and tracked[0] >= position:
-        return
-    fault = db.execute("SELECT position, error FROM projection_faults WHERE projection = ?",
-                       (name,)).fetchone()
-    if fault is not None:  # behind and not halted: the caller's wait is what lacks
-        raise ProjectionHalted(name, fault[0], f"{fault[1]} (a view halted before position "
-                               f"{position}, which it must hold: `terret doctor` says what to "
-                               "do)")
