@@ -133,8 +133,11 @@ class SessionIdType(click.ParamType):
         """Session ids from the views (most recently active first), for ``terret … <TAB>``."""
         root = ctx.find_root()
         params = root.params
+        # A person waits on the Tab key: an unreachable store gives up after COMPLETION_TIMEOUT
+        # unless the line being completed gives its own --store-timeout.
         obj = CliContext(params.get("store_uri") or os.environ.get("TERRET_STORE")
-                         or DEFAULT_STORE, params.get("views_path"), False)
+                         or DEFAULT_STORE, params.get("views_path"), False,
+                         store_timeout=params.get("store_timeout") or COMPLETION_TIMEOUT)
         try:
             text = incomplete.lower().removeprefix("session-")
             return [CompletionItem(str(s.id), help=s.title or s.status)
@@ -146,6 +149,9 @@ class SessionIdType(click.ParamType):
 
 
 SESSION = SessionIdType()
+
+COMPLETION_TIMEOUT = 2.0
+"""Seconds completion waits for a store that does not answer (then it completes nothing)."""
 
 
 @dataclass(frozen=True)

@@ -379,6 +379,25 @@ def test_shell_completion_of_session_ids(target: Target) -> None:
     assert "_terret_completion" in script.stdout
 
 
+def test_shell_completion_gives_up_on_an_unreachable_store_soon(tmp_path: Path) -> None:
+    """A person waits on the Tab key: completion against a store that does not answer ends
+    with nothing after two seconds (not the commands' ten), or the line's own
+    --store-timeout."""
+    def complete(line: str) -> float:
+        words = line.split()
+        env = {**subprocess_env(), "_TERRET_COMPLETE": "bash_complete",
+               "COMP_WORDS": line, "COMP_CWORD": str(len(words) - 1)}
+        began = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "terret"], env=env, capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path)
+        assert done.returncode == 0 and done.stdout.strip() == "", (done.stdout, done.stderr)
+        return time.monotonic() - began
+
+    unreachable = "esdb://127.0.0.1:1?Tls=false"
+    assert complete(f"terret --store {unreachable} sessions show ab") < 8
+    assert complete(f"terret --store {unreachable} --store-timeout 0.5 sessions show ab") < 5
+
+
 # --- who serves a session: a serving process beside the CLI -----------------------------------
 
 
