@@ -23,6 +23,16 @@ def open_read_only(path: str, timeout: float = 30.0) -> sqlite3.Connection | Non
         return None
 
 
+def file_identity(path: str) -> tuple[int, int] | None:
+    """The file at ``path`` as the file system knows it (device, inode), or None when there is
+    none: a file moved, deleted or replaced under an open connection is another (or none)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def table_names(conn: sqlite3.Connection) -> set[str]:
     """The file's own tables (SQLite's internal ``sqlite_*`` ones left out)."""
     return {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")

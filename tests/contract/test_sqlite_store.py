@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -356,6 +357,7 @@ def test_a_beat_on_a_full_disk_says_the_disk_is_full(tmp_path: Path) -> None:
     from terret.domain.errors import StoreError
     from terret.domain.workers import WorkerBeat
 
+    SQLiteStore(tmp_path / "terret.db").close()  # the registry lives in a store's file
     workers = SQLiteWorkers(str(tmp_path / "terret.db"))
     beat = WorkerBeat(worker="w1", host="h", pid=1, started=0.0, at=time.time(), ttl=15.0)
     workers.beat(beat)
@@ -370,3 +372,65 @@ def test_a_beat_on_a_full_disk_says_the_disk_is_full(tmp_path: Path) -> None:
     assert not conn.in_transaction
     assert [b.worker for b in workers.beats()] == ["w1"]  # nothing half-written
     workers.close()
+
+
+@pytest.mark.parametrize("how", ["moved", "deleted", "replaced"])
+def test_a_file_moved_deleted_or_replaced_under_the_store_is_refused(tmp_path: Path,
+                                                                       how: str) -> None:
+    """A serve whose file was moved (or deleted, or a backup restored over it with ``mv``) went
+    on writing into the file it had open — which no other process opens — and a thread opening
+    its first connection created an empty file at the path. Every operation now says so
+    (``StoreUnavailable``), nothing is written anywhere, and the store works again once the
+    file is put back."""
+    from terret.domain.errors import StoreUnavailable
+    from terret.domain.workers import WorkerBeat
+
+    path = tmp_path / "terret.db"
+    store = SQLiteStore(path)
+    stream = new_stream()
+    store.append(stream, records(2), StreamState.NO_STREAM)
+    store.checkpoint()  # the file alone holds the log (a restore copies the file)
+    away = tmp_path / "away.db"
+    os.replace(path, away)
+    if how == "deleted":
+        away.unlink()
+    elif how == "replaced":
+        SQLiteStore(path).close()  # a new, empty store at the path
+    before = {p.name for p in tmp_path.iterdir()}
+
+    beat = WorkerBeat(worker="w1", host="h", pid=1, started=0.0, at=time.time(), ttl=15.0)
+    attempts: list[tuple[str, Callable[[], object]]] = [
+        ("append", lambda: store.append(stream, [record(SIGNAL, 9)], 2)),
+        ("read", lambda: store.read_stream(stream)),
+        ("head", store.head_position),
+        ("beat", lambda: store.workers().beat(beat)),
+    ]
+    for name, attempt in attempts:
+        for thread_of_its_own in (False, True):  # a thread with no connection yet, too
+            failures: list[BaseException] = []
+
+            def run(attempt: Callable[[], object] = attempt,
+                    failures: list[BaseException] = failures) -> None:
+                try:
+                    attempt()
+                except BaseException as exc:  # noqa: BLE001 - checked below
+                    failures.append(exc)
+
+            if thread_of_its_own:
+                t = threading.Thread(target=run)
+                t.start()
+                t.join(TIMEOUT)
+            else:
+                run()
+            assert len(failures) == 1 and isinstance(failures[0], StoreUnavailable), \
+                (name, failures)
+            assert "moved, deleted or replaced" in str(failures[0])
+    assert {p.name for p in tmp_path.iterdir()} == before  # no empty file made at the path
+    if how == "moved":
+        os.replace(away, path)
+        store.append(stream, [record(SIGNAL, 9)], 2)
+        assert store.stream_version(stream) == 3
+    store.close()
+    if how != "deleted":
+        assert SQLiteStore(away if how == "replaced" else path).stream_version(stream) == \
+            (2 if how == "replaced" else 3)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 from uuid import UUID, SafeUUID, uuid4
 
-from terret._sqlite_files import listed, open_read_only, rollback, table_names
+from terret._sqlite_files import file_identity, listed, open_read_only, rollback, table_names
 from terret.adapters.stores._rules import AlreadyWritten, Decision, check_size, decide
 from terret.adapters.stores._subscription import PositionalStore
 from terret.adapters.stores.workers import SQLiteWorkers
@@ -321,6 +321,7 @@ class SQLiteStore(PositionalStore):
         self._connections: list[tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = []
         self._connections_lock = threading.Lock()
         self._workers: WorkerRegistry | None = None
+        self._file: tuple[int, int] | None = None  # set once the file is there
         refuse_foreign_file(self.path, busy_timeout)  # before anything writes to the file
         try:
             strict = _while_busy(self._initialise, busy_timeout)
@@ -328,6 +329,18 @@ class SQLiteStore(PositionalStore):
             self.close()
             raise store_error(exc, self.path) from None
         self._columns = _STRICT_COLUMNS if strict else _CHECKED_COLUMNS
+        self._file = file_identity(self.path)
+
+    def check_in_place(self) -> None:
+        """Raise ``StoreUnavailable`` if the file at ``path`` is no longer the one this store
+        opened (moved, deleted, replaced by a restore): the connections open on it would go on
+        writing into a file no other process opens, and a new one would create an empty file
+        at the path. Checked at every operation (a ``stat``); fine again if it is put back."""
+        if self._file is not None and file_identity(self.path) != self._file:
+            raise StoreUnavailable(
+                f"the SQLite store {self.path} was moved, deleted or replaced while this "
+                "process had it open: nothing more is read from or written to it here; put "
+                "it back, or restart this process on the file now at that path")
 
     def _initialise(self) -> bool:
         """Create the schema if missing and read the store's id; whether ``events`` is STRICT."""
@@ -357,7 +370,8 @@ class SQLiteStore(PositionalStore):
         """The worker registry in this file (the ``terret_workers`` table)."""
         with self._connections_lock:
             if self._workers is None:
-                self._workers = SQLiteWorkers(self.path, busy_timeout=self._busy_timeout)
+                self._workers = SQLiteWorkers(self.path, busy_timeout=self._busy_timeout,
+                                              check=self.check_in_place)
             return self._workers
 
     @_typed
@@ -391,10 +405,13 @@ class SQLiteStore(PositionalStore):
         return True, None
 
     def _conn(self) -> sqlite3.Connection:
+        self.check_in_place()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(
-                self.path,
+                # Only the first connection may create the file (mode=rwc); a later one to a
+                # file gone meanwhile fails instead of creating an empty one.
+                f"{Path(self.path).as_uri()}?mode={'rw' if self._file else 'rwc'}", uri=True,
                 isolation_level=None,
                 check_same_thread=False,
                 timeout=self._busy_timeout,

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
+from pathlib import Path
 
 from terret._sqlite_files import rollback
 from terret.domain.errors import StoreError
@@ -40,15 +42,20 @@ class SQLiteWorkers(WorkerRegistry):
     """Rows in the store's own file, so every process on the host that opens the store sees
     them. One connection, serialised by a lock: a beat is one small write every few seconds."""
 
-    def __init__(self, path: str, *, busy_timeout: float = 30.0) -> None:
+    def __init__(self, path: str, *, busy_timeout: float = 30.0,
+                 check: Callable[[], None] = lambda: None) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         self._busy_timeout = busy_timeout
+        self._check = check
+        """Raises if the store's file is no longer the one opened (``check_in_place``)."""
 
     def _conn(self) -> sqlite3.Connection:
+        self._check()
         if self._db is None:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+            db = sqlite3.connect(f"{Path(self.path).as_uri()}?mode=rw", uri=True,
+                                 isolation_level=None, check_same_thread=False,
                                  timeout=self._busy_timeout)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(_SQLITE_SCHEMA)
