@@ -11,8 +11,9 @@ import click
 
 from terret._text import one_line
 from terret.cli._extensions import import_from_cwd
-from terret.cli._format import KEY_REFUSED, NOT_SHOWN, looks_like_key, may_hold_secret, scrubbed
+from terret.cli._format import NOT_SHOWN, may_hold_secret, scrubbed
 from terret.domain.errors import ConfigurationError, TerretError, shown
+from terret.domain.keys import KEY_REFUSED, looks_like_key
 from terret.runtime.definition import AgentDefinition
 from terret.runtime.maintenance import Titler
 from terret.runtime.model import ModelResolver

@@ -24,14 +24,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from terret._text import one_line
-from terret.cli._format import (
-    KEY_REFUSED,
-    NOT_SHOWN,
-    looks_like_key,
-    may_hold_secret,
-    printable,
-    scrubbed,
-)
+from terret.cli._format import NOT_SHOWN, may_hold_secret, printable, scrubbed
 from terret.domain.errors import (
     SessionNotFound,
     StoreUnavailable,
@@ -40,6 +33,7 @@ from terret.domain.errors import (
     ViewsMismatch,
 )
 from terret.domain.errors import shown as cut
+from terret.domain.keys import KEY_REFUSED, looks_like_key
 
 if TYPE_CHECKING:
     from terret.domain.events import Actor

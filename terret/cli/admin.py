@@ -15,9 +15,10 @@ from uuid import UUID
 import click
 
 from terret.cli._context import ANY_MODEL_SPEC, SESSION, CliContext, note, operator
-from terret.cli._format import KEY_REFUSED, NOT_SHOWN, actor_text, looks_like_key, money, table
+from terret.cli._format import NOT_SHOWN, actor_text, money, table
 from terret.cli._params import PATTERN, TEXT, Choice
 from terret.domain.errors import shown
+from terret.domain.keys import KEY_REFUSED, looks_like_key
 
 if TYPE_CHECKING:
     from terret.cli._app import App
@@ -316,7 +317,8 @@ def model_set(obj: CliContext, session_id: UUID, role: str, spec: str, app_spec:
         # The app's check runs after the session's rules (a closed session, a bad role) and
         # before anything is written.
         check = None if app is None else partial(check_resolves, app.resolver)
-        obj.commands().set_model(session_id, role, spec, by=operator(), check=check)
+        obj.commands().set_model(session_id, role, spec, by=operator(), check=check,
+                                 not_a_key=not_a_key)
     except InvalidPayload as exc:
         raise click.BadParameter(str(exc), param_hint="'ROLE'" if exc.field == "role"
                                  else "'SPEC'") from None

@@ -59,6 +59,7 @@ from terret.domain.events import (
     UserMessage,
     reason_problem,
 )
+from terret.domain.keys import KEY_REFUSED, looks_like_key
 from terret.domain.state import (
     EVOLVING,
     InboxEntry,
@@ -106,6 +107,10 @@ class Session(Aggregate):
         roles: dict[str, str] | None = None,
         policy_floor: Sequence[str] | None = None,
     ) -> Session:
+        for role, spec in (roles or {}).items():
+            if isinstance(spec, str) and looks_like_key(spec):
+                raise errors.InvalidPayload(SessionStarted.wire_name, "roles",
+                                            f"role {cut(str(role), 40)!r}: {KEY_REFUSED}")
         payload = SessionStarted(
             agent=agent,
             agent_revision=agent_revision,
@@ -595,7 +600,13 @@ class Session(Aggregate):
         self._require_open()
         self._record(payload)
 
-    def set_model(self, role: str, spec: str, *, by: Actor | None = None) -> None:
+    def set_model(self, role: str, spec: str, *, by: Actor | None = None,
+                  not_a_key: bool = False) -> None:
+        """Point ``role`` at ``spec``. A spec whose model looks like an API key
+        (``terret.domain.keys``) is refused unless ``not_a_key`` says it is a model name."""
+        if not not_a_key and isinstance(spec, str) and looks_like_key(spec):
+            raise errors.InvalidPayload(ModelSet.wire_name, "spec", f"{KEY_REFUSED}; "
+                                        "not_a_key=True records it all the same")
         payload = ModelSet(role=role, spec=spec, by=by)
         self._require_open()
         self._record(payload)

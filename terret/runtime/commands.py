@@ -144,13 +144,14 @@ class SessionCommands:
         self._run(session_id, lambda s: s.update_policy(patterns, by=by))
 
     def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor,
-                  check: Callable[[str], None] | None = None) -> None:
+                  check: Callable[[str], None] | None = None, not_a_key: bool = False) -> None:
         """Point a model role at a ``provider:model`` spec; the next step uses it. ``check``
         (the caller's providers resolving the spec, say) runs after the session's own rules
-        and before anything is written: what it raises refuses the command."""
+        and before anything is written: what it raises refuses the command. A spec whose
+        model looks like an API key is refused unless ``not_a_key``."""
 
         def command(s: Session) -> None:
-            s.set_model(role, spec, by=by)
+            s.set_model(role, spec, by=by, not_a_key=not_a_key)
             if check is not None:
                 check(spec)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from terret.domain.errors import ConfigurationError, shown
 from terret.domain.events import validate_model_spec, validate_role
+from terret.domain.keys import KEY_REFUSED, looks_like_key
 from terret.domain.session import MAX_STEPS
 
 _WHOLE = ("max_steps", "max_agents")
@@ -54,6 +55,8 @@ class RuntimeConfig:
             try:  # here, not at the first create_session: a spec is recorded in the log
                 validate_role(role)
                 validate_model_spec(spec)
+                if looks_like_key(spec):
+                    raise ValueError(KEY_REFUSED)
             except ValueError as exc:  # its message never quotes a spec (it may hold a key)
                 raise ConfigurationError(f"RuntimeConfig.roles: role {role[:40]!r}: {exc}") \
                     from None

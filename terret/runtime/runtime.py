@@ -690,8 +690,12 @@ class Runtime:
         self.commands.set_policy(session_id, patterns, by=by)
 
     @takes_session
-    def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor) -> None:
-        self.commands.set_model(session_id, role, spec, by=by)
+    def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor,
+                  not_a_key: bool = False) -> None:
+        """Point ``role`` at ``spec`` (``provider:model``); the session's next step uses it.
+        A spec whose model looks like an API key (``sk-…``, a long random run) is refused
+        (``InvalidPayload``) unless ``not_a_key=True``: recorded, a key stays in the log."""
+        self.commands.set_model(session_id, role, spec, by=by, not_a_key=not_a_key)
 
     @takes_session
     def usage(self, session_id: UUID) -> dict[str, Any]:

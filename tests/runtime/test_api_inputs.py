@@ -17,7 +17,7 @@ from terret.domain.errors import (
     SessionNotFound,
 )
 from terret.domain.store import EventStore
-from tests.runtime.conftest import MakeRuntime
+from tests.runtime.conftest import MakeRuntime, OpenedStore
 from tests.runtime.kit import read_log
 
 OPERATOR = Actor(actor="operator", id="api-inputs")
@@ -130,3 +130,40 @@ def test_a_grace_that_is_no_number_of_seconds_is_refused(store: EventStore, grac
     with pytest.raises(ConfigurationError, match="grace"):
         rt.close(grace=grace)
     rt.close()
+
+
+PASTED_KEYS = ["openai:sk-proj-PASTED0123456789abcdefXYZ",
+               "openrouter:Zq3Lk9Vb2Xw8Rt5Yp1Nm4Hs7Jd6Fg0Ca",  # a random run: upper, lower, digits
+               "scripted:AKIAIOSFODNN7EXAMPLE"]
+
+
+@pytest.mark.parametrize("spec", PASTED_KEYS)
+def test_a_spec_that_looks_like_an_api_key_is_refused_by_the_python_api_too(
+        make_runtime: MakeRuntime, opened: OpenedStore, spec: str) -> None:
+    """The command line refused a key pasted where a model spec belongs; the Python API
+    recorded it (model/set, session/started), in the log for good. Refused now, typed, with
+    nothing written and the key quoted nowhere — from another process too; ``not_a_key=True``
+    records a model name that only looks like one."""
+    from terret import RuntimeConfig
+    from tests.runtime.kit import other_process
+
+    store = opened.store
+    rt = make_runtime()
+    sid = rt.create_session()
+    head = store.head_position()
+    with pytest.raises(InvalidPayload) as refused:
+        rt.set_model(sid, "main", spec, by=OPERATOR)
+    assert refused.value.field == "spec" and "API key" in str(refused.value)
+    with pytest.raises(InvalidPayload) as refused_at_start:
+        rt.create_session(roles={"main": spec})
+    assert refused_at_start.value.field == "roles"
+    with pytest.raises(ConfigurationError) as refused_in_config:
+        RuntimeConfig(roles={"main": spec})
+    model = spec.partition(":")[2]
+    for error in (refused, refused_at_start, refused_in_config):
+        assert model not in str(error.value)
+    other_process(opened.uri, "model", str(sid), "main", spec, returncode=1)
+    assert store.head_position() == head
+
+    rt.set_model(sid, "titler", spec, by=OPERATOR, not_a_key=True)
+    assert [e.data["spec"] for e in read_log(store, sid) if e.name == "model/set"] == [spec]
