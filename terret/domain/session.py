@@ -390,6 +390,7 @@ class Session(Aggregate):
         caller names the tool and arguments it decided on, they must match (as R11)."""
         self._storable(InDoubtResolved.wire_name, call_id=call_id, reason=reason)
         self._reason_fits(InDoubtResolved.wire_name, reason)
+        _decided_args(InDoubtResolved.wire_name, name, args)
         payload = InDoubtResolved(call_id=call_id, verdict=verdict,  # type: ignore[arg-type]
                                   reason=reason, by=by)
         doubt = self.state.doubts.get(call_id) if self.state.turn_open else None
@@ -453,6 +454,7 @@ class Session(Aggregate):
         the tool and arguments it decided on, they must match the request."""
         self._storable(ApprovalResolved.wire_name, call_id=call_id, reason=reason)
         self._reason_fits(ApprovalResolved.wire_name, reason)
+        _decided_args(ApprovalResolved.wire_name, name, args)
         request = self.state.pending.get(call_id) if self.state.turn_open else None
         if request is None:
             raise errors.ApprovalNotPending(
@@ -695,15 +697,30 @@ def _message_fits(payload: UserMessage | InboxQueued) -> None:
         raise errors.PayloadTooLarge(payload.wire_name, size, MAX_MESSAGE_BYTES)
 
 
+def _decided_args(wire_name: str, name: str | None, args: dict[str, Any] | None) -> None:
+    """``InvalidPayload`` for a tool name or arguments a verdict could never match: a name
+    that is no text, arguments that are no JSON object."""
+    if name is not None and not isinstance(name, str):
+        raise errors.InvalidPayload(wire_name, "name", f"a tool name, not {shown(name)}")
+    if args is None:
+        return
+    try:
+        if not isinstance(args, dict):
+            raise TypeError(type(args).__name__)
+        call_key("", args)
+    except (TypeError, ValueError) as exc:
+        raise errors.InvalidPayload(wire_name, "args", "the call's arguments as a JSON object "
+                                    f"(a dict of JSON values), not {cut(shown(args), 80)} "
+                                    f"({exc})") from None
+
+
 def _decided_on(waiting: WaitingCall, name: str | None, args: dict[str, Any] | None) -> bool:
-    """Whether a verdict naming ``name`` and ``args`` (either may be left out) is about the
-    waiting call: compared as the verdict binds them (R11), canonical JSON — in Python ``1 ==
-    True == 1.0``, but a call with ``{"force": true}`` is not one with ``{"force": 1}``."""
-    if name is None:
-        return True
-    if waiting.name != name:
+    """Whether a verdict naming ``name`` and ``args`` (either or both may be left out) is about
+    the waiting call: compared as the verdict binds them (R11), canonical JSON — in Python ``1
+    == True == 1.0``, but a call with ``{"force": true}`` is not one with ``{"force": 1}``."""
+    if name is not None and waiting.name != name:
         return False
-    return args is None or call_key(name, args) == call_key(name, waiting.args)
+    return args is None or call_key(waiting.name, args) == call_key(waiting.name, waiting.args)
 
 
 GIST = 200

@@ -608,8 +608,8 @@ class Runtime:
     def approve(self, session_id: UUID, call_id: str, *, by: Actor,
                 reason: str | None = None, name: str | None = None,
                 args: dict[str, Any] | None = None) -> None:
-        """Approve the pending call; with ``name`` (and ``args``), only if it is pending for
-        that tool (and those arguments) — the request you decided on (``ApprovalNotPending``
+        """Approve the pending call; with ``name`` and/or ``args``, only if it is pending for
+        that tool and/or those arguments — the request you decided on (``ApprovalNotPending``
         otherwise: a model may ask again under the same id)."""
         self.commands.resolve(session_id, call_id, "approved", by=by, reason=reason,
                               name=name, args=args)

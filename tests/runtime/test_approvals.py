@@ -245,6 +245,37 @@ def test_r11_a_verdict_must_name_the_same_tool_and_arguments(make_runtime: MakeR
     assert len(only(read_log(store, sid), "approval/resolved")) == 1
 
 
+@pytest.mark.parametrize("verdict", ["approve", "deny"])
+def test_r11_arguments_given_without_the_tool_name_bind_the_verdict_too(
+        make_runtime: MakeRuntime, opened: OpenedStore, kit: Kit, verdict: str) -> None:
+    """``approve(..., args=...)`` without ``name`` ignored the arguments: an approval of
+    ``{"env": "staging"}`` ran the call pending with ``{"env": "prod"}`` (and any value, a
+    string say, was taken). The arguments alone bind the verdict now; a value that is no JSON
+    object is refused. Given from a runtime of its own (a web app's other worker)."""
+    from terret.domain.errors import InvalidPayload
+
+    rt = make_runtime([calls(("deploy", {"env": "prod"}, "c-1")), final("done")])
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    wait_parked(rt, sid)
+    other = make_runtime(start=False)
+    decide = getattr(other, verdict)
+    extra = {"reason": "not now"} if verdict == "deny" else {}
+    head = opened.store.head_position()
+    with pytest.raises(ApprovalNotPending, match="different tool or arguments"):
+        decide(sid, "c-1", by=USER, args={"env": "staging"}, **extra)
+    for bad in ("prod", ["env", "prod"], {"env": {1, 2}}):
+        with pytest.raises(InvalidPayload, match="args"):
+            decide(sid, "c-1", by=USER, args=bad, **extra)
+    with pytest.raises(InvalidPayload, match="name"):
+        decide(sid, "c-1", by=USER, name=b"deploy", **extra)
+    assert opened.store.head_position() == head  # nothing written
+    decide(sid, "c-1", by=USER, args={"env": "prod"}, **extra)
+    assert job.join().status == "completed"
+    assert kit.ran == ([("deploy", {"env": "prod"})] if verdict == "approve" else [])
+    assert len(only(read_log(opened.store, sid), "approval/resolved")) == 1
+
+
 def test_r11_a_call_id_reused_in_a_later_turn_is_asked_about_again(make_runtime: MakeRuntime,
                                                                    kit: Kit, store) -> None:
     rt = make_runtime([
