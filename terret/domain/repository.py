@@ -48,7 +48,14 @@ class SessionRepository:
                 session = Session.restore(session_id, 0, SessionState())
         else:
             session = Session.restore(session_id, 0, SessionState())
-        replayed = self.catch_up(session)
+        try:
+            replayed = self.catch_up(session)
+        except SessionNotFound:
+            if session.version == 0:
+                raise
+            # A snapshot ahead of the log (the log deleted after it was read): replay the log.
+            session = Session.restore(session_id, 0, SessionState())
+            replayed = self.catch_up(session)
         if session.version == 0:
             raise SessionNotFound(f"no session {session_id}")
         if session.state.created_on is None:  # a snapshot from before it was kept
@@ -62,9 +69,20 @@ class SessionRepository:
     def catch_up(self, session: Session) -> int:
         """Apply the events the store holds after the session's version (reads only that
         tail); returns how many."""
-        tail = self.store.read_stream(session_stream(session.id), from_seq=session.version + 1)
-        if tail and session.version == 0 and tail[0].seq > 1:
-            self._refuse_expiring(session.id, tail[0].seq)
+        stream = session_stream(session.id)
+        if session.version == 0:
+            tail = self.store.read_stream(stream, from_seq=1)
+            if tail and tail[0].seq > 1:
+                self._refuse_expiring(session.id, tail[0].seq)
+        else:
+            # Read from the last event this copy holds: finding it there says the log is still
+            # the one the copy was read from. A purge by another process deleted it — the
+            # copy answered for a session that no longer exists, as an empty one.
+            tail = self.store.read_stream(stream, from_seq=session.version)
+            if not tail or tail[0].seq != session.version:
+                raise SessionNotFound(f"no session {session.id}: its log no longer holds event "
+                                      f"{session.version} (purged by another process?)")
+            del tail[0]
         for record in tail:
             try:
                 event = decode(record)

@@ -38,6 +38,7 @@ from terret._sqlite_files import listed, open_read_only, sql_statements, table_n
 from terret.domain.errors import (
     NotAViewsFile,
     ProjectionNotHalted,
+    RuntimeStopping,
     StoreFull,
     ViewsBusy,
     ViewsCorrupt,
@@ -209,6 +210,7 @@ class ViewStore(TrackingRecorder):
             self.path, isolation_level=None, check_same_thread=False,
             timeout=BUSY_TIMEOUT_MS / 1000)
         self.lock = threading.RLock()
+        self.closed = False
         self.rebuild_lock = RebuildLock(self.path)
         self._exclusive = False
         self.wait_for_rebuilds = True
@@ -362,6 +364,11 @@ class ViewStore(TrackingRecorder):
         """A damaged file or a full disk as a typed error; other failures unchanged."""
         try:
             yield
+        except sqlite3.ProgrammingError:
+            if self.closed:  # read through a runtime's views after the runtime was closed
+                raise RuntimeStopping(f"the views {self.path} are closed (so is what opened "
+                                      "them): make a new runtime to go on") from None
+            raise
         except sqlite3.Error as exc:
             typed = views_error(exc, self.path)
             if typed is None:
@@ -587,4 +594,5 @@ class ViewStore(TrackingRecorder):
     def close(self) -> None:
         self.wait_for_rebuilds = False  # a thread waiting for one gives up (it holds lock)
         with self.lock:
+            self.closed = True
             self.db.close()

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
-from terret.domain.errors import RuntimeStopping
+from terret.domain.errors import RuntimeStopping, SessionNotFound
 from terret.domain.store import as_session_id
 
 P = ParamSpec("P")
@@ -24,7 +24,15 @@ def takes_session(method: Callable[Concatenate[R, UUID, P], T]
     def with_session_id(self: R, session_id: UUID | str, *args: P.args,
                         **kwargs: P.kwargs) -> T:
         require_open(self)
-        return method(self, as_session_id(session_id), *args, **kwargs)
+        sid = as_session_id(session_id)
+        try:
+            return method(self, sid, *args, **kwargs)
+        except SessionNotFound:
+            # Purged by another process, say: an agent held for it here holds nothing.
+            gone = getattr(self, "session_gone", None)
+            if gone is not None:
+                gone(sid)
+            raise
 
     return with_session_id
 

@@ -35,7 +35,13 @@ from terret.runtime.allowlist import AllowList
 from terret.runtime.approvals import ApprovalGate, ApprovalSignals
 from terret.runtime.definition import AgentDefinition, TurnResult
 from terret.runtime.hooks import BudgetGuard, PreStepHook, Refusal, StepClaim
-from terret.runtime.model import ModelReply, ModelRequest, ModelResolver, TextSink
+from terret.runtime.model import (
+    ModelReply,
+    ModelRequest,
+    ModelResolver,
+    TextSink,
+    checked_reply,
+)
 from terret.runtime.ownership import SessionLease, WorkerLease
 from terret.runtime.step_commands import (
     MAX_REPLY_BYTES,
@@ -535,7 +541,8 @@ class Agent:
             if self.definition.instructions else []
         request = ModelRequest(model=model, messages=[*system, *messages],
                                tools=self.pipeline.specs())
-        return provider.complete(request, on_text=self.on_text, cancel=self.cancel_event)
+        reply = provider.complete(request, on_text=self.on_text, cancel=self.cancel_event)
+        return checked_reply(getattr(provider, "name", type(provider).__name__), reply)
 
     # --- the step's calls --------------------------------------------------------------------
 

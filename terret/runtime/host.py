@@ -332,6 +332,9 @@ class AgentHost:
                     continue
                 try:
                     self.writer.execute(agent.session_id, partial(_release, agent, reason))
+                except errors.SessionNotFound:
+                    log.info("session %s is gone (purged?): nothing to release",
+                             agent.session_id)
                 except errors.TerretError as exc:
                     log.warning("session %s not released (%s); its lease expires instead",
                                 agent.session_id, exc)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from terret.domain.errors import ProviderError
 from terret.domain.messages import Message, ToolCall, Usage
 
 
@@ -39,6 +40,27 @@ class ModelReply:
 
 
 TextSink = Callable[[str], None]
+
+
+def checked_reply(provider: str, reply: object) -> ModelReply:
+    """``reply`` if it is a ``ModelReply`` of the declared types; ``ProviderError`` otherwise —
+    a provider of your own that returned None, a dict, or a reply with ``text=None`` or calls
+    as dicts, failed the turn with an ``AttributeError`` deep in the loop."""
+    if not isinstance(reply, ModelReply):
+        raise ProviderError(provider, f"complete() returned {type(reply).__name__}, not a "
+                            "ModelReply")
+    wrong = []
+    if not isinstance(reply.text, str):
+        wrong.append(f"its text is {type(reply.text).__name__}, not str")
+    if not isinstance(reply.tool_calls, tuple | list) or not all(
+            isinstance(c, ToolCall) for c in reply.tool_calls):
+        wrong.append("its tool_calls are not a tuple of ToolCall")
+    if reply.usage is not None and not isinstance(reply.usage, Usage):
+        wrong.append(f"its usage is {type(reply.usage).__name__}, not a Usage or None")
+    if wrong:
+        raise ProviderError(provider, f"complete() returned a ModelReply whose {'; '.join(wrong)}"
+                            .replace("whose its ", "whose "))
+    return reply
 
 
 @runtime_checkable

@@ -98,6 +98,7 @@ class Runtime:
         titler: Titler | None = None,
         pre_step: Sequence[PreStepHook] = (),
     ) -> None:
+        _check_parts(store, resolver, config)
         self.store = store
         self.config = config or RuntimeConfig()
         self.resolver = resolver
@@ -379,11 +380,20 @@ class Runtime:
     # --- sessions ------------------------------------------------------------------------
 
     def create_session(self, *, agent: str = "default", roles: dict[str, str] | None = None,
-                       session_id: UUID | None = None) -> UUID:
+                       session_id: UUID | str | None = None) -> UUID:
+        """A new session of ``agent`` (its id: ``session_id``, a UUID or its text, else a new
+        one); ``roles`` over the configuration's."""
         require_open(self)
         if roles is not None and not isinstance(roles, Mapping):
             raise errors.InvalidPayload(SessionStarted.wire_name, "roles", "a mapping of role "
                                         f"to 'provider:model' spec, not {type(roles).__name__}")
+        if session_id is not None:
+            try:
+                session_id = as_session_id(session_id)
+            except errors.SessionNotFound:
+                raise errors.InvalidPayload(SessionStarted.wire_name, "session_id",
+                                            f"a UUID or its text, not {errors.shown(session_id)}"
+                                            ) from None
         definition = self._definition(agent)
         return self.commands.create(agent=definition.name, agent_revision=definition.revision,
                                     roles={**self.config.roles, **(roles or {})},
@@ -444,6 +454,15 @@ class Runtime:
         if self.agent_for_session(sid) is not None:
             self.background(partial(self.agent_host.let_go, sid, "session purged",
                                     wait=self.config.wait_timeout))
+
+    def session_gone(self, session_id: UUID) -> None:
+        """A call found no session ``session_id`` (purged by another process): the idle agent
+        this process holds for it is dropped, writing nothing — a runtime that follows no log
+        hears of no purge, and kept the agent (listed as the session's live owner)."""
+        agent = self.agent_for_session(session_id)
+        if agent is not None and not agent.busy:
+            log.info("session %s is gone (purged?): its agent here is dropped", session_id)
+            self.agent_host.forget(agent)
 
     def _on_attached(self, event: RecordedEvent) -> None:
         """Another agent took a session this process holds an idle agent for (the idle
@@ -791,3 +810,19 @@ def _require_reason(wire_name: str, reason: str) -> None:
     """The model is shown the reason of a denial or a skip: a blank one tells it nothing."""
     if not isinstance(reason, str) or not reason.strip():
         raise errors.InvalidPayload(wire_name, "reason", "give the model a reason")
+
+
+def _check_parts(store: object, resolver: object, config: object) -> None:
+    """``ConfigurationError`` for a part of the wrong kind, when the runtime is made: a dict
+    given as the resolver failed the first turn with an ``AttributeError``."""
+    if not isinstance(store, EventStore):
+        raise errors.ConfigurationError(
+            f"store is an EventStore (terret.open_store('terret.db') or an esdb:// URI), not "
+            f"{type(store).__name__}")
+    if not callable(getattr(resolver, "resolve", None)):
+        raise errors.ConfigurationError(
+            "resolver has a resolve(spec) method (terret.StaticResolver({'name': provider}), "
+            f"a ProviderRegistry), not {type(resolver).__name__}")
+    if config is not None and not isinstance(config, RuntimeConfig):
+        raise errors.ConfigurationError(
+            f"config is a RuntimeConfig or None, not {type(config).__name__}")

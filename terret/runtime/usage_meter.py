@@ -17,7 +17,13 @@ from typing import Any
 
 from terret.domain.events import UpkeepPurpose, UsageData
 from terret.domain.session import Session
-from terret.runtime.model import ModelProvider, ModelReply, ModelRequest, TextSink
+from terret.runtime.model import (
+    ModelProvider,
+    ModelReply,
+    ModelRequest,
+    TextSink,
+    checked_reply,
+)
 from terret.runtime.step_commands import usage_of
 
 
@@ -74,7 +80,8 @@ class _MeteredProvider:
 
     def complete(self, request: ModelRequest, *, on_text: TextSink | None = None,
                  cancel: threading.Event | None = None) -> ModelReply:
-        reply = self._provider.complete(request, on_text=on_text, cancel=cancel)
+        reply = checked_reply(self.name, self._provider.complete(request, on_text=on_text,
+                                                                 cancel=cancel))
         self._meter.add(self._spec, reply)
         return reply
 

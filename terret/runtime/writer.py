@@ -68,6 +68,7 @@ class SessionWriter:
             try:
                 self.repository.catch_up(cached)
             except Exception:
+                self._cache.pop(session_id, None)  # purged, say: nothing to keep a copy of
                 return self._reload(session_id)
             self._cache.move_to_end(session_id)
             return cached

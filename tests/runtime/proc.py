@@ -119,6 +119,8 @@ _COMMANDS: dict[str, Callable[[Runtime, UUID, list[str]], object]] = {
         sid, None if rest[0] == "none" else float(rest[0]), by=OPERATOR),
     "rerun": lambda rt, sid, rest: rt.rerun(sid, rest[0], by=OPERATOR),
     "skip": lambda rt, sid, rest: rt.skip(sid, rest[0], by=OPERATOR, reason=rest[1]),
+    "purge": lambda rt, sid, rest: (rt.close_session(sid, by=OPERATOR),
+                                    rt.purge(sid, by=OPERATOR, reason="erasure request")),
 }
 """The operator commands whose answer is only that they were done."""
 

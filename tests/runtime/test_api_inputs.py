@@ -120,6 +120,12 @@ def test_a_closed_runtime_refuses_every_call_typed_and_writes_nothing(
                  lambda: rt.catch_up_views(sid)):
         with pytest.raises(RuntimeStopping, match="closed"):
             call()
+    # The runtime's views, read directly (docs/runtime.md): SQLite's ProgrammingError before.
+    views = rt.views
+    for read in (views.status, views.messages, views.usage, views.title, views.pending,
+                 lambda _: views.sessions()):
+        with pytest.raises(RuntimeStopping, match="closed"):
+            read(sid)
     assert store.head_position() == head
     rt.close()  # closing twice is harmless
 
@@ -167,3 +173,74 @@ def test_a_spec_that_looks_like_an_api_key_is_refused_by_the_python_api_too(
 
     rt.set_model(sid, "titler", spec, by=OPERATOR, not_a_key=True)
     assert [e.data["spec"] for e in read_log(store, sid) if e.name == "model/set"] == [spec]
+
+
+class _OwnProvider:
+    """A provider of the application's own, returning whatever it is given."""
+
+    name = "own"
+
+    def __init__(self, reply: object) -> None:
+        self.reply = reply
+
+    def complete(self, request: Any, *, on_text: Any = None, cancel: Any = None) -> Any:
+        return self.reply
+
+
+@pytest.mark.parametrize("reply, wrong", [
+    (None, "returned NoneType, not a ModelReply"),
+    ({"text": "hi"}, "returned dict, not a ModelReply"),
+    ("ModelReply(text=None)", "text is NoneType, not str"),
+    ("ModelReply(tool_calls=[{'id': 'a', 'name': 'x', 'args': {}}])", "tool_calls are not"),
+    ("ModelReply(text='hi', usage={'prompt_tokens': 1})", "usage is dict"),
+])
+def test_a_provider_that_returns_no_model_reply_fails_the_turn_with_a_provider_error(
+        store: EventStore, reply: Any, wrong: str) -> None:
+    """An application's provider returning None, a dict, or a reply of the wrong types failed
+    the turn with an AttributeError from deep in the loop; now a ProviderError naming the
+    provider and what is wrong, recorded on the turn's end."""
+    from terret.domain.errors import ProviderError
+    from terret.runtime.model import ModelReply
+
+    if isinstance(reply, str):
+        reply = eval(reply, {"ModelReply": ModelReply})  # noqa: S307 - the cases above
+    rt = Runtime(store, resolver=StaticResolver({"scripted": _OwnProvider(reply)}))
+    try:
+        sid = rt.create_session()
+        with pytest.raises(ProviderError, match=wrong) as raised:
+            rt.run_turn(sid, "go")
+        assert raised.value.provider == "own"
+        (end,) = [e for e in read_log(store, sid) if e.name == "turn/end"]
+        assert end.data["status"] == "failed" and "ProviderError" in end.data["error"]
+    finally:
+        rt.close()
+
+
+def test_a_runtime_of_parts_of_the_wrong_kind_is_refused_when_made(store: EventStore) -> None:
+    """A dict given as the resolver was taken, and the first turn failed with an
+    AttributeError; a path given as the store failed as obscurely."""
+    with pytest.raises(ConfigurationError, match="resolver"):
+        Runtime(store, resolver={"scripted": _OwnProvider(None)})  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="resolver"):
+        Runtime(store, resolver=None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="store"):
+        Runtime("terret.db", resolver=StaticResolver())  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="config"):
+        Runtime(store, resolver=StaticResolver(), config={"max_steps": 3})  # type: ignore[arg-type]
+
+
+def test_create_session_takes_its_id_in_every_form_the_other_calls_take(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    """``session_id`` as text raised a TypeError from the aggregate; anything else that is no
+    id is InvalidPayload, with nothing written."""
+    from uuid import uuid4
+
+    rt = make_runtime()
+    wanted = uuid4()
+    assert rt.create_session(session_id=str(wanted)) == wanted
+    assert rt.create_session(session_id=f"session-{uuid4()}") is not None
+    head = store.head_position()
+    for bad in ("not-an-id", 42):
+        with pytest.raises(InvalidPayload, match="session_id"):
+            rt.create_session(session_id=bad)  # type: ignore[arg-type]
+    assert store.head_position() == head

@@ -201,3 +201,32 @@ def test_the_views_hold_what_another_process_wrote_once_caught_up(
     started.set_policy(sid, ["deploy"], by=Actor(actor="operator"))
     started.catch_up_views(sid)
     assert started.views.policy(sid) == ["deploy"]
+
+
+@pytest.mark.parametrize("started", [True, False])
+def test_a_session_another_process_purged_is_not_found_here_either(
+        make_runtime: MakeRuntime, opened: OpenedStore, started: bool) -> None:
+    """A runtime that had read (or run) a session answered for it from the copy it kept once
+    another process purged it — usage zeros, no title, no owner, and as its live owner an agent
+    it still held — where a fresh runtime raised SessionNotFound. Every call raises it now, the
+    agent held for it is dropped, and closing the runtime has nothing to release."""
+    from terret import Actor
+
+    rt = make_runtime(start=started)
+    sid = rt.create_session()
+    assert rt.run_turn(sid, "hello").status == "completed"
+    assert rt.usage(sid)["steps"] == 1 and rt.agent_for_session(sid) is not None
+    other_process(opened.uri, "purge", str(sid))
+    user = Actor(actor="user", id="alice")
+    calls_ = {
+        "usage": lambda: rt.usage(sid), "title": lambda: rt.title(sid),
+        "pending": lambda: rt.pending(sid), "resumable": lambda: rt.resumable(sid),
+        "owner": lambda: rt.owner(sid), "budget": lambda: rt.budget(sid),
+        "run_turn": lambda: rt.run_turn(sid, "again"), "inject": lambda: rt.inject(sid, "x"),
+        "set_title": lambda: rt.set_title(sid, "t", by=user),
+    }
+    for name, call_ in calls_.items():
+        with pytest.raises(errors.SessionNotFound):
+            call_()
+        assert rt.agent_for_session(sid) is None, name
+    assert read_log(opened.store, sid) == []
