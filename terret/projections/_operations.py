@@ -94,6 +94,9 @@ def skip(store: EventStore, views: ViewStore, applier: BatchApplier, projection:
     of the views, as ``rebuild``: a runner elsewhere would otherwise apply its next batch to
     the resumed projection first, past the events in between."""
     with views.exclusive():
+        # Another release's view: this process neither maintains nor checks it, and its
+        # replay after the skip would be refused — the skip alone would pass the event over.
+        refuse_other_versions(views, [projection], "skip an event of")
         position, _ = views.skip(projection.name, by)
         log.warning("projection %s: event at %d skipped by %s", projection.name, position, by)
         # The runners have moved past the events after the skipped one and will not deliver

@@ -66,3 +66,36 @@ def test_the_old_release_checks_every_view_but_the_one_the_new_release_moved_up(
     again = target.run(*new, "--json", "doctor")  # the new release: all of it checked, ok
     assert again.returncode == 0, again.stdout
     assert "every projection equals a rebuild from the log" in json.loads(again.stdout)["checks"]
+
+
+HALTING = RELEASE.replace(
+    "    def process(self, db, event):\n",
+    "    def process(self, db, event):\n"
+    "        if {version} == 2:\n"
+    "            raise ValueError('release 2 cannot read this one')\n")
+
+
+def test_the_old_release_cannot_skip_an_event_of_the_new_releases_view(target: Target) -> None:
+    """Release 2's view halted; the old release's `projections skip` of it was accepted
+    (exit 0, "skipped"): it cleared the halt and recorded a skip in a view it neither
+    maintains nor checks, replayed nothing into it, and so passed the event over for good.
+    Refused now, as its rebuild and verify are, with the views unchanged; release 2 skips it."""
+    for release in (1, 2):
+        (target.cwd / f"tickets_r{release}.py").write_text(HALTING.format(version=release))
+    old, new = ("--extensions", "tickets_r1"), ("--extensions", "tickets_r2")
+    assert target.run(*new, "projections", "status").returncode == 0  # version 2, empty
+    target.finished()
+    assert target.run(*new, "sessions", "list").returncode == 0  # catches up: it halts
+    halted = target.run(*new, "--json", "projections", "status")
+    (row,) = [r for r in json.loads(halted.stdout) if r["name"] == "acme.tickets"]
+    assert row["halted"] is not None, row
+
+    refused = target.run(*old, "projections", "skip", "acme.tickets")
+    assert refused.returncode == 1 and "ViewsMismatch" in refused.stderr, refused.stderr
+    assert "holds version 2 of it, this process has version 1" in refused.stderr
+    after = target.run(*new, "--json", "projections", "status")
+    (row_after,) = [r for r in json.loads(after.stdout) if r["name"] == "acme.tickets"]
+    assert row_after["halted"] == row["halted"]  # still halted, nothing skipped
+
+    skipped = target.run(*new, "--json", "projections", "skip", "acme.tickets")
+    assert '"skipped"' in skipped.stdout, (skipped.stdout, skipped.stderr)
