@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from types import MethodType, ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, cast
+from uuid import UUID
 
 from terret._sqlite_files import sql_statements
 from terret.domain.store import SESSION_PREFIX
@@ -125,11 +126,15 @@ class Projection(ABC):
 
     def purge(self, db: sqlite3.Connection, stream: str) -> None:
         """Forget a purged session: delete its rows from every table with a ``session``
-        column. Override when a projection keys sessions differently."""
+        column, whichever form of its id the column holds (the stream name ``session-<uuid>``,
+        the UUID's text or hex, its 16 bytes). Override when a projection keys sessions
+        differently."""
+        forms = _id_forms(stream)
+        marks = ", ".join("?" * len(forms))
         for table in self.tables:
             columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
             if "session" in columns:
-                db.execute(f"DELETE FROM {table} WHERE session = ?", (stream,))
+                db.execute(f"DELETE FROM {table} WHERE session IN ({marks})", forms)
 
     def create(self, db: sqlite3.Connection) -> None:
         """Create the tables of ``schema``, statement by statement: inside the caller's
@@ -184,3 +189,10 @@ class TypedProjection(Projection):
             fn(self, db, event, payload)
 
 
+def _id_forms(stream: str) -> tuple[object, ...]:
+    """The forms a session's id may be stored in, given its stream name."""
+    try:
+        sid = UUID(stream.removeprefix("session-"))
+    except ValueError:
+        return (stream,)
+    return stream, str(sid), sid.hex, sid.bytes

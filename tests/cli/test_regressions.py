@@ -111,3 +111,58 @@ def test_log_errors_are_one_json_line_before_the_first_event_too(
         assert done.returncode in (1, 2), done.stderr
         (line,) = done.stdout.splitlines()
         assert json.loads(line)["error"]["type"] == kind
+
+
+NOTES = '''
+from uuid import UUID
+
+from terret.projections import Projection, register_projection
+
+
+@register_projection
+class NotesProjection(Projection):
+    """Keys sessions by their id in three forms, none of them the stream name."""
+
+    name = "acme.notes"
+    handles = frozenset({"turn/start"})
+    tables = ("acme_by_text", "acme_by_hex", "acme_by_bytes")
+    schema = """
+    CREATE TABLE IF NOT EXISTS acme_by_text (session TEXT, seq INTEGER);
+    CREATE TABLE IF NOT EXISTS acme_by_hex (session TEXT, seq INTEGER);
+    CREATE TABLE IF NOT EXISTS acme_by_bytes (session BLOB, seq INTEGER);
+    """
+
+    def process(self, db, event):
+        sid = UUID(event.stream.removeprefix("session-"))
+        db.execute("INSERT INTO acme_by_text VALUES (?, ?)", (str(sid), event.seq))
+        db.execute("INSERT INTO acme_by_hex VALUES (?, ?)", (sid.hex, event.seq))
+        db.execute("INSERT INTO acme_by_bytes VALUES (?, ?)", (sid.bytes, event.seq))
+'''
+
+
+def test_a_purge_forgets_a_session_in_a_custom_view_whatever_form_of_its_id_it_keeps(
+        target: Target) -> None:
+    """docs/projections.md: a purged session is forgotten by every projection, from its tables
+    with a `session` column. A custom view keying sessions by the UUID's text (not the stream
+    name) kept its rows after the purge — a customer's data said to be erased — and `verify`
+    failed ever after."""
+    import sqlite3
+
+    (target.cwd / "acme_notes.py").write_text(NOTES)
+    ext = ("--extensions", "acme_notes")
+    gone, kept = target.finished(), target.finished()
+    assert target.run(*ext, "sessions", "list").returncode == 0  # the view holds both
+    assert target.run(*ext, "sessions", "close", str(gone)).returncode == 0
+    purged = target.run(*ext, "sessions", "purge", str(gone), "--yes")  # another process
+    assert purged.returncode == 0, purged.stderr
+    assert target.run(*ext, "sessions", "list").returncode == 0
+    db = sqlite3.connect(target.views)
+    try:
+        for table, form in (("acme_by_text", str), ("acme_by_hex", lambda u: u.hex),
+                            ("acme_by_bytes", lambda u: u.bytes)):
+            held = {row[0] for row in db.execute(f"SELECT session FROM {table}")}
+            assert held == {form(kept)}, table
+    finally:
+        db.close()
+    verify = target.run(*ext, "projections", "verify", "acme.notes")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
