@@ -26,6 +26,7 @@ from click.shell_completion import CompletionItem
 from terret._text import one_line
 from terret.cli._format import NOT_SHOWN, may_hold_secret, printable, scrubbed
 from terret.domain.errors import (
+    PurgeUnfinished,
     SessionNotFound,
     StoreUnavailable,
     ViewsBehind,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from terret.domain.store import EventStore
     from terret.projections.base import ViewStore
     from terret.projections.runner import ProjectionRunner
+    from terret.projections.sessions import PurgeRecord
     from terret.projections.views import Views
     from terret.runtime.commands import SessionCommands
 
@@ -367,11 +369,22 @@ class CliContext:
                                             serving_projections())
         return self._runner
 
-    def views(self, *, reads: Iterable[str] | None = None) -> Views:
+    def views(self, *, reads: Iterable[str] | None = None,
+              session: UUID | None = None) -> Views:
         """The views, caught up with the store's head (read-your-writes for one-shot commands).
         ``reads`` names the projections the command shows: if any of them is behind the log
         (halted on an event it cannot process), ``stale`` says so and ``emit`` reports it.
-        Views already at the head are used as they are, without loading the runner."""
+        Views already at the head are used as they are, without loading the runner. With
+        ``session`` (one the store holds: ``require_session``), ``PurgeUnfinished`` when its
+        purge is recorded: the views forgot it, and would show it empty."""
+        views = self._views_caught_up(reads)
+        if session is not None:
+            purge = views.purge_of(session)
+            if purge is not None:
+                raise _unfinished(purge)
+        return views
+
+    def _views_caught_up(self, reads: Iterable[str] | None) -> Views:
         from terret.projections.views import Views
 
         if not self._caught_up:
@@ -628,3 +641,15 @@ def _dashed(prefix: str) -> str:
     digits = prefix.replace("-", "")
     groups = [digits[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32))]
     return "-".join(g for g in groups if g)
+
+
+def _unfinished(purge: PurgeRecord) -> PurgeUnfinished:
+    from terret.cli._format import actor_text
+
+    by = f" by {actor_text(purge.by)}" if purge.by else ""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(purge.at))
+    return PurgeUnfinished(
+        f"session {purge.id} was purged{by} at {at}, "
+        "but its log is still in the store: the purge did not finish (its process stopped "
+        f"between recording it and deleting the log); `terret sessions purge {purge.id} --yes` "
+        "finishes it")

@@ -216,7 +216,7 @@ def policy_show(obj: CliContext, session_id: UUID) -> None:
     """The patterns in force (the last policy/updated, else the agent's floor) and the floor
     the session recorded when it started."""
     obj.require_session(session_id)
-    patterns = obj.views(reads=("policy",)).policy(session_id)
+    patterns = obj.views(reads=("policy",), session=session_id).policy(session_id)
     floor = obj.commands().policy_floor(session_id)
     if patterns is None:
         shown = "none recorded: the agent's floor applies"
@@ -356,7 +356,7 @@ def title(obj: CliContext, session_id: UUID, new_title: str | None) -> None:
         value = obj.commands().set_title(session_id, new_title, by=operator())
         obj.emit({"session": str(session_id), "title": value}, value)
         return
-    current = obj.views(reads=("title",)).title(session_id)
+    current = obj.views(reads=("title",), session=session_id).title(session_id)
     obj.emit({"session": str(session_id), "title": current}, current or "(untitled)")
 
 
@@ -377,7 +377,7 @@ def usage(obj: CliContext, session_id: UUID | None, by: str | None) -> None:
     if session_id is not None:
         obj.require_session(session_id)
     views = obj.views(reads=("usage", "sessions") if by is None and session_id is None
-                      else ("usage",))
+                      else ("usage",), session=session_id)
     rows: dict[str, dict[str, Any]]
     if by == "turn":
         assert session_id is not None

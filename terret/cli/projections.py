@@ -227,6 +227,8 @@ def _check_views(runner: ProjectionRunner, checks: list[str], problems: list[str
         problems.append(f"catching up the views failed: {exc}")
     halted = _check_states(runner, problems, reached)
     _check_unloaded(runner, checks, problems)
+    if "sessions" not in halted:
+        _check_purges(runner, checks, problems)
     if _events(runner) <= 200_000:
         _check_rebuild(runner, halted, checks, problems)
     else:
@@ -278,6 +280,25 @@ def _check_checkpoint(store: SQLiteStore, checks: list[str], problems: list[str]
         problems.append(f"the store's WAL could not be folded into {store.path} ({why}): the "
                         "file alone lacks the last events — free some space and run `terret "
                         f"doctor` again before copying it, or copy {store.path}-wal with it")
+
+
+PURGES_CHECKED = 1000
+"""How many of the latest purges doctor checks were carried out (a read of the store each)."""
+
+
+def _check_purges(runner: ProjectionRunner, checks: list[str], problems: list[str]) -> None:
+    """A purge recorded whose session's log is still in the store: its process stopped between
+    the two (the views forgot the session; its readers say ``PurgeUnfinished``)."""
+    from terret.projections.views import Views
+    from terret.runtime.retention import purges_left_undone
+
+    recorded, undone = purges_left_undone(runner.store, Views(runner.views), PURGES_CHECKED)
+    for purge in undone:
+        problems.append(f"session {purge.id}: its purge is recorded but its log is still in "
+                        f"the store — run `terret sessions purge {purge.id} --yes` to finish it")
+    if recorded and not undone:
+        checks.append("every purge recorded is done" if recorded <= PURGES_CHECKED else
+                      f"the last {PURGES_CHECKED} of {recorded} purges recorded are done")
 
 
 def _check_states(runner: ProjectionRunner, problems: list[str], reached: int | None

@@ -123,7 +123,7 @@ def show(obj: CliContext, session_id: UUID) -> None:
     from terret.projections.status import status_of
 
     obj.require_session(session_id)
-    views = obj.views(reads=SHOW_READS)
+    views = obj.views(reads=SHOW_READS, session=session_id)
     summary = views.summary(session_id)
     status = views.status(session_id)
     state = views.state(session_id)

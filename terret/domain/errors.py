@@ -133,6 +133,13 @@ class SessionExpiring(SessionNotFound):
     already: what is left expires too. Not a damaged log; it can still be deleted now."""
 
 
+class PurgeUnfinished(SessionNotFound):
+    """The session's purge is recorded (``session/purged``, R27) but its log is still in the
+    store: the process purging it stopped between the two (a kill, an outage). The views have
+    forgotten it; running the purge again (``terret sessions purge``) finishes it, and a serving
+    process finishes one it hears of."""
+
+
 class SessionClosed(RuleViolation):
     """The session was closed; it accepts no new turns or events."""
 

@@ -21,7 +21,7 @@ from terret.projections.usage import UsageTotals
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.catalogue import EventPayload, OpaquePayload
     from terret.domain.codec import RecordedEvent
-    from terret.domain.events import SessionClosed, SessionStarted, TurnEnded
+    from terret.domain.events import SessionClosed, SessionPurged, SessionStarted, TurnEnded
 
 
 @dataclass(frozen=True)
@@ -84,16 +84,22 @@ def workers_comings_and_goings() -> frozenset[str]:
 
 class SessionsProjection(TypedProjection):
     name = "sessions"
-    version = 5  # 2: how the last turn ended (last_turn); 3: unreadable events counted too;
+    version = 6  # 2: how the last turn ended (last_turn); 3: unreadable events counted too;
     # 4: records that do not decode counted too (they halted it); 5: a worker's comings and
-    # goings are not activity
+    # goings are not activity; 6: the purges recorded (sessions_purged)
     handles = EveryWireName(_every_known_event)
-    tables = ("sessions",)
+    tables = ("sessions", "sessions_purged")
+    # sessions_purged keys its rows by `purged`, not `session`: a purge forgets the session's
+    # rows in every table with a `session` column, and this one is the purge's own record.
     schema = """
     CREATE TABLE IF NOT EXISTS sessions (
         session TEXT PRIMARY KEY, agent TEXT NOT NULL, created REAL NOT NULL,
         last_activity REAL NOT NULL, events INTEGER NOT NULL, closed INTEGER NOT NULL,
         last_turn TEXT
+    );
+    CREATE TABLE IF NOT EXISTS sessions_purged (
+        purged TEXT PRIMARY KEY, position INTEGER NOT NULL, at REAL NOT NULL,
+        max_age INTEGER, by TEXT
     );
     """
 
@@ -140,6 +146,15 @@ class SessionsProjection(TypedProjection):
     def _on_turn_ended(self, db: sqlite3.Connection, event: RecordedEvent, p: TurnEnded) -> None:
         self._last[event.stream] = self._ended[event.stream] = event
         self._active[event.stream] = event.recorded_at
+
+    @handler
+    def _on_purged(self, db: sqlite3.Connection, event: RecordedEvent, p: SessionPurged
+                   ) -> None:
+        by = json.dumps(p.by.model_dump(exclude_none=True), sort_keys=True) \
+            if p.by is not None else None
+        db.execute("INSERT OR REPLACE INTO sessions_purged VALUES (?, ?, ?, ?, ?)",
+                   (f"{SESSION_PREFIX}{p.session_id}", event.position, event.recorded_at,
+                    p.max_age_seconds, by))
 
     def flush(self, db: sqlite3.Connection) -> None:
         rows = [row for stream, last in self._last.items()
@@ -249,3 +264,26 @@ def _summary(r: tuple[Any, ...]) -> SessionSummary:
 def get_summary(db: sqlite3.Connection, stream: str) -> SessionSummary | None:
     found = list_sessions(db, stream=stream)
     return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class PurgeRecord:
+    """A session's purge as the retention stream recorded it (``session/purged``)."""
+
+    session: str
+    position: int
+    at: float
+    max_age: int | None
+    by: dict[str, Any] | None
+
+    @property
+    def id(self) -> str:
+        return self.session.removeprefix(SESSION_PREFIX)
+
+
+def purges(db: sqlite3.Connection, stream: str | None = None) -> list[PurgeRecord]:
+    """The purges recorded (of one session's ``stream``), in the order they were."""
+    where, params = ("WHERE purged = ?", (stream,)) if stream else ("", ())
+    return [PurgeRecord(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None)
+            for r in db.execute("SELECT purged, position, at, max_age, by FROM sessions_purged"
+                                f" {where} ORDER BY position", params)]

@@ -10,7 +10,7 @@ from terret.domain.messages import Message
 from terret.domain.store import as_session_id, session_id_of, session_stream
 from terret.projections import approvals, messages, policy, sessions, status, title, usage
 from terret.projections.base import Projection, ViewStore
-from terret.projections.sessions import SessionSummary
+from terret.projections.sessions import PurgeRecord, SessionSummary
 from terret.projections.status import SessionStatus
 from terret.projections.usage import UsageTotals
 
@@ -153,4 +153,15 @@ class Views:
     def summary(self, session: UUID | str) -> SessionSummary | None:
         with self.store.reading() as db:
             return sessions.get_summary(db, _stream(session))
+
+    def purge_of(self, session: UUID | str) -> PurgeRecord | None:
+        """The session's purge, if one is recorded (its last)."""
+        with self.store.reading() as db:
+            found = sessions.purges(db, _stream(session))
+        return found[-1] if found else None
+
+    def purges(self) -> list[PurgeRecord]:
+        """Every purge recorded, oldest first."""
+        with self.store.reading() as db:
+            return sessions.purges(db)
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 from terret.domain.codec import encode
 from terret.domain.errors import (
+    CorruptRecord,
     ExpiryUnsupported,
     InvalidPayload,
     RuleViolation,
@@ -19,6 +21,10 @@ from terret.domain.events import Actor, SessionPurged, reason_problem
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
 from terret.domain.store import RETENTION_STREAM, EventStore, StreamState, session_stream
+
+if TYPE_CHECKING:
+    from terret.projections.sessions import PurgeRecord
+    from terret.projections.views import Views
 
 
 def refuse_purge(load: Callable[[], Session], store: EventStore, max_age: int | None) -> None:
@@ -47,10 +53,62 @@ def purge_session(repository: SessionRepository, session_id: UUID, *, by: Actor,
     if problem is not None:
         raise InvalidPayload(SessionPurged.wire_name, "reason", problem)
     refuse_purge(partial(repository.get, session_id), store, max_age)
-    record = encode(SessionPurged(session_id=str(session_id), reason=reason, by=by,
-                                  max_age_seconds=max_age))
-    store.append(RETENTION_STREAM, [record], StreamState.ANY)
+    if not _recorded_lately(store, session_id, max_age):
+        record = encode(SessionPurged(session_id=str(session_id), reason=reason, by=by,
+                                      max_age_seconds=max_age))
+        store.append(RETENTION_STREAM, [record], StreamState.ANY)
+    # A kill here leaves the purge recorded and the log in the store (the views forgot it,
+    # readers say PurgeUnfinished): a serving process that hears of the purge finishes it,
+    # and so does running this again.
+    finish_purge(store, session_id, max_age)
+
+
+def finish_purge(store: EventStore, session_id: UUID, max_age: int | None) -> bool:
+    """Carry out a recorded purge (idempotent): delete the session's stream, or give it its max
+    age. Whether there was anything left to do."""
+    stream = session_stream(session_id)
+    if store.stream_version(stream) == 0:
+        return False
     if max_age is not None:
-        store.set_max_age(session_stream(session_id), max_age)
+        if store.max_age(stream) == max_age:
+            return False
+        store.set_max_age(stream, max_age)
     else:
-        store.delete_stream(session_stream(session_id))
+        store.delete_stream(stream)
+    return True
+
+
+RECENT = 200
+"""How many of the retention stream's last records a purge looks through for its own, recorded
+by a run of it that stopped before the deletion (run again, it does not record it twice)."""
+
+
+def _recorded_lately(store: EventStore, session_id: UUID, max_age: int | None) -> bool:
+    from terret.domain.codec import decode
+
+    for record in store.read_stream(RETENTION_STREAM, backwards=True, limit=RECENT):
+        if record.wire_name != SessionPurged.wire_name:
+            continue
+        try:
+            p = decode(record).payload
+        except CorruptRecord:
+            continue
+        if isinstance(p, SessionPurged) and p.session_id == str(session_id) \
+                and p.max_age_seconds == max_age:
+            return True
+    return False
+
+
+def purges_left_undone(store: EventStore, views: Views, limit: int
+                       ) -> tuple[int, list[PurgeRecord]]:
+    """How many purges the views recorded, and those among the ``limit`` latest whose
+    session's log is still in the store — not expiring as it was purged to: its process
+    stopped between recording the purge and carrying it out."""
+    recorded = views.purges()
+    undone = []
+    for purge in recorded[-limit:]:
+        stream = session_stream(UUID(purge.id))
+        if store.stream_version(stream) > 0 and (
+                purge.max_age is None or store.max_age(stream) != purge.max_age):
+            undone.append(purge)
+    return len(recorded), undone

@@ -36,7 +36,7 @@ from terret.domain.events import (
 from terret.domain.groups import GroupReader
 from terret.domain.repository import SessionRepository
 from terret.domain.session import Session
-from terret.domain.store import EventStore, as_session_id, session_stream
+from terret.domain.store import RETENTION_STREAM, EventStore, as_session_id, session_stream
 from terret.projections.base import ViewStore
 from terret.projections.registry import serving_projections
 from terret.projections.runner import ProjectionRunner
@@ -454,6 +454,25 @@ class Runtime:
         if self.agent_for_session(sid) is not None:
             self.background(partial(self.agent_host.let_go, sid, "session purged",
                                     wait=self.config.wait_timeout))
+        # Recent ones only: a serve catching a new views file up on years of the log would
+        # check every purge ever (doctor and the readers say when an older one is unfinished).
+        if self.supervisor.serving and time.time() - event.recorded_at < FINISH_PURGES_WITHIN:
+            self.background(partial(self._finish_purge, sid,
+                                    getattr(event.payload, "max_age_seconds", None)))
+
+    def _finish_purge(self, session_id: UUID, max_age: int | None) -> None:
+        """A purge whose process stopped between recording it and deleting the log (the
+        views forgot the session, its events stayed): a serving process finishes it. Usually
+        the purging process has already (or will: both deletions are the same)."""
+        from terret.runtime.retention import finish_purge
+
+        try:
+            if finish_purge(self.store, session_id, max_age):
+                log.info("session %s: finished its recorded purge", session_id)
+        except errors.TerretError as exc:
+            log.warning("session %s: its recorded purge could not be finished (%s); "
+                        "`terret sessions purge %s --yes` finishes it", session_id, exc,
+                        session_id)
 
     def session_gone(self, session_id: UUID) -> None:
         """A call found no session ``session_id`` (purged by another process): the idle agent
@@ -767,7 +786,9 @@ class Runtime:
         if reader is None:
             log.info("this store has no consumer groups: serving follows every session")
             return None
-        self.runner.scope_to()
+        # The retention stream too: a purge makes the member's views forget the session and
+        # let its agent go, and a purge whose process stopped half-way is finished here.
+        self.runner.scope_to([RETENTION_STREAM])
         return reader
 
     def _watch(self, session_id: UUID) -> None:
@@ -810,6 +831,10 @@ def _require_reason(wire_name: str, reason: str) -> None:
     """The model is shown the reason of a denial or a skip: a blank one tells it nothing."""
     if not isinstance(reason, str) or not reason.strip():
         raise errors.InvalidPayload(wire_name, "reason", "give the model a reason")
+
+
+FINISH_PURGES_WITHIN = 7 * 24 * 3600.0
+"""Seconds after its record that a serving process still finishes a purge it hears of."""
 
 
 def _check_parts(store: object, resolver: object, config: object) -> None:
