@@ -116,13 +116,13 @@ def resume(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
     # an agent this app does not define (ConfigurationError) is refused here, in one line,
     # with nothing written; a session whose owner's lease expired is taken over.
     runtime.agent_for(session_id)
-    _say_what_it_waits_on(runtime, session_id)
-    result = _resume_until_interrupted(runtime, session_id)
+    said = _say_what_it_waits_on(runtime, session_id)
+    result = _resume_until_interrupted(runtime, session_id, said)
     obj.emit({"session": str(session_id), "turn": result.turn, "status": result.status},
              f"turn {result.turn} {result.status}")
 
 
-def _resume_until_interrupted(runtime: Runtime, session_id: UUID) -> TurnResult:
+def _resume_until_interrupted(runtime: Runtime, session_id: UUID, said: bool) -> TurnResult:
     """The turn runs on a thread of its own so that Ctrl-C reaches this one, not the turn
     (where ``KeyboardInterrupt`` ends it ``failed``). The first stops the process as SIGTERM
     stops ``serve``: the turn stays open, the session released (``TurnSuspended``). A second
@@ -141,10 +141,15 @@ def _resume_until_interrupted(runtime: Runtime, session_id: UUID) -> TurnResult:
             done.set()
 
     thread = threading.Thread(target=run, name=f"resume-{session_id}", daemon=True)
+    parked = said  # the wait the turn resumes into is said already
     try:
         thread.start()  # in the try: the turn may be under way before start() returns
         while not done.wait(0.1):
-            pass
+            now = _parked(runtime, session_id)
+            if now and not parked:  # it parked while resumed: it waits on another shell
+                runtime.catch_up_views(session_id)
+                _say_what_it_waits_on(runtime, session_id)
+            parked = now
     except KeyboardInterrupt:
         _stop_on_interrupt(runtime, session_id, done)
     found = outcome[0]
@@ -155,6 +160,11 @@ def _resume_until_interrupted(runtime: Runtime, session_id: UUID) -> TurnResult:
     if isinstance(found, BaseException):
         raise found
     return found
+
+
+def _parked(runtime: Runtime, session_id: UUID) -> bool:
+    agent = runtime.agent_for_session(session_id)
+    return agent is not None and agent.status.startswith("waiting_")
 
 
 def _stop_on_interrupt(runtime: Runtime, session_id: UUID, done: threading.Event) -> None:
@@ -178,16 +188,18 @@ _A_DAY = 86_400.0
 first); a second Ctrl-C stops waiting sooner."""
 
 
-def _say_what_it_waits_on(runtime: Runtime, session_id: UUID) -> None:
+def _say_what_it_waits_on(runtime: Runtime, session_id: UUID) -> bool:
     """Notes on stderr for a resumed turn that will wait on someone in another shell: a
-    verdict on an approval or a call in doubt, a higher budget. None once a cancel is
-    recorded: the turn closes ``cancelled`` at once, whatever it waited on."""
+    verdict on an approval or a call in doubt, a higher budget (whether one was said). None
+    once a cancel is recorded: the turn closes ``cancelled`` at once, whatever it waited on."""
     state = runtime.writer.load(session_id).state
     if state.cancel_requested:
         note(f"a cancel of turn {state.turn} is recorded: it closes cancelled, its pending "
              "calls denied")
-        return
+        return False
     pending = runtime.views.pending(session_id)
+    budget = runtime.budget(session_id)
+    exceeded = budget is not None and budget.exceeded
     if pending:
         calls = ", ".join(p.call_id for p in pending)
         first = pending[0].call_id
@@ -198,10 +210,10 @@ def _say_what_it_waits_on(runtime: Runtime, session_id: UUID) -> None:
         note(f"call {call_id} is in doubt (it started and left no result): the turn waits for "
              f"`terret in-doubt rerun {session_id} {call_id}` or `terret in-doubt skip "
              f"{session_id} {call_id} --reason …` from another shell")
-    budget = runtime.budget(session_id)
-    if budget is not None and budget.exceeded:
+    if budget is not None and exceeded:
         note(f"the session spent {money(budget.spent)} of its budget {money(budget.limit)}: the "
              f"turn waits for `terret budget set {session_id} AMOUNT` from another shell")
+    return bool(pending or state.started or exceeded)
 
 
 @click.group("policy")

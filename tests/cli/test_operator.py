@@ -362,6 +362,28 @@ def test_resume_names_the_call_it_waits_for(sqlite_target: Target) -> None:
     assert resume.finish()[0] == 0
 
 
+def test_resume_says_when_the_resumed_turn_parks_on_an_approval(target: Target) -> None:
+    """`terret resume` said what the turn waited on only when it was parked before the resume
+    began: a turn that reached an approval while resumed (a crash left its deploy call owed)
+    waited in silence, the command looking hung. Said now, and approved from another shell."""
+    from terret.domain.events import ToolCallData
+    from tests.cli.conftest import DEPLOY_ARGS
+
+    writer = target.writer()
+    sid = target.new_session()
+    writer.execute(sid, lambda s: s.start_turn(trigger="user", text="deploy v2"))
+    writer.execute(sid, lambda s: s.start_step("demo:ops-model-1"))
+    writer.execute(sid, lambda s: s.record_assistant(
+        "", [ToolCallData(id="call-deploy", name="deploy", args=DEPLOY_ARGS)]))
+    resume = Proc.start(target, "resume", str(sid), "--app", DEMO_APP)
+    note = resume.wait_line(lambda line: "waiting for a verdict" in line, "the waiting note")
+    assert f"terret approve {sid} call-deploy" in note
+    assert Proc.start(target, "approve", str(sid), "call-deploy").finish()[0] == 0
+    code, out, err = resume.finish()
+    assert code == 0, err
+    assert err.count("waiting for a verdict") == 1 and "completed" in out
+
+
 def test_shell_completion_of_session_ids(target: Target) -> None:
     sid = target.finished()
     target.invoke("sessions", "list")  # the views know it
