@@ -450,6 +450,9 @@ def test_a_purged_session_is_forgotten_by_every_view(
     stream = session_stream(gone)
     for projection in runner.projections:
         for table, rows in projection.dump(view_store.db).items():
+            if table == "sessions_purged":  # the purge's own record, as the retention stream's
+                assert [r[0] for r in rows] == [stream]
+                continue
             assert not [r for r in rows if stream in r], (projection.name, table)
     assert [s.id for s in views.sessions()] == [str(kept)]
     assert views.messages(kept) != [] and views.title(kept) == "t"
