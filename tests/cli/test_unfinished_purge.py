@@ -9,15 +9,13 @@ SQLite and the EventStoreDB emulator, each step a process of its own."""
 from __future__ import annotations
 
 import json
-import signal
-import time
 from uuid import UUID
 
 from terret.domain.codec import encode
 from terret.domain.events import Actor, SessionPurged
 from terret.domain.store import RETENTION_STREAM, StreamState, session_stream
 from tests.cli.conftest import DEMO_APP, Target
-from tests.cli.test_cross_process import Proc
+from tests.cli.docs_app import serving, wait
 
 
 def _purge_cut_short(target: Target, sid: UUID) -> None:
@@ -59,17 +57,8 @@ def test_a_purge_cut_short_is_said_by_every_reader_and_doctor_and_finished_by_ru
 
 def test_a_serving_process_finishes_a_purge_it_hears_of(target: Target) -> None:
     sid = target.closed()
-    serve = Proc.start(target, "serve", "--app", DEMO_APP, "--grace", "2",
-                       views=str(target.cwd / "serve-views.db"))
-    try:
-        serve.wait_line(lambda line: line.startswith("serving "), "the serving line")
+    with serving(target, app=DEMO_APP):
         _purge_cut_short(target, sid)
-        deadline = time.monotonic() + 20
-        while target.store().stream_version(session_stream(sid)) and \
-                time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert target.store().stream_version(session_stream(sid)) == 0
-    finally:
-        serve.popen.send_signal(signal.SIGTERM)
-        serve.finish(60)
+        wait("the purge finished by serve",
+             lambda: target.store().stream_version(session_stream(sid)) == 0, 20)
     assert target.run("--json", "doctor").returncode == 0
