@@ -257,6 +257,25 @@ class AgentHost:
             log.info("session %s: its release was not recorded (%s)", session_id, exc)
         self.forget(agent)
 
+    def hand_off(self, session_id: UUID, reason: str) -> bool:
+        """Release (``agent/detached``, ``reason``) the session whose open turn this process
+        stopped and will not resume itself, so that a serving worker takes the turn over.
+        Whether it released it (False: nothing left to hand off — no agent here, a turn
+        running it again, the turn closed); a store still failing raises."""
+        agent = self.agent_for_session(session_id)
+        if agent is None or agent.busy:
+            return False
+        if not self.writer.load(session_id).turn_open:
+            return False
+        with self._spawning(session_id):
+            if self.agent_for_session(session_id) is not agent or agent.busy:
+                return False
+            # A turn this process starts on it meanwhile is fenced out by the release
+            # (LostOwnership at its next write) and the serving worker resumes it.
+            self.writer.execute(session_id, partial(_release, agent, reason))
+            self.forget(agent)
+        return True
+
     def drop_if_moved(self, session_id: UUID) -> None:
         """Drop (writing nothing) this process's idle agent for a session another agent has
         attached since — an idle session moved to another process: the agent here owns

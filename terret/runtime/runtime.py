@@ -535,8 +535,35 @@ class Runtime:
 
     def drive(self, agent: Agent, turn: Callable[[], TurnResult]) -> TurnResult:
         """Run one of the agent's turn methods; an agent that lost its session is dropped
-        from this process (it wrote nothing after losing it)."""
-        return self.agent_host.drive(agent, turn)
+        from this process (it wrote nothing after losing it). A turn the store failed stays
+        open: a runtime that does not serve hands it off once the store is back."""
+        try:
+            return self.agent_host.drive(agent, turn)
+        except (errors.StoreUnavailable, errors.StoreFull):
+            if not self.supervisor.serving and not self.stopping.is_set():
+                self._hand_off_later(agent.session_id)
+            raise
+
+    def _hand_off_later(self, session_id: UUID) -> None:
+        """Release the session once the store takes writes again, unless the caller resumes
+        the turn here first: a process that does not serve never resumes a turn by itself,
+        and while it lived and held the session no serving worker would — the user's message
+        waited for this process to end (a web app's worker: days)."""
+        def hand_off() -> None:
+            delay = HAND_OFF_FIRST_RETRY
+            while not self.stopping.wait(delay):
+                try:
+                    if self.agent_host.hand_off(session_id, HANDED_OFF):
+                        log.info("session %s: its open turn, stopped by the store, is handed "
+                                 "off to a serving worker", session_id)
+                    return
+                except errors.SessionNotFound:
+                    return
+                except errors.TerretError:
+                    delay = min(delay * 2, HAND_OFF_LAST_RETRY)
+
+        threading.Thread(target=hand_off, name=f"terret-hand-off-{session_id}",
+                         daemon=True).start()
 
     # --- turns ---------------------------------------------------------------------------
 
@@ -832,6 +859,11 @@ def _require_reason(wire_name: str, reason: str) -> None:
     if not isinstance(reason, str) or not reason.strip():
         raise errors.InvalidPayload(wire_name, "reason", "give the model a reason")
 
+
+HANDED_OFF = "the store failed mid-turn: handed off to a serving worker"
+HAND_OFF_FIRST_RETRY = 0.5
+HAND_OFF_LAST_RETRY = 10.0
+"""Seconds between a non-serving runtime's tries to hand off a turn the store stopped."""
 
 FINISH_PURGES_WITHIN = 7 * 24 * 3600.0
 """Seconds after its record that a serving process still finishes a purge it hears of."""

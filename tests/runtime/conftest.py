@@ -72,6 +72,17 @@ def store(opened: OpenedStore) -> EventStore:
 
 
 @pytest.fixture
+def other_store(opened: OpenedStore) -> Iterator[EventStore]:
+    """A second connection to the store under test (another process's, as it were). Request it
+    before ``make_runtime`` so that the runtimes on it are closed before it is."""
+    from terret.adapters.stores.uri import open_store
+
+    second = open_store(opened.uri)
+    yield second
+    second.close()
+
+
+@pytest.fixture
 def kit() -> Kit:
     return Kit()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -25,14 +25,13 @@ from terret import (
     ScriptedProvider,
     Usage,
     call,
-    open_store,
     tool,
 )
 from terret.domain.errors import ConfigurationError
 from terret.domain.store import EventStore
 from terret.runtime import render_history
 from terret.runtime.runtime import UPKEEP_THREADS
-from tests.runtime.conftest import MakeRuntime, OpenedStore
+from tests.runtime.conftest import MakeRuntime
 from tests.runtime.kit import (
     Background,
     NoArgs,
@@ -58,15 +57,6 @@ class Recording:
     def summarize(self, messages: Sequence[Message]) -> str | None:
         self.rendered.append(render_history(messages))
         return self.reply
-
-
-@pytest.fixture
-def other_store(opened: OpenedStore) -> Iterator[EventStore]:
-    """A second connection to the store under test. Request it before ``make_runtime`` so that
-    the runtimes on it are closed before it is."""
-    second = open_store(opened.uri)
-    yield second
-    second.close()
 
 
 def roles(**extra: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from terret.domain.errors import StoreUnavailable
-from terret.domain.store import NewRecord
+from terret.domain.store import EventStore, NewRecord
 from tests.runtime.conftest import MakeRuntime
 from tests.runtime.kit import Kit, calls, final, only, read_log, wait_until
 
@@ -64,3 +64,29 @@ def test_a_caller_gets_the_stores_error_and_the_turn_stays_resumable(
     assert rt.resumable(sid)
     result = rt.resume_turn(sid)
     assert (result.status, result.text) == ("completed", "all green")
+
+
+def test_a_runtime_that_does_not_serve_hands_the_turn_off_once_the_store_is_back(
+        other_store: EventStore, make_runtime: MakeRuntime, store: EventStore, kit: Kit,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A web app's request worker (a runtime that does not serve) whose turn the store failed
+    kept the session while it lived: a serving worker would not take a live worker's open turn,
+    and the worker's own next run_turn was refused (the turn is open) — the user's message
+    waited for the web worker's process to end. It hands the turn off now (agent/detached),
+    and `serve`, in another process, resumes it."""
+    from terret.runtime.runtime import HANDED_OFF
+
+    web = make_runtime([calls(("status", {"env": "prod"})), final("unused")], start=False)
+    sid = web.create_session()
+    _down_once_at_step_two(store, monkeypatch)
+    with pytest.raises(StoreUnavailable):
+        web.run_turn(sid, "check prod")
+    served = make_runtime([final("all green")], on_store=other_store, start=False)
+    served.serve_start()
+    wait_until(lambda: only(read_log(store, sid), "turn/end"), what="the turn to end")
+    (end,) = only(read_log(store, sid), "turn/end")
+    assert end.data["status"] == "completed"
+    assert only(read_log(store, sid), "assistant/message")[-1].data["text"] == "all green"
+    (detached,) = only(read_log(store, sid), "agent/detached")
+    assert detached.data["reason"] == HANDED_OFF
+    assert web.agent_for_session(sid) is None

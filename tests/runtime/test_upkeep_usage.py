@@ -13,14 +13,13 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import pytest
 
-from terret import Actor, FixedSummarizer, Reply, RuntimeConfig, ScriptedProvider, Usage, open_store
+from terret import Actor, FixedSummarizer, Reply, RuntimeConfig, ScriptedProvider, Usage
 from terret.domain.store import EventStore
 from terret.runtime.model import ModelReply, ModelRequest, TextSink
 from tests.cli.conftest import subprocess_env
@@ -46,13 +45,6 @@ def totals(usage: Usage, calls: int = 1) -> dict[str, Any]:
     return {"prompt_tokens": usage.prompt_tokens * calls,
             "completion_tokens": usage.completion_tokens * calls,
             "cost": round((usage.cost or 0.0) * calls, 10), "steps": calls}
-
-
-@pytest.fixture
-def other_store(opened: OpenedStore) -> Iterator[EventStore]:
-    second = open_store(opened.uri)
-    yield second
-    second.close()
 
 
 def test_a_titles_request_is_recorded_with_the_title_apart_from_the_steps_and_budgeted(
