@@ -19,7 +19,7 @@ _MOST_SECONDS = 366 * 86400.0
 """The longest ``wait_timeout`` and ``lease_ttl``: each becomes a clock time (a lease's end in
 the log, a thread's wait), which past a few centuries Python cannot represent; neither has a
 meaning for no limit."""
-_OPTIONAL_SECONDS = ("approval_max_wait", "tool_timeout")
+_OPTIONAL_SECONDS = ("approval_max_wait", "tool_timeout", "upkeep_timeout")
 
 
 @dataclass
@@ -42,6 +42,10 @@ class RuntimeConfig:
     tool_timeout: float | None = None
     """Seconds a tool's handler may run, for tools without their own ``timeout``; None: no
     limit."""
+    upkeep_timeout: float | None = 300.0
+    """Seconds the between-turn upkeep waits for a summarizer's summary or a titler's title
+    before it gives up on it (a compaction declined, the first message as the title): a hung
+    one held one of the few upkeep threads for good. None: no limit."""
 
     def __post_init__(self) -> None:
         """Each value checked when the config is made (``ConfigurationError`` naming the

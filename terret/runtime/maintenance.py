@@ -18,11 +18,13 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 from uuid import UUID
 
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent, decode
+from terret.domain.errors import shown
 from terret.domain.events import (
     TITLE_MAX,
     Actor,
@@ -37,6 +39,7 @@ from terret.domain.session import Session
 from terret.domain.store import EventStore, session_stream
 from terret.projections.views import Views
 from terret.runtime.model import ModelProvider, ModelRequest, ModelResolver
+from terret.runtime.stops import answered_within
 from terret.runtime.summarizer import (
     RoleAsker,
     RoleBound,
@@ -96,6 +99,8 @@ class UpkeepServices:
     upkeep_rank: Callable[[Session, str], int] = lambda session, purpose: 0
     """This process's place among the live processes that would do this upkeep of the session
     (those that follow the log, define its agent and do it), in rendezvous order: 0, first."""
+    answer_timeout: float | None = None
+    """Seconds a summarizer or titler has to answer (``RuntimeConfig.upkeep_timeout``)."""
 
     def left_to_another(self, session: Session, purpose: str, end: RecordedEvent,
                         again: Callable[[int], None], attempt: int) -> bool:
@@ -270,11 +275,22 @@ class Compactor:
             since = f"since the compaction at seq {last}" if last else "yet"
             raise errors.CompactionDeclined(
                 f"session {sid}: nothing the model sees is new {since}")
-        meter = UsageMeter()
+        return self._paid_for(session, mark)
+
+    def _paid_for(self, session: Session, mark: int) -> int | None:
+        """``_summarize``, its request's cost recorded whatever came of the summary — with it,
+        or alone — unless the outcome of its append is unknown."""
+        upkeep, sid, meter = self.upkeep, session.id, UsageMeter()
         try:
             return self._summarize(session, mark, meter)
         except errors.WrongExpectedVersion:
             record_usage(upkeep, sid, "compaction", meter)  # refused: nothing was appended
+            raise
+        except errors.PayloadTooLarge as exc:
+            # Refused before anything was written: a summary the log cannot hold. Its cost
+            # is recorded alone, as any declined summary's.
+            log.warning("the summary of %s is not recorded: %s", sid, exc)
+            record_usage(upkeep, sid, "compaction", meter)
             raise
         except errors.StoreError:
             # The outcome of the append is unknown (it may have landed, the cost with it):
@@ -298,10 +314,18 @@ class Compactor:
         # and not from a view halted before it, or the summary's mark would cover history it
         # never read — lost to the model for good.
         (at_mark,) = upkeep.store.read_stream(session_stream(sid), from_seq=mark, limit=1)
-        summary = summarizer.summarize(upkeep.views.messages(sid, through=mark,
-                                                             reaching=at_mark.position))
-        if summary is None:
-            log.warning("compaction of %s declined by the summarizer", sid)
+        history = upkeep.views.messages(sid, through=mark, reaching=at_mark.position)
+        try:
+            summary = answered_within(upkeep.answer_timeout, "the summarizer",
+                                      partial(summarizer.summarize, history))
+        except TimeoutError as exc:
+            log.warning("compaction of %s given up: %s", sid, exc)
+            record_usage(upkeep, sid, "compaction", meter)  # what it reported by then
+            return None
+        if not isinstance(summary, str) or not summary.strip():
+            # An empty summary would replace the whole history the model sees with nothing.
+            log.warning("compaction of %s declined by the summarizer%s", sid,
+                        "" if summary is None else f" (it returned {shown(summary)[:40]})")
             record_usage(upkeep, sid, "compaction", meter)
             return None
         record = meter.record_on("compaction")
@@ -423,7 +447,8 @@ class AutoTitler:
         messages = (self.upkeep.views.messages(session.id)
                     if not session.state.last_compaction_seq else [Message("user", first)])
         try:
-            title = titler.title(messages)
+            title = answered_within(self.upkeep.answer_timeout, "the titler",
+                                    partial(titler.title, messages))
         except Exception as exc:
             log.warning("titler failed for %s, using the first message: %s", session.id, exc)
             return None

@@ -135,7 +135,8 @@ class Runtime:
                                 self.model_spec, self.background, self.catch_up_views,
                                 self.defines, self.writer.ended_here, self._owner_upkeeps,
                                 self.deferred.after, self.config.lease_ttl,
-                                owner_folds=self._owner_folds, upkeep_rank=self._upkeep_rank)
+                                owner_folds=self._owner_folds, upkeep_rank=self._upkeep_rank,
+                                answer_timeout=self.config.upkeep_timeout)
         # Defaults: the role summarizer and role titler on the session's roles (R19, R20).
         self.compactor = Compactor(upkeep, summarizer, self.config.compaction_budget)
         self.titler = AutoTitler(upkeep, titler)
@@ -285,7 +286,7 @@ class Runtime:
                           "catching the views up", catch_up)
         self.deferred.close()
         upkeep = partial(self._pool.shutdown, wait=True)
-        done = finish_within(end, "the between-turn upkeep", upkeep) \
+        done = finish_within(end, "the between-turn upkeep", upkeep, UPKEEP_AT_WORK) \
             and finish_within(end, "releasing the sessions",
                               lambda: self.agent_host.release_all("shutdown"))
         if done:
@@ -859,6 +860,9 @@ def _require_reason(wire_name: str, reason: str) -> None:
     if not isinstance(reason, str) or not reason.strip():
         raise errors.InvalidPayload(wire_name, "reason", "give the model a reason")
 
+
+UPKEEP_AT_WORK = "a summarizer or titler still at work, or the store does not answer"
+"""Why the upkeep may not finish within a stop's grace."""
 
 HANDED_OFF = "the store failed mid-turn: handed off to a serving worker"
 HAND_OFF_FIRST_RETRY = 0.5

@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from terret.domain.errors import TurnCancelled, TurnSuspended
 
@@ -30,10 +31,11 @@ STOP_RESERVE = 0.5
 store's connections): with the store down, the last writes take the rest."""
 
 
-def finish_within(end: float, what: str, work: Callable[[], object]) -> bool:
-    """Run ``work`` on a thread of its own until the monotonic time ``end``; False (said once)
-    when it has not finished by then — it is left to run while the process lasts. Its error,
-    when it finished with one, is raised here."""
+def finish_within(end: float, what: str, work: Callable[[], object],
+                  why: str = "the store does not answer") -> bool:
+    """Run ``work`` on a thread of its own until the monotonic time ``end``; False (said once,
+    with ``why`` it may not have) when it has not finished by then — it is left to run while
+    the process lasts. Its error, when it finished with one, is raised here."""
     failed: list[BaseException] = []
 
     def run() -> None:
@@ -46,9 +48,38 @@ def finish_within(end: float, what: str, work: Callable[[], object]) -> bool:
     thread.start()
     thread.join(max(0.0, end - time.monotonic()))
     if thread.is_alive():
-        log.warning("stopping: %s did not finish within the grace (the store does not "
-                    "answer); left to this worker's lease to expire, as after a crash", what)
+        log.warning("stopping: %s did not finish within the grace (%s); left to this "
+                    "worker's lease to expire, as after a crash", what, why)
         return False
     if failed:
         raise failed[0]
     return True
+
+
+T = TypeVar("T")
+
+
+def answered_within(seconds: float | None, what: str, work: Callable[[], T]) -> T:
+    """``work()``, run on a thread of its own when ``seconds`` bounds it; ``TimeoutError``
+    (naming ``what``) when it has not answered by then. The thread is left to finish and its
+    answer dropped: Python cannot stop it, but the caller — an upkeep pool's thread, which a
+    hung summarizer held for good — goes on."""
+    if seconds is None:
+        return work()
+    answer: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(work())
+        except BaseException as exc:  # handed to the waiting thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name=f"terret-{what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not answer within {seconds:g} s (upkeep_timeout)")
+    if failed:
+        raise failed[0]
+    return answer[0]

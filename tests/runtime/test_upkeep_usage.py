@@ -125,6 +125,77 @@ def test_a_declined_summary_is_paid_for_all_the_same(
     assert rt.upkeep_usage(sid) == {"compaction": totals(SUMMARY)}
 
 
+def test_a_summary_too_large_to_store_is_paid_for_all_the_same(
+        make_runtime: MakeRuntime, store: EventStore, opened: OpenedStore,
+        tmp_path: Path) -> None:
+    """A summary over what the log takes was refused (PayloadTooLarge, nothing written) and
+    its cost dropped, with a warning that the store failed: refused is certain, so the cost is
+    recorded alone, as a declined summary's is — and another process's CLI counts it."""
+    from terret.domain.errors import PayloadTooLarge
+
+    cheap = ScriptedProvider([Reply(text="x" * (2 << 20), usage=SUMMARY)], name="cheap")
+    rt = make_runtime([final("answer", usage=STEP)])
+    rt.resolver.add(cheap)  # type: ignore[attr-defined]
+    sid = rt.create_session(roles={"compactor": "cheap:mini"})
+    rt.run_turn(sid, "question")
+
+    with pytest.raises(PayloadTooLarge):
+        rt.compact(sid)
+    assert not only(read_log(store, sid), "session/compacted")
+    assert rt.upkeep_usage(sid) == {"compaction": totals(SUMMARY)}
+    by_purpose = cli(opened, tmp_path / "views.db", "usage", str(sid), "--by", "purpose")
+    assert by_purpose["compaction"] == totals(SUMMARY)
+
+
+class Answering:
+    """A summarizer of the application's own: it answers ``reply`` once ``go`` is set."""
+
+    def __init__(self, reply: str | None, go: threading.Event | None = None) -> None:
+        self.reply, self.go = reply, go
+
+    def summarize(self, messages: Any) -> str | None:
+        if self.go is not None:
+            self.go.wait()
+        return self.reply
+
+
+def test_an_empty_summary_from_a_summarizer_of_your_own_is_a_decline(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    """``""`` was recorded as the summary, and the model was shown an empty message in place
+    of the whole history (the role summarizer declined such an answer; a summarizer of your
+    own was trusted)."""
+    rt = make_runtime([final("the deploy id is 42"), final("it is 42")],
+                      summarizer=Answering(""))
+    sid = rt.create_session()
+    rt.run_turn(sid, "deploy")
+    assert rt.compact(sid) is None
+    assert not only(read_log(store, sid), "session/compacted")
+    texts = [m.text for m in rt.views.messages(sid)]
+    assert texts == ["deploy", "the deploy id is 42"]
+
+
+def test_a_summarizer_that_never_answers_is_given_up_and_holds_no_upkeep_thread(
+        make_runtime: MakeRuntime, store: EventStore) -> None:
+    """Four hung summaries held the upkeep's four threads for good: no session of the process
+    was titled or compacted again. Each is given up after ``upkeep_timeout`` now."""
+    from terret.runtime.runtime import UPKEEP_THREADS
+
+    never = threading.Event()
+    rt = make_runtime(ScriptedProvider(default=Reply(text="done", usage=Usage(500, 5, 0.01))),
+                      summarizer=Answering("unused", go=never),
+                      config=RuntimeConfig(compaction_budget=100, upkeep_timeout=0.5))
+    try:
+        sessions = [rt.create_session() for _ in range(UPKEEP_THREADS + 2)]
+        for sid in sessions:
+            rt.run_turn(sid, f"question {sid}")  # each asks for a summary that never comes
+        for sid in sessions:
+            wait_until(lambda sid=sid: rt.title(sid) is not None, what="a title", timeout=30)
+            assert rt.title(sid) == f"question {sid}"[:40]
+            assert not only(read_log(store, sid), "session/compacted")
+    finally:
+        never.set()
+
+
 class TitledMeanwhile:
     """A titler model during whose request an operator in another process titles the
     session."""
