@@ -9,14 +9,24 @@ import os
 import sqlite3
 import sys
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 TARGET = os.path.realpath(os.environ["TERRET_TEST_FULL_DB"])
 _connect = sqlite3.connect
 
 
+def _path(database: Any) -> str | None:
+    """The file a connection opens: a path, or a ``file:`` URI's (the store opens its file so)."""
+    if not isinstance(database, str):
+        return None
+    if database.startswith("file:"):
+        return os.path.realpath(unquote(urlsplit(database).path))
+    return os.path.realpath(database)
+
+
 def _capped(database: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
     conn = _connect(database, *args, **kwargs)
-    if isinstance(database, str) and os.path.realpath(database) == TARGET:
+    if _path(database) == TARGET:
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
         conn.execute(f"PRAGMA max_page_count = {pages}")
     return conn
