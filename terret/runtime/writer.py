@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 from uuid import UUID
 
 from terret.domain.catalogue import catalogue
@@ -36,13 +36,12 @@ class SessionWriter:
         self.repository = repository
         self._locks: dict[UUID, threading.RLock] = {}
         self._locks_lock = threading.Lock()
-        self._cache: OrderedDict[UUID, Session] = OrderedDict()
-        self._cache_size = cache_size
-        self._appended: OrderedDict[UUID, int] = OrderedDict()
+        self._cache: _Recent[UUID, Session] = _Recent(cache_size)
+        self._appended: _Recent[UUID, int] = _Recent(cache_size)
         """Each session's version after this writer's last append to it. What a read
         (``load``) folded in past it was written elsewhere: a turn's owner checks it before
         its next append, as it checks what a conflict shows it (R5)."""
-        self._ended: OrderedDict[UUID, None] = OrderedDict()
+        self._ended: _Recent[UUID, None] = _Recent(cache_size)
         """The ids of the last ``turn/end`` events this writer appended: the turns this
         process ran to their end, whose upkeep is its own."""
 
@@ -68,9 +67,8 @@ class SessionWriter:
             try:
                 self.repository.catch_up(cached)
             except Exception:
-                self._cache.pop(session_id, None)  # purged, say: nothing to keep a copy of
+                self._cache.pop(session_id)  # purged, say: nothing to keep a copy of
                 return self._reload(session_id)
-            self._cache.move_to_end(session_id)
             return cached
 
     refresh = load  # the older name; every read catches up now
@@ -80,7 +78,6 @@ class SessionWriter:
         conflict tells it something else landed (then only commutative events may be folded)."""
         cached = self._cache.get(session_id)
         if cached is not None and not cached.pending_events:
-            self._cache.move_to_end(session_id)
             return cached
         return self._reload(session_id)
 
@@ -90,14 +87,14 @@ class SessionWriter:
         return session
 
     def _remember(self, session: Session) -> None:
-        _put(self._cache, session.id, session, self._cache_size)
+        self._cache.put(session.id, session)
 
     def _note_append(self, session_id: UUID, version: int) -> None:
-        _put(self._appended, session_id, version, self._cache_size)
+        self._appended.put(session_id, version)
 
     def forget(self, session_id: UUID) -> None:
         with self.lock(session_id):
-            self._cache.pop(session_id, None)
+            self._cache.pop(session_id)
 
     def create(self, session: Session) -> AppendResult:
         with self.lock(session.id):
@@ -125,25 +122,25 @@ class SessionWriter:
                 try:
                     value = command(session)
                 except BaseException:
-                    self._cache.pop(session_id, None)  # drop half-applied pending events
+                    self._cache.pop(session_id)  # drop half-applied pending events
                     raise
                 ended = [e.event_id for e in session.pending_events
                          if isinstance(e, Session.Recorded) and isinstance(e.payload, TurnEnded)]
                 try:
                     result = self.repository.save(session, correlation_id=correlation_id)
                 except WrongExpectedVersion:
-                    self._cache.pop(session_id, None)
+                    self._cache.pop(session_id)
                     if owner:
                         self._check_commutative(session_id, base)
                     session = self._reload(session_id)
                     continue
                 except BaseException:
-                    self._cache.pop(session_id, None)
+                    self._cache.pop(session_id)
                     raise
                 self._remember(session)
                 self._note_append(session_id, session.version)
                 for event_id in ended:
-                    _put(self._ended, event_id, None, self._cache_size)
+                    self._ended.put(event_id, None)
                 return value, result
         raise LostOwnership(f"session {session_id}: gave up after {MAX_ATTEMPTS} conflicts")
 
@@ -176,9 +173,39 @@ def _commutes(wire_name: str) -> bool:
     return cls is None or bool(cls.commutative)
 
 
-def _put(cache: OrderedDict[UUID, V], key: UUID, value: V, size: int) -> None:
-    """Keep ``value`` as the most recent entry, dropping the least recent past ``size``."""
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > size:
-        cache.popitem(last=False)
+K = TypeVar("K")
+
+
+class _Recent(Generic[K, V]):
+    """The ``size`` most recently used entries, safe to share between threads: the turn and
+    wake threads of a serving process each hold only their own session's lock, and an entry
+    evicted by one between another's lookup and its reordering raised a ``KeyError`` (a
+    traceback per wake once more sessions than ``size`` were loaded at once)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        """The entry, now the most recent; None when there is none."""
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def put(self, key: K, value: V) -> None:
+        """Keep ``value`` as the most recent entry, dropping the least recent past the size."""
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+    def pop(self, key: K) -> None:
+        with self._lock:
+            self._entries.pop(key, None)

@@ -300,3 +300,38 @@ def test_r7_event_ids_are_unique_across_a_long_session(make_runtime: MakeRuntime
     assert len(only(log, "step/start")) == 12
     assert len({e.event_id for e in log}) == len(log)
     assert [e.data["status"] for e in only(log, "turn/end")] == ["failed"] * 3
+
+
+def test_more_sessions_loaded_at_once_than_the_writer_keeps_raise_nothing(
+        store: EventStore) -> None:
+    """A serving process with more open turns than the writer's cache holds (512) printed a
+    KeyError traceback per wake (and failed resumes): a session evicted by one thread between
+    another's lookup and its reordering. Sixteen threads load forty sessions through a writer
+    that keeps four."""
+    from terret.domain.repository import SessionRepository
+    from terret.domain.session import Session
+    from terret.runtime.writer import SessionWriter
+
+    writer = SessionWriter(SessionRepository(store), cache_size=4)
+    sessions = []
+    for _ in range(40):
+        session = Session.start()
+        writer.repository.save(session)
+        sessions.append(session.id)
+    failures: list[BaseException] = []
+
+    def load_all(offset: int) -> None:
+        try:
+            for round_ in range(8):
+                for i in range(len(sessions)):
+                    sid = sessions[(i + offset + round_) % len(sessions)]
+                    assert writer.load(sid).id == sid
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=load_all, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failures, failures[:3]
