@@ -389,8 +389,8 @@ def _require_owed_tools(session: Session, definition: AgentDefinition) -> None:
     app's both define ``default``). Served here, the call would be answered "unknown tool" —
     an approved or re-run call silently never run — so the session is refused, nothing
     written, and left to a process whose app defines the tool."""
-    if not session.turn_open:
-        return
+    if not session.turn_open or session.state.cancel_requested:
+        return  # a cancelled turn runs no call: its resume closes it, the calls answered
     missing = sorted({c.name for c in session.owed_calls()} - {t.name for t in definition.tools})
     if missing:
         raise errors.ConfigurationError(

@@ -537,3 +537,20 @@ def test_the_api_binds_a_verdict_too_and_refuses_a_blank_denial() -> None:
     rt.approve(sid, "c1", by=operator, name="deploy", args={"env": "prod"})
     assert [r.wire_name for r in store.read_stream(f"session-{sid}")][-1] == "approval/resolved"
     rt.close()
+
+
+def test_a_cancelled_turn_that_owes_a_tool_this_app_lacks_is_closed_by_resume(
+        target: Target) -> None:
+    """The refusal of a turn owing a tool the app lacks says "or close the turn with a
+    cancel"; but with the cancel recorded, resume (and serve) still refused it, and the turn
+    could never be closed. A cancelled turn runs no call: resume closes it cancelled."""
+    sid = target.parked(target.new_session(agent="default"))  # owes `deploy`
+    refused = Proc.start(target, "resume", str(sid)).finish()  # the default app has no deploy
+    assert refused[0] == 1 and "ConfigurationError" in refused[2] and "cancel" in refused[2]
+    assert target.run("cancel", str(sid)).returncode == 0
+    code, out, err = Proc.start(target, "resume", str(sid)).finish()
+    assert code == 0, err
+    assert "cancelled" in out
+    (end,) = [e for e in target.events(sid) if e.wire_name == "turn/end"]
+    assert end.payload.status == "cancelled"
+    assert not [e for e in target.events(sid) if e.wire_name == "tool/started"]
