@@ -116,9 +116,13 @@ class AgentHost:
             raise errors.AgentExists(
                 f"session {session_id} already has agent {self._by_session[session_id].id}")
         if cap and len(self._agents) >= self.max_agents:
+            parked = sum(a.status.startswith("waiting_") for a in self._agents.values())
             raise errors.AgentCapExceeded(
                 f"this process already holds {self.max_agents} agents, none of them idle "
-                "and spawned on demand (max_agents)")
+                f"and spawned on demand ({parked} parked on a verdict or a budget, the others "
+                "mid-turn or spawn_agent's): a parked turn holds its agent until it goes on; "
+                "raise RuntimeConfig.max_agents, or serve from another process too (a serving "
+                "process tries a refused wake again once an agent is free)")
 
     def _make_room(self, session_id: UUID) -> None:
         """At the cap, let go of the agent spawned on demand that has been idle the longest:
