@@ -9,7 +9,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 from uuid import UUID
 
-from terret.domain.codec import encode
+from terret.domain.codec import decode, encode
 from terret.domain.errors import (
     CorruptRecord,
     ExpiryUnsupported,
@@ -84,8 +84,6 @@ by a run of it that stopped before the deletion (run again, it does not record i
 
 
 def _recorded_lately(store: EventStore, session_id: UUID, max_age: int | None) -> bool:
-    from terret.domain.codec import decode
-
     for record in store.read_stream(RETENTION_STREAM, backwards=True, limit=RECENT):
         if record.wire_name != SessionPurged.wire_name:
             continue
