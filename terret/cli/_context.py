@@ -26,7 +26,6 @@ from click.shell_completion import CompletionItem
 from terret._text import one_line
 from terret.cli._format import NOT_SHOWN, may_hold_secret, printable, scrubbed
 from terret.domain.errors import (
-    PurgeUnfinished,
     SessionNotFound,
     StoreUnavailable,
     ViewsBehind,
@@ -41,7 +40,6 @@ if TYPE_CHECKING:
     from terret.domain.store import EventStore
     from terret.projections.base import ViewStore
     from terret.projections.runner import ProjectionRunner
-    from terret.projections.sessions import PurgeRecord
     from terret.projections.views import Views
     from terret.runtime.commands import SessionCommands
 
@@ -379,9 +377,7 @@ class CliContext:
         purge is recorded: the views forgot it, and would show it empty."""
         views = self._views_caught_up(reads)
         if session is not None:
-            purge = views.purge_of(session)
-            if purge is not None:
-                raise _unfinished(purge)
+            views.require_not_purged(session)
         return views
 
     def _views_caught_up(self, reads: Iterable[str] | None) -> Views:
@@ -642,14 +638,3 @@ def _dashed(prefix: str) -> str:
     groups = [digits[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32))]
     return "-".join(g for g in groups if g)
 
-
-def _unfinished(purge: PurgeRecord) -> PurgeUnfinished:
-    from terret.cli._format import actor_text
-
-    by = f" by {actor_text(purge.by)}" if purge.by else ""
-    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(purge.at))
-    return PurgeUnfinished(
-        f"session {purge.id} was purged{by} at {at}, "
-        "but its log is still in the store: the purge did not finish (its process stopped "
-        f"between recording it and deleting the log); `terret sessions purge {purge.id} --yes` "
-        "finishes it")

@@ -525,6 +525,10 @@ class Session(Aggregate):
         (``during_turn``: unless that turn's owner cannot fold it in, an older release).
         Declined when a compaction covering the mark landed already (this one would stack a
         second summary of the same history), and for a mark inside the last turn."""
+        if not isinstance(summary, str) or not summary.strip():
+            # It would replace the whole history the model sees with nothing (R17).
+            raise errors.InvalidPayload(SessionCompacted.wire_name, "summary",
+                                        "a summary is text that is not blank")
         self._storable(SessionCompacted.wire_name, summary=summary)
         upto = self.compaction_upto(mark, during_turn=during_turn)
         self._record(SessionCompacted(upto_seq=upto, summary=summary))

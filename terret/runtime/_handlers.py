@@ -16,6 +16,7 @@ import contextvars
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 IDLE_KEPT = 8
 """Idle workers kept waiting for the next call; more than that exit when their call is done."""
@@ -54,3 +55,41 @@ class HandlerThreads:
 
 HANDLERS = HandlerThreads()
 """The process's handler threads, shared by every pipeline."""
+
+
+def handed_over(call: Callable[[], Any]) -> tuple[threading.Event, list[tuple[bool, Any]]]:
+    """Run ``call`` on a handler thread (``HANDLERS``: with a copy of the caller's context
+    variables); its outcome — ``(True, value)`` or ``(False, exception)`` — lands in the box,
+    and the event is set after."""
+    done = threading.Event()
+    box: list[tuple[bool, Any]] = []
+
+    def work() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    HANDLERS.run(work)
+    return done, box
+
+
+T = TypeVar("T")
+
+
+def answered_within(seconds: float | None, what: str, work: Callable[[], T]) -> T:
+    """``work()``, on a handler thread when ``seconds`` bounds it: ``TimeoutError`` (naming
+    ``what``) when it has not answered by then. Python cannot stop the thread: it is left to
+    finish and its answer dropped, but the caller — an upkeep thread, which a summarizer that
+    never answers held for good — goes on."""
+    if seconds is None:
+        return work()
+    done, box = handed_over(work)
+    if not done.wait(seconds):
+        raise TimeoutError(f"{what} did not answer within {seconds:g} s (upkeep_timeout)")
+    answered, value = box[0]
+    if not answered:
+        raise value
+    return value  # type: ignore[no-any-return]

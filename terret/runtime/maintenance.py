@@ -38,8 +38,8 @@ from terret.domain.payloads import text_problem
 from terret.domain.session import Session
 from terret.domain.store import EventStore, session_stream
 from terret.projections.views import Views
+from terret.runtime._handlers import answered_within
 from terret.runtime.model import ModelProvider, ModelRequest, ModelResolver
-from terret.runtime.stops import answered_within
 from terret.runtime.summarizer import (
     RoleAsker,
     RoleBound,

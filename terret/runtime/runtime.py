@@ -77,6 +77,11 @@ __all__ = ["Runtime", "RuntimeConfig"]
 UPKEEP_THREADS = 4
 """Threads of the upkeep pool (titles, compactions, deferred checks)."""
 
+HANDED_OFF = "the store failed mid-turn: handed off to a serving worker"
+HAND_OFF_FIRST_RETRY = 0.5
+HAND_OFF_LAST_RETRY = 10.0
+"""Seconds between a non-serving runtime's tries to hand off a turn the store stopped."""
+
 log = logging.getLogger("terret.runtime")
 
 
@@ -358,13 +363,15 @@ class Runtime:
 
     def _views_of(self, session_id: UUID) -> Views:
         """The views, caught up on ``session_id``; a pool member refuses a session it does not
-        serve (its views hold only those it does: the answer would be empty, not true)."""
+        serve (its views hold only those it does: the answer would be empty, not true), and a
+        session whose purge is recorded is ``PurgeUnfinished`` (the views forgot it)."""
         if not self.runner.follows(session_stream(session_id)):
             raise errors.RuntimeFault(
                 f"session {session_id} is not served by this pool member, whose views hold "
                 "only the sessions it serves: ask a runtime that is not a pool member (or "
                 "`terret usage` / `terret sessions show`)")
         self.catch_up_views(session_id)
+        self.views.require_not_purged(session_id)
         return self.views
 
     def _views_head(self) -> int:
@@ -545,26 +552,23 @@ class Runtime:
                 self._hand_off_later(agent.session_id)
             raise
 
-    def _hand_off_later(self, session_id: UUID) -> None:
+    def _hand_off_later(self, session_id: UUID, delay: float = HAND_OFF_FIRST_RETRY) -> None:
         """Release the session once the store takes writes again, unless the caller resumes
         the turn here first: a process that does not serve never resumes a turn by itself,
         and while it lived and held the session no serving worker would — the user's message
-        waited for this process to end (a web app's worker: days)."""
+        waited for this process to end (a web app's worker: days). Tried again, later each
+        time, while the store fails (never once the runtime closes)."""
         def hand_off() -> None:
-            delay = HAND_OFF_FIRST_RETRY
-            while not self.stopping.wait(delay):
-                try:
-                    if self.agent_host.hand_off(session_id, HANDED_OFF):
-                        log.info("session %s: its open turn, stopped by the store, is handed "
-                                 "off to a serving worker", session_id)
-                    return
-                except errors.SessionNotFound:
-                    return
-                except errors.TerretError:
-                    delay = min(delay * 2, HAND_OFF_LAST_RETRY)
+            try:
+                if self.agent_host.hand_off(session_id, HANDED_OFF):
+                    log.info("session %s: its open turn, stopped by the store, is handed off "
+                             "to a serving worker", session_id)
+            except errors.SessionNotFound:
+                return
+            except errors.TerretError:
+                self._hand_off_later(session_id, min(delay * 2, HAND_OFF_LAST_RETRY))
 
-        threading.Thread(target=hand_off, name=f"terret-hand-off-{session_id}",
-                         daemon=True).start()
+        self.deferred.after(delay, hand_off)
 
     # --- turns ---------------------------------------------------------------------------
 
@@ -863,11 +867,6 @@ def _require_reason(wire_name: str, reason: str) -> None:
 
 UPKEEP_AT_WORK = "a summarizer or titler still at work, or the store does not answer"
 """Why the upkeep may not finish within a stop's grace."""
-
-HANDED_OFF = "the store failed mid-turn: handed off to a serving worker"
-HAND_OFF_FIRST_RETRY = 0.5
-HAND_OFF_LAST_RETRY = 10.0
-"""Seconds between a non-serving runtime's tries to hand off a turn the store stopped."""
 
 FINISH_PURGES_WITHIN = 7 * 24 * 3600.0
 """Seconds after its record that a serving process still finishes a purge it hears of."""

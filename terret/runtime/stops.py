@@ -9,7 +9,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 from terret.domain.errors import TurnCancelled, TurnSuspended
 
@@ -55,31 +54,3 @@ def finish_within(end: float, what: str, work: Callable[[], object],
         raise failed[0]
     return True
 
-
-T = TypeVar("T")
-
-
-def answered_within(seconds: float | None, what: str, work: Callable[[], T]) -> T:
-    """``work()``, run on a thread of its own when ``seconds`` bounds it; ``TimeoutError``
-    (naming ``what``) when it has not answered by then. The thread is left to finish and its
-    answer dropped: Python cannot stop it, but the caller — an upkeep pool's thread, which a
-    hung summarizer held for good — goes on."""
-    if seconds is None:
-        return work()
-    answer: list[T] = []
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            answer.append(work())
-        except BaseException as exc:  # handed to the waiting thread
-            failed.append(exc)
-
-    thread = threading.Thread(target=run, name=f"terret-{what}", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        raise TimeoutError(f"{what} did not answer within {seconds:g} s (upkeep_timeout)")
-    if failed:
-        raise failed[0]
-    return answer[0]

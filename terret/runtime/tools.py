@@ -40,7 +40,7 @@ from pydantic import BaseModel, ValidationError
 
 from terret.domain.errors import ConfigurationError, require_flags, shown
 from terret.domain.payloads import describe_validation
-from terret.runtime._handlers import HANDLERS
+from terret.runtime._handlers import handed_over
 from terret.runtime.model import ToolSpec
 from terret.runtime.stops import TurnCancelled
 
@@ -214,25 +214,6 @@ def call_handler(tool: Tool, parsed: BaseModel, ctx: CallContext) -> Any:
     if not ok:
         raise value
     return value
-
-
-def handed_over(call: Callable[[], Any]) -> tuple[threading.Event, list[tuple[bool, Any]]]:
-    """Run ``call`` on a handler thread (``HANDLERS``: with a copy of the caller's context
-    variables); its outcome — ``(True, value)`` or ``(False, exception)`` — lands in the box,
-    and the event is set after."""
-    done = threading.Event()
-    box: list[tuple[bool, Any]] = []
-
-    def work() -> None:
-        try:
-            box.append((True, call()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            box.append((False, exc))
-        finally:
-            done.set()
-
-    HANDLERS.run(work)
-    return done, box
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from uuid import UUID
 
+import pytest
+
 from terret.domain.codec import encode
 from terret.domain.events import Actor, SessionPurged
 from terret.domain.store import RETENTION_STREAM, StreamState, session_stream
@@ -41,6 +43,18 @@ def test_a_purge_cut_short_is_said_by_every_reader_and_doctor_and_finished_by_ru
     assert doctor.returncode == 1
     (problem,) = json.loads(doctor.stdout)["problems"]
     assert str(sid) in problem and "purge is recorded but its log is still" in problem
+
+    # An embedding application's reads say so too (they showed zeros and no title).
+    from terret import Runtime, StaticResolver
+    from terret.domain.errors import PurgeUnfinished
+
+    runtime = Runtime(target.store(), resolver=StaticResolver())
+    try:
+        for read in (runtime.usage, runtime.title, runtime.upkeep_usage):
+            with pytest.raises(PurgeUnfinished, match="runtime.purge"):
+                read(sid)
+    finally:
+        runtime.close()
 
     again = target.run("sessions", "purge", str(sid), "--yes")
     assert again.returncode == 0, again.stderr
