@@ -182,6 +182,14 @@ class Session(Aggregate):
             return None
         return found
 
+    def asked_about(self, call_id: str, name: str, args: dict[str, Any]) -> bool:
+        """Whether a person was asked about this exact call in the open turn: its approval
+        request waits, or its verdict is recorded and not yet spent. A release that no longer
+        asks about the tool still owes that request its verdict (R12)."""
+        waiting = self.state.pending.get(call_id)
+        return (waiting is not None and call_key(waiting.name, waiting.args)
+                == call_key(name, args)) or self.verdict_for(call_id, name, args) is not None
+
     def pending_inbox(self) -> dict[str, InboxEntry]:
         return dict(self.state.inbox)
 

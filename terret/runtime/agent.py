@@ -127,7 +127,8 @@ class Agent:
         )
         self.pipeline = ToolPipeline(definition.tools, self.context, self.gate,
                                      timeout=services.tool_timeout,
-                                     cancel=self.cancel_event, on_start=self._tool_started)
+                                     cancel=self.cancel_event, on_start=self._tool_started,
+                                     asked=self._asked)
         self._listeners = [services.add_listener(self._on_cancel, {CancelRequested.wire_name})]
         self._thread: threading.Thread | None = None
         self._unpriced: set[str] = set()  # the model specs warned about (_warn_unpriced)
@@ -592,6 +593,10 @@ class Agent:
                 self._write(record)
             if outcome.stop is not None:  # recorded first: the log says why the call ended
                 raise outcome.stop
+
+    def _asked(self, ctx: CallContext) -> bool:
+        session = self._call_session
+        return session is not None and session.asked_about(ctx.call_id, ctx.name, ctx.args)
 
     def _tool_started(self, tool: Tool, ctx: CallContext) -> None:
         """Before the handler of a tool that may not run twice: ``tool/started``, durable."""

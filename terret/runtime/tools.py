@@ -276,11 +276,14 @@ StartHook = Callable[[Tool, CallContext], None]
 class ToolPipeline:
     """``timeout`` is the default for tools without their own; ``cancel`` is the turn's cancel
     event, watched (every ``poll`` seconds) while a handler runs; ``on_start`` runs before the
-    handler of a tool that is not idempotent."""
+    handler of a tool that is not idempotent; ``asked`` says whether the log holds an approval
+    asked for the call (by an app that asked about the tool), which the gate then settles
+    whatever this app's tool says."""
 
     def __init__(self, tools: Sequence[Tool], context: ToolContext, gate: Gate | None, *,
                  timeout: float | None = None, cancel: threading.Event | None = None,
-                 poll: float = 0.05, on_start: StartHook | None = None) -> None:
+                 poll: float = 0.05, on_start: StartHook | None = None,
+                 asked: Callable[[CallContext], bool] = lambda ctx: False) -> None:
         self.tools = {t.name: t for t in tools}
         self.context = context
         self.gate = gate
@@ -288,6 +291,7 @@ class ToolPipeline:
         self.cancel = cancel
         self.poll = poll
         self.on_start = on_start
+        self.asked = asked
         # Tools are immutable: their JSON schemas are built once, not on every model request.
         self._specs = [t.spec() for t in self.tools.values()]
 
@@ -316,7 +320,9 @@ class ToolPipeline:
         vetoed = self._vetoed(tool, ctx)
         if vetoed is not None:
             return vetoed
-        if self.gate is not None and tool.needs_approval():
+        # A request recorded under a release that asked about the tool waits for its verdict
+        # (and a verdict recorded is kept) though this release's tool asks nobody: R12.
+        if self.gate is not None and (tool.needs_approval() or self.asked(ctx)):
             stopped = self.gate(tool, ctx)
             if stopped is not None:
                 return stopped
