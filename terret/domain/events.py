@@ -57,6 +57,7 @@ _PROVIDER = r"[a-z][a-z0-9_-]*"
 PROVIDER_NAME = re.compile(rf"^{_PROVIDER}\Z")
 _SPEC = re.compile(rf"^{_PROVIDER}:\S+\Z")
 _URL_CREDENTIALS = re.compile(r"://[^/]*@|://[^#?]*[?#]")
+_USERINFO = re.compile(r":[^/@]*@")
 _ROLE = r"[a-z][a-z0-9_-]*"
 #: A model role, as ``model/set`` and ``session/started``'s ``roles`` name it.
 ROLE_NAME = re.compile(rf"^{_ROLE}\Z")
@@ -119,11 +120,23 @@ def validate_model_spec(spec: str) -> str:
         raise ValueError("a model spec is 'provider:model', e.g. 'openrouter:openai/gpt-4o'")
     if not spec.isprintable():  # an escape sequence, a NUL, a right-to-left override
         raise ValueError("a model spec has no control or formatting characters")
-    if url_holds_secrets(spec):
+    if url_holds_secrets(spec) or spec_holds_userinfo(spec):
         # The spec is recorded (model/set, step/start, session/started) and shown: a key in
         # it would be in the log for good. Not quoted here either.
         raise ValueError(URL_SECRETS_REFUSED)
     return spec
+
+
+def spec_holds_userinfo(spec: str) -> bool:
+    """A spec whose model, its base URL set aside, holds ``user:password@host`` without a
+    scheme (``openai-compatible:admin:hunter2@gpu-box``): ``url_holds_secrets`` sees only
+    what follows a ``://``. A colon then an ``@`` with no ``/`` between is that shape (an
+    Ollama tag, ``llama3.1:8b``, has no ``@``; a Vertex version, ``claude@20240620``, no
+    colon)."""
+    model = spec.partition(":")[2]
+    lowered = model.lower()
+    cut = max(lowered.rfind("@http://"), lowered.rfind("@https://"))
+    return _USERINFO.search(model[:cut] if cut > 0 else model) is not None
 
 
 URL_SECRETS_REFUSED = ("a base URL may not hold credentials (user:password@), a query or a "

@@ -207,6 +207,43 @@ def test_an_echoed_key_never_shows(
     assert leaks(str(caught.value.data), key) == []
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_a_credential_sent_in_a_header_of_the_endpoint_never_shows(
+    path: str,
+    server: ScriptedServer,
+    make_provider: ProviderFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An endpoint authenticated by a header of its own (Azure's ``api-key``, ``x-api-key``),
+    with no bearer key: its value echoed back is masked as a key is."""
+    server.repeat(CHAT, reply_for(path, API_KEY))
+    provider = make_provider(api_key=None, headers={"api-key": API_KEY, "X-Title": "Terret"})
+    caplog.set_level(logging.DEBUG)
+
+    with pytest.raises(ProviderError) as caught:
+        provider.complete(HELLO)
+
+    assert server.requests[0].headers["api-key"] == API_KEY  # it was sent...
+    assert leaks(everything_shown(caught.value)) == []  # ...and is never shown
+    assert leaks(caplog.text) == []
+    assert leaks(str(caught.value.data)) == []
+
+
+@pytest.mark.parametrize("value", [API_KEY + "\r", API_KEY + "\n", "k\u00e9y-" + API_KEY,
+                                   "\x1b[31m" + API_KEY])
+def test_a_header_value_no_request_can_carry_is_refused_when_configured_unquoted(
+        value: str, make_provider: ProviderFactory) -> None:
+    """It failed every turn with the value quoted (``Illegal header value b'…\\r'``, or a
+    bare ``UnicodeEncodeError``): refused when the endpoint is configured or the provider
+    built, naming the header and never the value."""
+    with pytest.raises(ValueError) as configured:
+        EndpointConfig(base_url="https://h.example/v1", headers={"api-key": value})
+    with pytest.raises(ConfigurationError) as built:
+        make_provider(headers={"api-key": value})
+    for caught in (configured, built):
+        assert "'api-key'" in str(caught.value) and leaks(str(caught.value)) == []
+
+
 def test_retried_failures_log_a_clean_warning_per_retry(
     server: ScriptedServer, provider: OpenAICompatibleProvider, caplog: pytest.LogCaptureFixture
 ) -> None:

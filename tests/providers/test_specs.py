@@ -295,3 +295,31 @@ def test_an_endpoint_url_with_credentials_is_refused_and_headers_are_not_shown()
     config = ProvidersConfig.model_validate({"endpoints": {"vllm": {
         "base_url": "http://h/v1", "headers": {"Authorization": "Bearer sk-live-SECRET99"}}}})
     assert "SECRET99" not in repr(config) and "SECRET99" not in str(config)
+
+
+@pytest.mark.parametrize("text", [
+    "openai-compatible:admin:hunter2SECRET@gpu-box",
+    "openai-compatible:admin:hunter2SECRET@gpu-box:8000/v1",
+    "openrouter:bob:hunter2SECRET@host",
+])
+def test_a_spec_holding_user_and_password_without_a_scheme_is_refused_unquoted(
+        text: str) -> None:
+    """``url_holds_secrets`` looks past a ``://``: ``user:password@host`` with no scheme
+    passed the log's check, was recorded, and the parser's refusal then quoted it into the
+    turn's error (the log) and serve's warnings."""
+    with pytest.raises(ValueError) as checked:
+        validate_model_spec(text)
+    with pytest.raises(ConfigurationError) as parsed:
+        ModelSpec.parse(text)
+    for caught in (checked, parsed):
+        assert "SECRET" not in str(caught.value)
+    assert "credentials" in str(checked.value)
+
+
+@pytest.mark.parametrize("text", [
+    "ollama:llama3.1:8b", "vertex:claude-3-5-sonnet-v2@20241022",
+    "openai-compatible:qwen2.5:7b@http://localhost:8000/v1",
+    "openrouter:meta-llama/llama-3.1-8b:free",
+])
+def test_model_names_with_colons_or_an_at_sign_are_not_taken_for_credentials(text: str) -> None:
+    assert validate_model_spec(text) == text

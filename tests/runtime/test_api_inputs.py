@@ -177,6 +177,34 @@ def test_a_spec_that_looks_like_an_api_key_is_refused_by_the_python_api_too(
     assert [e.data["spec"] for e in read_log(store, sid) if e.name == "model/set"] == [spec]
 
 
+def test_a_spec_holding_a_hosts_user_and_password_is_refused_whatever_the_flags(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """``openai-compatible:admin:hunter2@gpu-box`` (no scheme) passed the URL check, was
+    recorded, and its next step's error quoted it into turn/end. Refused by every writer
+    (``not_a_key`` does not let it through: it is no model name), unquoted, nothing written."""
+    from terret import RuntimeConfig
+    from tests.runtime.kit import other_process
+
+    spec = "openai-compatible:admin:hunter2SECRET@gpu-box"
+    store = opened.store
+    rt = make_runtime()
+    sid = rt.create_session()
+    before = read_log(store, sid)
+    refusals = []
+    for attempt in (lambda: rt.set_model(sid, "main", spec, by=OPERATOR),
+                    lambda: rt.set_model(sid, "main", spec, by=OPERATOR, not_a_key=True),
+                    lambda: rt.create_session(roles={"main": spec})):
+        with pytest.raises(InvalidPayload) as refused:
+            attempt()
+        refusals.append(refused)
+    with pytest.raises(ConfigurationError) as refused_in_config:
+        RuntimeConfig(roles={"titler": spec})
+    for error in (*refusals, refused_in_config):
+        assert "hunter2" not in str(error.value) and "credentials" in str(error.value)
+    other_process(opened.uri, "model", str(sid), "main", spec, returncode=1)
+    assert read_log(store, sid) == before
+
+
 class _OwnProvider:
     """A provider of the application's own, returning whatever it is given."""
 

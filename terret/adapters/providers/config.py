@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,11 @@ class EndpointConfig(BaseModel):
     def _variable_name(cls, value: str | None) -> str | None:
         return None if value is None else check_env_name(value)
 
+    @field_validator("headers")
+    @classmethod
+    def _sendable_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_headers(value)
+
 
 def check_base_url(value: str) -> str:
     """A base URL must be absolute http(s); the trailing slash is dropped so paths join.
@@ -112,6 +118,25 @@ def check_base_url(value: str) -> str:
     if url_holds_secrets(text):  # the log's own rule for a spec's URL
         raise ValueError(URL_SECRETS_REFUSED)
     return text
+
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+
+
+def check_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Extra request headers a request can carry: token names, values of printable ASCII
+    (no line break: the ``\r`` a ``.env`` file's CRLF leaves behind). Refused here rather than
+    in a turn's error, which would quote the value into the log — a header may hold a key
+    (``api-key``, ``x-api-key``): values are never repeated."""
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            raise ValueError(f"a header name is a token of letters, digits and !#$%&'*+.^_`|~-, "
+                             f"not {str(name)[:40]!r}")
+        if not isinstance(value, str) or not (value.isascii() and value.isprintable()):
+            raise ValueError(f"the value of header {name!r} must be printable ASCII with no "
+                             "line break or control character (a CRLF .env file leaves a "
+                             "\r); the value is not repeated here")
+    return dict(headers)
 
 
 def check_env_name(value: str) -> str:

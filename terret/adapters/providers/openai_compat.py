@@ -37,6 +37,7 @@ from terret.adapters.providers.config import (
     ModelPrice,
     RetryConfig,
     TimeoutConfig,
+    check_headers,
 )
 from terret.adapters.providers.errors import ProviderHTTPError, StreamBroken, UpstreamError
 from terret.adapters.providers.retry import is_retryable_status, parse_retry_after, policy_for
@@ -119,7 +120,13 @@ class OpenAICompatibleProvider:
         except ConfigurationError:
             del api_key  # a reporter that shows the traceback's locals would show it
             raise
-        self._headers = dict(headers or {})
+        try:
+            self._headers = check_headers(headers or {})
+        except ValueError as exc:
+            raise ConfigurationError(f"provider {name!r}: {exc}") from None
+        # A header may carry a credential (Azure's api-key, x-api-key): its value is masked
+        # in errors and echoed replies as the key is.
+        self._hidden = [s for s in (self._key, _header_secret(self._headers)) if s is not None]
         self._extra_body = dict(extra_body or {})
         self._stream_usage = stream_usage
         self._retry = policy_for(retry or RetryConfig())
@@ -186,14 +193,14 @@ class OpenAICompatibleProvider:
             reply = self._complete(request, on_text, cancel)
         except Exception as exc:
             # The one exit of every failure: nothing leaves with the key in it.
-            redact(self._key, exc)
+            self._redact(exc)
             raise
         return self._priced(request.model, self._masked(reply))
 
     def _masked(self, reply: ModelReply) -> ModelReply:
         """The reply with the key masked wherever a server echoed it (the text, a call's id,
         name or arguments): what the log keeps of a reply is the model's, never the key."""
-        if self._key is None:
+        if not self._hidden:
             return reply
         calls = tuple(ToolCall(id=self._scrub(c.id), name=self._scrub(c.name),
                                args=_scrub_values(c.args, self._scrub))
@@ -226,7 +233,7 @@ class OpenAICompatibleProvider:
                 error, retry_after = retry.error, retry.retry_after
             # Outside the handler: the error is raised (or logged) without the _Retry as its
             # context, and redacted before anything shows it.
-            redact(self._key, error)
+            self._redact(error)
             if attempt >= (self._retry.max_retries or 0):
                 error.add_note(f"{self.name}: gave up after {attempt + 1} attempts")
                 raise error
@@ -479,7 +486,13 @@ class OpenAICompatibleProvider:
             raise ModelCancelled(f"{self.name}: request cancelled")
 
     def _scrub(self, text: str) -> str:
-        return scrub(self._key, text)
+        for secret in self._hidden:
+            text = scrub(secret, text)
+        return text
+
+    def _redact(self, error: BaseException) -> None:
+        for secret in self._hidden:
+            redact(secret, error)
 
 
 def _error_detail(body: str) -> str:
@@ -507,6 +520,12 @@ def _retryable_code(code: object) -> bool:
     except ValueError:
         return True
     return not 400 <= status < 500 or is_retryable_status(status)
+
+
+def _header_secret(headers: Mapping[str, str]) -> Secret | None:
+    """The endpoint's header values as material to mask (None without headers)."""
+    values = [v for v in headers.values() if v]
+    return Secret("", hide=values) if values else None
 
 
 def _scrub_values(value: Any, scrub: Callable[[str], str]) -> Any:

@@ -25,6 +25,7 @@ from terret.adapters.providers.config import (
 from terret.adapters.providers.openai_compat import OpenAICompatibleProvider
 from terret.adapters.providers.secret import Secret, bearer_key
 from terret.domain.errors import ConfigurationError
+from terret.domain.events import URL_SECRETS_REFUSED, spec_holds_userinfo, url_holds_secrets
 from terret.runtime.model import ModelProvider
 
 #: Environment variable naming a ``.toml``/``.json`` providers file for :meth:`from_env`.
@@ -48,22 +49,24 @@ class ModelSpec:
         provider, sep, model = spec.partition(":")
         if not sep or not provider or not model:
             raise ConfigurationError(
-                f"bad model spec {text!r}: expected 'provider:model', e.g. "
+                f"bad model spec {_quoted(text)}: expected 'provider:model', e.g. "
                 f"'openrouter:anthropic/claude-sonnet-4' or 'openai-compatible:<model>@<base_url>'"
             )
         if any(ch.isspace() for ch in text):  # a trailing newline too: no whitespace at all
-            raise ConfigurationError(f"bad model spec {text!r}: it contains whitespace")
+            raise ConfigurationError(f"bad model spec {_quoted(text)}: it contains whitespace")
         if not PROVIDER_NAME.match(provider):
             raise ConfigurationError(
-                f"bad model spec {text!r}: provider {provider!r} must be a lowercase letter, "
-                f"then lowercase letters, digits, '_' or '-'"
+                f"bad model spec {_quoted(text)}: provider {provider!r} must be a lowercase "
+                "letter, then lowercase letters, digits, '_' or '-'"
             )
+        if spec_holds_userinfo(spec):
+            raise ConfigurationError(f"bad model spec {_quoted(text)}: {URL_SECRETS_REFUSED}")
         if provider != AD_HOC_PROVIDER:
             return cls(provider, model)
         cut = max(model.rfind("@http://"), model.rfind("@https://"))
         if cut <= 0:
             raise ConfigurationError(
-                f"bad model spec {text!r}: '{AD_HOC_PROVIDER}' needs '<model>@<base_url>', "
+                f"bad model spec {_quoted(text)}: '{AD_HOC_PROVIDER}' needs '<model>@<base_url>', "
                 f"e.g. 'openai-compatible:qwen2.5@http://localhost:8000/v1'"
             )
         try:
@@ -77,6 +80,14 @@ class ModelSpec:
         if self.base_url is not None:
             return f"{self.provider}:{self.model}@{self.base_url}"
         return f"{self.provider}:{self.model}"
+
+
+def _quoted(text: str) -> str:
+    """A bad spec as its error shows it: whole, unless it may hold a host's credentials
+    (``admin:hunter2@gpu-box``; errors reach the log and the warnings): then its provider."""
+    if url_holds_secrets(text) or spec_holds_userinfo(text):
+        return repr(text.partition(":")[0] + ":…")
+    return repr(text)
 
 
 class ProviderRegistry:
