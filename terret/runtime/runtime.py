@@ -389,8 +389,8 @@ class Runtime:
 
     def create_session(self, *, agent: str = "default", roles: dict[str, str] | None = None,
                        session_id: UUID | str | None = None) -> UUID:
-        """A new session of ``agent`` (its id: ``session_id``, a UUID or its text, else a new
-        one); ``roles`` over the configuration's."""
+        """A new session of ``agent`` (its id: ``session_id``, a UUID or its text — not a
+        purged session's — else a new one); ``roles`` over the configuration's."""
         require_open(self)
         if roles is not None and not isinstance(roles, Mapping):
             raise errors.InvalidPayload(SessionStarted.wire_name, "roles", "a mapping of role "
@@ -403,9 +403,15 @@ class Runtime:
                                             f"a UUID or its text, not {errors.shown(session_id)}"
                                             ) from None
         definition = self._definition(agent)
-        return self.commands.create(agent=definition.name, agent_revision=definition.revision,
-                                    roles={**self.config.roles, **(roles or {})},
-                                    policy_floor=list(definition.allow), session_id=session_id)
+        try:
+            return self.commands.create(
+                agent=definition.name, agent_revision=definition.revision,
+                roles={**self.config.roles, **(roles or {})},
+                policy_floor=list(definition.allow), session_id=session_id)
+        except errors.StreamDeleted:
+            raise errors.InvalidPayload(
+                SessionStarted.wire_name, "session_id", f"session {session_id} was purged: a "
+                "purged session's id is never used again (its purge stays on record)") from None
 
     def _definition(self, name: str) -> AgentDefinition:
         """The definition that serves sessions of agent ``name``. The implicit ``default``

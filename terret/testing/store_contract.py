@@ -50,6 +50,7 @@ from terret.domain.errors import (
     CorruptRecord,
     PayloadTooLarge,
     SessionNotFound,
+    StreamDeleted,
     ToolCallNotOwed,
     TurnOpenInLog,
     WrongExpectedVersion,
@@ -1232,6 +1233,18 @@ class StoreContract:
         assert store.read_snapshot(doomed) is None
         assert store.read_stream(kept) == kept_before
         store.delete_stream(new_stream())  # deleting an unknown stream is harmless
+
+    def test_a_deleted_stream_is_never_written_again(self, store: EventStore) -> None:
+        """A purged session's id is not reused (its purge is on record): as EventStoreDB's
+        tombstone, every store refuses new events to a deleted stream, and writes nothing."""
+        doomed = new_stream()
+        store.append(doomed, records(2), StreamState.NO_STREAM)
+        store.delete_stream(doomed)
+        head = store.head_position()
+        for expected in (StreamState.NO_STREAM, StreamState.ANY, 0):
+            with pytest.raises(StreamDeleted):
+                store.append(doomed, records(1), expected)
+        assert store.read_stream(doomed) == [] and store.head_position() == head
 
     def test_deleted_events_are_gone_from_read_all_and_subscriptions(
         self, store: EventStore

@@ -6,6 +6,7 @@ fields, ids that are no session's, and every call on a closed runtime."""
 from __future__ import annotations
 
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
@@ -203,6 +204,24 @@ def test_a_spec_holding_a_hosts_user_and_password_is_refused_whatever_the_flags(
         assert "hunter2" not in str(error.value) and "credentials" in str(error.value)
     other_process(opened.uri, "model", str(sid), "main", spec, returncode=1)
     assert read_log(store, sid) == before
+
+
+def test_a_purged_sessions_id_is_not_taken_by_a_new_session(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """On SQLite a purged id was taken: the new session then read as the purge unfinished,
+    and doctor advised purging it — the new, live session. Refused on every store, typed,
+    nothing written (EventStoreDB's tombstone refused it untyped)."""
+    from tests.runtime.kit import other_process
+
+    rt = make_runtime()
+    sid = rt.create_session()
+    other_process(opened.uri, "purge", str(sid))
+    for given in (sid, str(sid)):
+        with pytest.raises(InvalidPayload, match="was purged") as refused:
+            rt.create_session(session_id=given)
+        assert refused.value.field == "session_id"
+    assert read_log(opened.store, sid) == []
+    assert rt.create_session(session_id=uuid4()) != sid  # any other id is taken
 
 
 class _OwnProvider:

@@ -12,6 +12,7 @@ from uuid import UUID, uuid4
 
 from terret.adapters.stores._rules import AlreadyWritten, check_size, decide
 from terret.adapters.stores._subscription import PositionalStore
+from terret.domain.errors import StreamDeleted
 from terret.domain.store import (
     AppendResult,
     ExpectedVersion,
@@ -29,6 +30,7 @@ class MemoryStore(PositionalStore):
         self._ids: dict[str, dict[UUID, int]] = {}
         """Each stream's event ids and their seqs (R7's idempotent re-append looks them up)."""
         self._snapshots: dict[str, tuple[int, bytes]] = {}
+        self._deleted: set[str] = set()
         self._signal = threading.Condition()
         self._next_position = 1
         self.poll_interval = poll_interval
@@ -47,6 +49,8 @@ class MemoryStore(PositionalStore):
         with self._signal:
             events = self._streams.get(stream, [])
             by_id = self._ids.get(stream, {})
+            if not events and records and stream in self._deleted:
+                raise StreamDeleted(f"stream {stream!r} was deleted")
 
             def id_at(seq: int) -> UUID | None:
                 return events[seq - 1].event_id if 0 < seq <= len(events) else None
@@ -132,6 +136,7 @@ class MemoryStore(PositionalStore):
             self._streams.pop(stream, None)
             self._ids.pop(stream, None)
             self._snapshots.pop(stream, None)
+            self._deleted.add(stream)
             kept = [r for r in self._log if r.stream != stream]
             self._log = kept
             self._positions = [r.position for r in kept]

@@ -36,13 +36,13 @@ from terret.domain.errors import (
     StoreError,
     StoreFull,
     StoreUnavailable,
+    StreamDeleted,
 )
 from terret.domain.store import (
     AppendResult,
     ExpectedVersion,
     NewRecord,
     StoredRecord,
-    StreamState,
     Subscription,
 )
 from terret.domain.workers import WorkerRegistry
@@ -71,6 +71,7 @@ CREATE TABLE IF NOT EXISTS snapshots (
     state BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS terret_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS deleted_streams (stream TEXT PRIMARY KEY);
 """
 _EVENT_COLUMNS = frozenset(
     {"position", "stream", "seq", "event_id", "wire_name", "data", "metadata", "recorded_at"})
@@ -470,9 +471,8 @@ class SQLiteStore(PositionalStore):
         which also answers conflicts and idempotent retries."""
         if len(records) != 1:
             return None
-        if expected is StreamState.NO_STREAM:
-            expected = 0
-        if not isinstance(expected, int) or expected < 0:
+        # A stream's first events take the general path: it checks the stream was not deleted.
+        if not isinstance(expected, int) or expected < 1:
             return None
         r = records[0]
         cursor = conn.execute(
@@ -493,6 +493,11 @@ class SQLiteStore(PositionalStore):
     ) -> AppendResult:
         row = conn.execute("SELECT max(seq) FROM events WHERE stream = ?", (stream,)).fetchone()
         current = row[0] or 0
+        if current == 0 and records and conn.execute(
+                "SELECT 1 FROM deleted_streams WHERE stream = ?", (stream,)).fetchone():
+            # As EventStoreDB's tombstone: a purged session's id is never written again (its
+            # purge is on record; a new session under it would read as that purge unfinished).
+            raise StreamDeleted(f"stream {stream!r} was deleted")
         decision = _decide(conn, stream, records, expected, current)
         if isinstance(decision, AlreadyWritten):
             # R7: the original write's result, even if the stream moved on since
@@ -511,6 +516,7 @@ class SQLiteStore(PositionalStore):
             try:
                 conn.execute("DELETE FROM events WHERE stream = ?", (stream,))
                 conn.execute("DELETE FROM snapshots WHERE stream = ?", (stream,))
+                conn.execute("INSERT OR IGNORE INTO deleted_streams VALUES (?)", (stream,))
                 conn.execute("COMMIT")
             except BaseException:
                 rollback(conn)  # never leave the connection inside a transaction
