@@ -142,7 +142,7 @@ def _create(db: sqlite3.Connection, projection: Projection) -> None:
                (projection.name, projection.version))
 
 
-def _busy(exc: sqlite3.OperationalError) -> bool:
+def is_busy(exc: sqlite3.OperationalError) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     return isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
@@ -337,7 +337,7 @@ class ViewStore(TrackingRecorder):
                                     self.path, said)
                     return
                 except sqlite3.OperationalError as exc:
-                    if not _busy(exc):
+                    if not is_busy(exc):
                         raise
                     holder = self.rebuild_lock.holder()
                     if holder is None:

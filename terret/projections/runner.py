@@ -21,6 +21,7 @@ older copy), are emptied and rebuilt from position 0, with a warning.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -45,7 +46,7 @@ from terret.projections._bus import Listener, ListenerBus, ListenerHandle
 from terret.projections._collector import collector_paused
 from terret.projections._logcheck import LogCheck
 from terret.projections._operations import Progress
-from terret.projections._view_store import table_clash
+from terret.projections._view_store import is_busy, table_clash
 from terret.projections.base import Projection, ViewStore
 
 __all__ = ["Listener", "ListenerHandle", "ProjectionRunner", "ProjectionState", "Progress"]
@@ -125,6 +126,7 @@ class ProjectionRunner:
         self._position = self._lowest_tracked()
         self._applied = self._position  # applied to the views (published after the listeners)
         self._applying = False  # a batch in hand: what a turn waiting on the views waits for
+        self._locked_out = False  # the views file locked by another process: waited out too
         self._scope: StreamScope | None = None
         self._generation = 0
         """Moves on whenever the scope changes: a batch of an older subscription is dropped."""
@@ -243,6 +245,20 @@ class ProjectionRunner:
                 return
             except StoreError as exc:
                 log.warning("projection subscription failed (%s); resubscribing", exc)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 2.0)
+            except sqlite3.OperationalError as exc:
+                if not is_busy(exc):
+                    log.error("projection runner stopped: the views file %s: %s",
+                              self.views.path, exc)
+                    self._fail(exc)
+                    return
+                # Another process holds the views file's write lock past the busy timeout (a
+                # command catching the views up, suspended with Ctrl-Z): waited out, as a
+                # rebuild elsewhere is — the runner stopping would stop every turn here.
+                log.warning("the views file %s is locked by another process (%s); waiting "
+                            "for it", self.views.path, exc)
+                self._locked_out = True
                 self._stopping.wait(delay)
                 delay = min(delay * 2, 2.0)
             except TerretError as exc:  # the views were reset under us (ViewsMismatch)
@@ -388,7 +404,8 @@ class ProjectionRunner:
                     raise StoreError(f"projection runner failed: {self._error}")
                 if stop is not None and stop():
                     return False
-                if stop is not None and (self._applying or self._position > seen):
+                if stop is not None and (self._applying or self._locked_out
+                                         or self._position > seen):
                     seen = self._position
                     # A batch in hand (a slow projection, one added later catching up, a
                     # rebuild elsewhere it waits for) is progress, not a stuck runner.
@@ -410,6 +427,7 @@ class ProjectionRunner:
         derived from it (caches, signals). A batch of a subscription the scope has moved past
         (``generation``) is dropped: the next one delivers it again."""
         self._applying = True
+        self._locked_out = False
         try:
             with self._pause, collector_paused():
                 if generation is not None and generation != self._generation:
@@ -537,3 +555,4 @@ class ProjectionRunner:
         with self._pause:
             return operations.verify(self.store, self.views, chosen, self.registry,
                                      self.replay_batch_size, progress)
+

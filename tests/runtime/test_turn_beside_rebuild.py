@@ -80,3 +80,41 @@ def test_a_stop_while_a_turn_waits_for_a_rebuild_elsewhere_leaves_the_turn_resum
     again = make_runtime(views=str(tmp_path / "views2.db"))
     assert again.resumable(sid)
     assert again.resume_turn(sid).status == "completed"
+
+
+LOCKER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_views_locked_by_another_process_past_the_busy_timeout_are_waited_out(
+        make_runtime: MakeRuntime, store, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a rebuild: a command catching the views up, suspended (Ctrl-Z) inside its batch,
+    holds the file's write lock. The runner stopped for good at the busy timeout ("database is
+    locked", a traceback): serve exited, and every later turn of an embedding app failed until
+    it restarted. It waits the lock out now, and the turn goes on once it is let go."""
+    from terret.projections import _view_store
+
+    monkeypatch.setattr(_view_store, "BUSY_TIMEOUT_MS", 500)  # the 30 s, shortened
+    views = tmp_path / "views.db"
+    rt = make_runtime(config=WAIT, views=str(views))
+    sid = rt.create_session()
+    assert rt.run_turn(sid, "before").status == "completed"
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(views)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert locker.stdout is not None and locker.stdout.readline() == "locked\n"
+    try:
+        job = turn_in_background(rt, sid, "while locked")
+        time.sleep(4 * WAIT.wait_timeout)  # past the busy timeout several times over
+        assert not job.done and rt.runner.failure is None
+    finally:
+        locker.kill()
+        locker.wait(10)
+    assert job.join(30).status == "completed"
+    assert rt.run_turn(sid, "after").status == "completed" and rt.runner.failure is None
