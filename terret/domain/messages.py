@@ -18,6 +18,29 @@ class ToolCall:
     args: dict[str, Any] = field(default_factory=dict)
 
 
+MAX_ARGUMENT_DEPTH = 190
+"""The deepest tool-call arguments accepted, in levels of JSON objects and arrays, the
+arguments object itself being level 1. Deeper arguments could not be recorded, or not read back
+(the JSON parser that decodes a stored event stops at 200 levels, the event's own among them),
+so a reply's call holding them is malformed, whichever provider made it."""
+
+
+def args_too_deep(args: Any) -> bool:
+    """Whether ``args`` is nested more than :data:`MAX_ARGUMENT_DEPTH` levels deep: walked a
+    level at a time, without recursion."""
+    level: list[Any] = [args]
+    for _ in range(MAX_ARGUMENT_DEPTH):
+        level = [
+            item
+            for container in level
+            for item in (container.values() if isinstance(container, dict) else container)
+            if isinstance(item, dict | list | tuple)
+        ]
+        if not level:
+            return False
+    return True
+
+
 def distinct_ids(calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
     """The calls, each with an id of its own: one a provider gave twice in a reply (a
     provider's bug) is told apart (``-2``, ``-3``), since a result answers a call by id and the

@@ -26,7 +26,13 @@ from terret.domain.events import (
     ToolCallData,
     TurnStatus,
 )
-from terret.domain.messages import Message, ToolCall, distinct_ids
+from terret.domain.messages import (
+    MAX_ARGUMENT_DEPTH,
+    Message,
+    ToolCall,
+    args_too_deep,
+    distinct_ids,
+)
 from terret.domain.payloads import check_storable
 from terret.domain.session import Session
 from terret.projections._bus import Listener, ListenerHandle
@@ -668,6 +674,9 @@ def _shaped(spec: str, call: ToolCall) -> ToolCall:
 def _call_data(spec: str, call: ToolCall) -> ToolCallData:
     """A reply's call as the log records it (``MalformedStream`` for a value the payload
     refuses, an empty name say)."""
+    if args_too_deep(call.args):  # as the HTTP providers refuse them: the reply keeps its usage
+        raise errors.MalformedStream(spec, f"arguments of tool call {call.name!r} are nested "
+                                           f"more than {MAX_ARGUMENT_DEPTH} levels deep")
     try:
         data = ToolCallData(id=call.id, name=call.name, args=call.args)
         # An integer too long to read back, a model where the arguments' type says Any: what

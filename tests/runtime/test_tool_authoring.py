@@ -255,12 +255,27 @@ def test_a_call_of_another_shape_fails_the_step_as_a_malformed_reply(
     assert turn_end(store, sid)["error"].startswith("MalformedStream: ")
 
 
+def _nested(levels: int) -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        args = {"a": args}
+    return args
+
+
+@pytest.mark.parametrize(("args", "problem"), [
+    ({"n": 10**4300}, r"tool call 'look'.*args\.n.*4300 digits"),
+    (_nested(191), r"tool call 'look' are nested more than 190 levels deep"),
+    (_nested(199), r"tool call 'look' are nested more than 190 levels deep"),
+], ids=["a 4301-digit integer", "191 levels", "199 levels"])
 def test_a_call_the_log_could_not_read_back_fails_the_turn_keeping_the_reply_s_cost(
-        make_runtime: MakeRuntime, store: Any, opened: Any) -> None:
+        make_runtime: MakeRuntime, store: Any, opened: Any, args: dict[str, Any],
+        problem: str) -> None:
     """A call whose arguments hold an integer of more than 4300 digits (which no reader parses
     from JSON) was written in the reply's ``assistant/message``: every later read of the
     session failed, in every process. Now it is a malformed reply, recorded without its calls
-    but with the usage it was billed (R31); the session goes on, read from another process."""
+    but with the usage it was billed (R31); the session goes on, read from another process.
+    So is one nested past the 190 levels the HTTP providers accept: 191 to 197 were taken, and
+    198 or 199 failed the step with the payload's error, its reply and usage lost."""
     from terret import Reply, Usage
     from terret.domain.errors import MalformedStream
     from terret.domain.messages import ToolCall
@@ -268,10 +283,10 @@ def test_a_call_the_log_could_not_read_back_fails_the_turn_keeping_the_reply_s_c
 
     billed = Usage(prompt_tokens=10, completion_tokens=5, cost=0.25)
     rt = make_runtime([Reply(text="counting", usage=billed, tool_calls=[
-        ToolCall(id="c1", name="look", args={"n": 10**4300})]), final("fine")],
+        ToolCall(id="c1", name="look", args=args)]), final("fine")],
         tools=[tool("look", args=NoArgs)(_handler)])
     sid = rt.create_session()
-    with pytest.raises(MalformedStream, match=r"tool call 'look'.*args\.n.*4300 digits"):
+    with pytest.raises(MalformedStream, match=problem):
         rt.run_turn(sid, "go")
     end = turn_end(store, sid)
     assert end["status"] == "failed" and end["error"].startswith("MalformedStream: ")

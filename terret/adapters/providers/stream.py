@@ -14,14 +14,14 @@ from typing import Any
 
 from terret.adapters.providers.errors import UpstreamError
 from terret.domain.errors import MalformedStream, ProviderError
-from terret.domain.messages import ToolCall, Usage, distinct_ids
+from terret.domain.messages import (
+    MAX_ARGUMENT_DEPTH,
+    ToolCall,
+    Usage,
+    args_too_deep,
+    distinct_ids,
+)
 from terret.runtime.model import ModelReply, TextSink
-
-#: The deepest tool-call arguments accepted, in levels of JSON objects and arrays, the
-#: arguments object itself being level 1. Deeper arguments could not be recorded, or not read
-#: back (the JSON parser that decodes a stored event stops at 200 levels, the event's own
-#: among them), so they are refused as malformed.
-MAX_ARGUMENT_DEPTH = 190
 
 
 class _CallParts:
@@ -238,20 +238,8 @@ def _finite(text: str) -> float:
 def _too_deep(raw: str, args: dict[str, Any]) -> bool:
     """Whether ``args`` (decoded from ``raw``) is nested more than :data:`MAX_ARGUMENT_DEPTH`
     levels deep. Each level opens a bracket, so counting them is a bound that costs next to
-    nothing: only arguments with that many are walked, a level at a time, without recursion."""
-    if raw.count("[") + raw.count("{") <= MAX_ARGUMENT_DEPTH:
-        return False
-    level: list[Any] = [args]
-    for _ in range(MAX_ARGUMENT_DEPTH):
-        level = [
-            item
-            for container in level
-            for item in (container.values() if type(container) is dict else container)
-            if type(item) is dict or type(item) is list
-        ]
-        if not level:
-            return False
-    return True
+    nothing: only arguments with that many are walked."""
+    return raw.count("[") + raw.count("{") > MAX_ARGUMENT_DEPTH and args_too_deep(args)
 
 
 def _show(chunk: Any) -> str:
