@@ -125,8 +125,7 @@ class ProjectionRunner:
         self._create_tables()
         self._position = self._lowest_tracked()
         self._applied = self._position  # applied to the views (published after the listeners)
-        self._applying = False  # a batch in hand: what a turn waiting on the views waits for
-        self._locked_out = False  # the views file locked by another process: waited out too
+        self._applying = self._locked_out = False  # what a waiting turn waits out (wait_until)
         self._scope: StreamScope | None = None
         self._generation = 0
         """Moves on whenever the scope changes: a batch of an older subscription is dropped."""
@@ -392,7 +391,8 @@ class ProjectionRunner:
         """Block until every projection has processed ``position`` (read-your-writes);
         ``TimeoutError`` after ``timeout``. With ``stop``, the time the runner spends on a
         batch is not counted — a slow projection, one added later catching up, another
-        process's rebuild its batch waits for — only a runner that makes no progress times
+        process's rebuild its batch waits for, the views file locked by another process past
+        the busy timeout (``_locked_out``) — only a runner that makes no progress times
         out; and the wait ends early, returning False, once ``stop()`` is true."""
         deadline = time.monotonic() + timeout
         seen = self._position

@@ -14,6 +14,10 @@ from terret.domain.session import MAX_STEPS
 
 _WHOLE = ("max_steps", "max_agents")
 _OPTIONAL_WHOLE = ("compaction_budget",)
+LEAST_LEASE_TTL = 0.5
+"""The shortest lease a worker can keep: it beats every fifth of it, and a beat later than
+that (a busy host, a slow store) would end the lease under a live worker."""
+
 _SECONDS = ("wait_timeout", "lease_ttl")
 _MOST_SECONDS = 366 * 86400.0
 """The longest ``wait_timeout`` and ``lease_ttl``: each becomes a clock time (a lease's end in
@@ -87,6 +91,11 @@ class RuntimeConfig:
                 what = "a finite amount from 0" if finite else "a number of seconds above 0"
                 raise ConfigurationError(f"RuntimeConfig.{name} is {what}, not "
                                          f"{shown(value)}")
+            if name == "lease_ttl" and value < LEAST_LEASE_TTL:
+                # Beaten every fifth of it: a beat late by a scheduler's hiccup lost the
+                # lease, and the worker its own session (LostOwnership) — refused, not slow.
+                raise ConfigurationError(f"RuntimeConfig.lease_ttl is at least "
+                                         f"{LEAST_LEASE_TTL:g} seconds, not {shown(value)}")
             if name in _SECONDS and value > _MOST_SECONDS:
                 raise ConfigurationError(f"RuntimeConfig.{name} is at most 366 days "
                                          f"({_MOST_SECONDS:.0f} seconds), not {value!r}")

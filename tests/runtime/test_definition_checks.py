@@ -57,7 +57,7 @@ def test_a_hook_returning_something_else_than_a_refusal_is_said_so(
     {"roles": {"Main": "scripted:x"}}, {"lease_ttl": float("inf")}, {"lease_ttl": 1e12},
     {"wait_timeout": float("inf")}, {"wait_timeout": 1e12}, {"lease_ttl": 10**400},
     {"tool_timeout": 10**400}, {"approval_max_wait": 10**400}, {"spend_cap": 10**400},
-    {"lease_ttl": -10**400},
+    {"lease_ttl": -10**400}, {"lease_ttl": 0.001}, {"lease_ttl": 0.49},
     {"roles": {"main": "openai-compatible:m@http://bob:SECRETpw@127.0.0.1:8000/v1"}},
 ])
 def test_a_runtime_config_value_no_turn_could_use_is_refused_when_made(

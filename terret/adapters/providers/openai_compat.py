@@ -120,13 +120,7 @@ class OpenAICompatibleProvider:
         except ConfigurationError:
             del api_key  # a reporter that shows the traceback's locals would show it
             raise
-        try:
-            self._headers = check_headers(headers or {})
-        except ValueError as exc:
-            raise ConfigurationError(f"provider {name!r}: {exc}") from None
-        # A header may carry a credential (Azure's api-key, x-api-key): its value is masked
-        # in errors and echoed replies as the key is.
-        self._hidden = [s for s in (self._key, _header_secret(self._headers)) if s is not None]
+        self._headers, self._hidden = _headers_and_hidden(name, headers or {}, self._key)
         self._extra_body = dict(extra_body or {})
         self._stream_usage = stream_usage
         self._retry = policy_for(retry or RetryConfig())
@@ -522,10 +516,18 @@ def _retryable_code(code: object) -> bool:
     return not 400 <= status < 500 or is_retryable_status(status)
 
 
-def _header_secret(headers: Mapping[str, str]) -> Secret | None:
-    """The endpoint's header values as material to mask (None without headers)."""
-    values = [v for v in headers.values() if v]
-    return Secret("", hide=values) if values else None
+def _headers_and_hidden(name: str, headers: Mapping[str, str], key: Secret | None
+                        ) -> tuple[dict[str, str], list[Secret]]:
+    """The endpoint's extra headers, checked, and what its errors and echoed replies must
+    mask: the key, and the headers' values — a header may carry a credential (Azure's
+    ``api-key``, an ``x-api-key``)."""
+    try:
+        checked = check_headers(headers)
+    except ValueError as exc:
+        raise ConfigurationError(f"provider {name!r}: {exc}") from None
+    values = [v for v in checked.values() if v]
+    hidden = [key] if key is not None else []
+    return checked, hidden + ([Secret("", hide=values)] if values else [])
 
 
 def _scrub_values(value: Any, scrub: Callable[[str], str]) -> Any:

@@ -49,15 +49,12 @@ class MemoryStore(PositionalStore):
         with self._signal:
             events = self._streams.get(stream, [])
             by_id = self._ids.get(stream, {})
-            if not events and records and stream in self._deleted:
-                raise StreamDeleted(f"stream {stream!r} was deleted")
+            self._refuse_deleted(stream, events, records)
 
             def id_at(seq: int) -> UUID | None:
                 return events[seq - 1].event_id if 0 < seq <= len(events) else None
 
-            decision = decide(
-                stream, records, expected_version, len(events), id_at, by_id.get
-            )
+            decision = decide(stream, records, expected_version, len(events), id_at, by_id.get)
             if isinstance(decision, AlreadyWritten):
                 # R7: the original write's result, even if the stream moved on since
                 return AppendResult(events[decision.last_seq - 1].position, decision.last_seq)
@@ -130,6 +127,11 @@ class MemoryStore(PositionalStore):
         with self._signal:
             while not sub.stopped and (self._positions[-1] if self._positions else 0) <= seen_head:
                 self._signal.wait(timeout)
+
+    def _refuse_deleted(self, stream: str, events: Sequence[StoredRecord],
+                        records: Sequence[NewRecord]) -> None:
+        if not events and records and stream in self._deleted:
+            raise StreamDeleted(f"stream {stream!r} was deleted")  # as EventStoreDB's tombstone
 
     def delete_stream(self, stream: str) -> None:
         with self._signal:
