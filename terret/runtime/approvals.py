@@ -110,6 +110,7 @@ class ApprovalGate:
         if session.state.cancel_requested:
             raise TurnCancelled(f"turn {ctx.turn} of {sid} was cancelled")
         verdict = session.verdict_for(ctx.call_id, ctx.name, ctx.args)
+        asked_at: float | None = None
         if verdict is None and ctx.call_id not in session.state.pending:
             def request(s: Session) -> Session:
                 self.fence(s)
@@ -117,14 +118,18 @@ class ApprovalGate:
                 return s
 
             # The state as of that append (and whatever it folded in): no second store read.
+            asked_at = time.time()
             session, _ = self.writer.execute(sid, request, owner=True)
         if verdict is None:
             # A request a dead process made is re-parked without asking again. Its maximum
             # wait counts from the request's recorded time, whichever process waits now: a
-            # restart or a deploy does not extend it (one past it is reaped at once).
+            # restart or a deploy does not extend it (one past it is reaped at once). A
+            # request made here counts from this process's clock: the recorded time is the
+            # store's (EventStoreDB's server), which a skewed clock would shift.
             deadline = None
             if self.max_wait is not None:
-                deadline = self._requested_at(sid, ctx.call_id) + self.max_wait
+                deadline = (asked_at if asked_at is not None
+                            else self._requested_at(sid, ctx.call_id)) + self.max_wait
             verdict = self.wait(
                 sid, lambda s: s.verdict_for(ctx.call_id, ctx.name, ctx.args),
                 what=f"{ctx.call_id} is parked", deadline=deadline,

@@ -403,6 +403,34 @@ def test_r12_the_reaper_records_a_durable_denial_after_the_maximum_wait(
     assert kit.ran == []
 
 
+@pytest.mark.parametrize("skew", [-3600.0, 3600.0], ids=["store behind", "store ahead"])
+def test_r12_a_request_made_here_is_reaped_on_this_process_clock_whatever_the_stores(
+        make_runtime: MakeRuntime, kit: Kit, opened: OpenedStore, skew: float,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On EventStoreDB an event's recorded time is the server's clock. A server an hour
+    behind had the reaper deny a call 7 ms after asking ("no verdict within 600s"); one an
+    hour ahead left it an hour past its wait. The process that asks counts from its own
+    clock (a request a dead process made still counts from the recorded time)."""
+    import time
+
+    from terret import RuntimeConfig
+    from tests.support.esdb_emulator import store as emulator_store
+
+    real = emulator_store.now_ticks
+    monkeypatch.setattr(emulator_store, "now_ticks", lambda: real() + int(skew * 1e7))
+    provider = ScriptedProvider([calls(("deploy", {"env": "prod"})), final()])
+    rt = make_runtime(provider, config=RuntimeConfig(approval_max_wait=1.5))
+    sid = rt.create_session()
+    started = time.monotonic()
+    job = turn_in_background(rt, sid, "go")
+    wait_parked(rt, sid)
+    assert job.join().status == "completed"
+    waited = time.monotonic() - started
+    assert 1.4 < waited < 10, waited
+    (verdict,) = only(read_log(opened.store, sid), "approval/resolved")
+    assert verdict.data["by"] == {"actor": "reaper"} and kit.ran == []
+
+
 def test_r13_cancelling_a_parked_turn_records_the_cancel_then_denies_then_closes(
         make_runtime: MakeRuntime, kit: Kit, store) -> None:
     rt = make_runtime([calls(("deploy", {"env": "prod"}, "c-1")), final()])
