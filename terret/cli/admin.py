@@ -225,17 +225,19 @@ def policy() -> None:
 @click.argument("session_id", type=SESSION)
 @click.pass_obj
 def policy_show(obj: CliContext, session_id: UUID) -> None:
-    """The patterns in force (the last policy/updated, else the agent's floor) and the floor
-    the session recorded when it started."""
+    """The patterns in force (the last policy/updated, else the floor of the agent definition
+    that runs each call) and the floor the session recorded when it started."""
     obj.require_session(session_id)
     patterns = obj.views(reads=("policy",), session=session_id).policy(session_id)
     floor = obj.commands().policy_floor(session_id)
     if patterns is None:
-        shown = "none recorded: the agent's floor applies"
+        shown = "none recorded: the floor of the agent definition running each call applies"
     else:
         shown = "\n".join(patterns) if patterns else "(deny all)"
-    floor_line = (f"floor: {', '.join(floor) or '(deny all)'} (recorded at the session's start)"
-                  if floor is not None else
+    # The floor in force is the serving release's (R32): the one recorded at the start may be
+    # an older release's.
+    floor_line = (f"floor at the session's start: {', '.join(floor) or '(deny all)'} (a release "
+                  "serving it now applies its own agent definition's)" if floor is not None else
                   "floor: not recorded (the serving app's agent definition's allow-list)")
     obj.emit({"session": str(session_id), "patterns": patterns, "floor": floor},
              f"{shown}\n{floor_line}")
@@ -270,29 +272,22 @@ def policy_set(obj: CliContext, session_id: UUID, patterns: tuple[str, ...],
 @APP_OPTION
 @click.pass_obj
 def policy_reset(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
-    """Go back to the agent's floor: the allow-list the session recorded when it started, or
-    (a session that recorded none) the app's agent definition's."""
-    from terret.domain.errors import ConfigurationError
-    from terret.domain.events import SessionStarted
-
+    """Withdraw the recorded allow-list (policy/reset): the floor of the agent definition
+    that runs each call applies again — the serving release's, which may not be the floor the
+    session started with. The app (--app) only says what that floor is here."""
     obj.require_session(session_id)
     commands = obj.commands()
-    floor = commands.policy_floor(session_id)
-    source = SessionStarted.wire_name
-    if floor is None:
-        agent = commands.writer.load(session_id).state.agent
-        app = app_for(app_spec)
-        definition = next((d for d in app.agents if d.name == agent), None)
-        # The implicit `default` agent (allowing nothing) is only an app's that defines none.
-        if definition is None and (agent != "default" or app.agents):
-            raise ConfigurationError(
-                f"session {session_id} recorded no floor and the app defines no agent "
-                f"{shown(agent)}: name the app that serves it (--app)")
-        floor = list(definition.allow) if definition is not None else []
-        source = "app"
-    commands.set_policy(session_id, floor, by=operator())
-    obj.emit({"session": str(session_id), "patterns": floor, "floor_from": source},
-             f"policy of {session_id} reset to the floor: {', '.join(floor) or '(deny all)'}")
+    agent = commands.writer.load(session_id).state.agent
+    app = app_for(app_spec)
+    definition = next((d for d in app.agents if d.name == agent), None)
+    # The implicit `default` agent (allowing nothing) is only an app's that defines none.
+    floor = (list(definition.allow) if definition is not None
+             else [] if agent == "default" and not app.agents else None)
+    commands.reset_policy(session_id, by=operator())
+    where = (f"this app's: {', '.join(floor) or '(deny all)'}" if floor is not None else
+             f"this app defines no agent {shown(agent)}: that of the app serving it")
+    obj.emit({"session": str(session_id), "patterns": None, "floor": floor},
+             f"policy of {session_id} reset: the agent's floor applies ({where})")
 
 
 @click.group("model")

@@ -161,6 +161,10 @@ def _policy(p: ev.PolicyUpdated) -> str:
     return ", ".join(p.patterns) or "(deny all)"
 
 
+def _policy_reset(p: ev.PolicyReset) -> str:
+    return "(the agent's floor applies)"
+
+
 def _model_set(p: ev.ModelSet) -> str:
     return f"{p.role} = {_short(p.spec, 120)}"
 
@@ -182,7 +186,8 @@ def _summaries() -> dict[type[Any], Callable[[Any], str]]:
         e.ToolInDoubt: _in_doubt, e.InDoubtResolved: _verdict, e.BudgetSet: _budget_set,
         e.BudgetExceeded: _budget_exceeded, e.ApprovalRequested: _approval_requested,
         e.ApprovalResolved: _verdict, e.SessionCompacted: _compacted,
-        e.SessionTitled: _titled, e.PolicyUpdated: _policy, e.ModelSet: _model_set,
+        e.SessionTitled: _titled, e.PolicyUpdated: _policy, e.PolicyReset: _policy_reset,
+        e.ModelSet: _model_set,
         e.InboxQueued: _inbox, e.UsageRecorded: _upkeep_usage,
     }
 

@@ -495,6 +495,16 @@ class PolicyUpdated(EventPayload):
 
 
 @event_type
+class PolicyReset(EventPayload):
+    """The recorded allow-list withdrawn: the floor of the agent definition that runs each call
+    applies again (R23, R32) — the release serving the session, not a floor from its start."""
+
+    wire_name = "policy/reset"
+    commutative = True
+    by: Actor | None = None
+
+
+@event_type
 class ModelSet(EventPayload):
     wire_name = "model/set"
     commutative = True

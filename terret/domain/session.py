@@ -39,6 +39,7 @@ from terret.domain.events import (
     InboxQueued,
     InDoubtResolved,
     ModelSet,
+    PolicyReset,
     PolicyUpdated,
     SessionClosed,
     SessionCompacted,
@@ -613,6 +614,12 @@ class Session(Aggregate):
         payload = PolicyUpdated(patterns=list(patterns), by=by)
         self._require_open()
         self._record(payload)
+
+    def reset_policy(self, *, by: Actor | None = None) -> None:
+        """Withdraw the recorded allow-list (``policy/reset``): the floor of the agent
+        definition that runs each call applies again."""
+        self._require_open()
+        self._record(PolicyReset(by=by))
 
     def set_model(self, role: str, spec: str, *, by: Actor | None = None,
                   not_a_key: bool = False) -> None:

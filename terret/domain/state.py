@@ -33,6 +33,7 @@ from terret.domain.events import (
     InboxQueued,
     InDoubtResolved,
     ModelSet,
+    PolicyReset,
     PolicyUpdated,
     SessionClosed,
     SessionCompacted,
@@ -356,6 +357,12 @@ def _on_model_set(s: SessionState, p: ModelSet, seq: int) -> None:
 def _on_policy(s: SessionState, p: PolicyUpdated, seq: int) -> None:
     s.policy_seq = seq
     s.policy = list(p.patterns)
+
+
+@_on(PolicyReset)
+def _on_policy_reset(s: SessionState, p: PolicyReset, seq: int) -> None:
+    s.policy_seq = seq
+    s.policy = None
 
 
 def _clear_turn(s: SessionState) -> None:

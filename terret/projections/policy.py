@@ -13,11 +13,12 @@ from terret.projections.base import TypedProjection
 
 if TYPE_CHECKING:  # importing the codec loads every payload class
     from terret.domain.codec import RecordedEvent
-    from terret.domain.events import ModelSet, PolicyUpdated, SessionStarted
+    from terret.domain.events import ModelSet, PolicyReset, PolicyUpdated, SessionStarted
 
 
 class PolicyProjection(TypedProjection):
     name = "policy"
+    version = 2  # 2: policy/reset withdraws the recorded patterns
     tables = ("policies",)
     schema = "CREATE TABLE IF NOT EXISTS policies (session TEXT PRIMARY KEY, patterns TEXT);"
 
@@ -26,6 +27,10 @@ class PolicyProjection(TypedProjection):
                    ) -> None:
         db.execute("INSERT OR REPLACE INTO policies VALUES (?, ?)",
                    (event.stream, json.dumps(p.patterns)))
+
+    @handler
+    def _on_reset(self, db: sqlite3.Connection, event: RecordedEvent, p: PolicyReset) -> None:
+        db.execute("DELETE FROM policies WHERE session = ?", (event.stream,))
 
 
 def read_policy(db: sqlite3.Connection, stream: str) -> list[str] | None:

@@ -1,5 +1,6 @@
 """The per-agent allow-list (R23): deny by default; the active patterns are the session's last
-``policy/updated``, else the install-time floor; a session that cannot be read fails closed.
+``policy/updated`` (unless a ``policy/reset`` withdrew it), else the floor of this process's agent
+definition (the serving release's, R32); a session that cannot be read fails closed.
 
 The patterns are read from the session aggregate as the store holds it at the moment of the call
 (``SessionWriter.load`` folds the stream's tail into this process's copy, R30), not from a view:

@@ -143,6 +143,11 @@ class SessionCommands:
             patterns = list(patterns)
         self._run(session_id, lambda s: s.update_policy(patterns, by=by))
 
+    def reset_policy(self, session_id: UUID, *, by: Actor) -> None:
+        """Withdraw the recorded allow-list: the agent definition's floor applies again, that
+        of the release running each call."""
+        self._run(session_id, lambda s: s.reset_policy(by=by))
+
     def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor,
                   check: Callable[[str], None] | None = None, not_a_key: bool = False) -> None:
         """Point a model role at a ``provider:model`` spec; the next step uses it. ``check``

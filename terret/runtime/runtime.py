@@ -766,6 +766,12 @@ class Runtime:
         self.commands.set_policy(session_id, patterns, by=by)
 
     @takes_session
+    def reset_policy(self, session_id: UUID, *, by: Actor) -> None:
+        """Withdraw the recorded allow-list (``policy/reset``): from the next call on, the
+        floor of the agent definition that runs it applies (``AgentDefinition.allow``)."""
+        self.commands.reset_policy(session_id, by=by)
+
+    @takes_session
     def set_model(self, session_id: UUID, role: str, spec: str, *, by: Actor,
                   not_a_key: bool = False) -> None:
         """Point ``role`` at ``spec`` (``provider:model``); the session's next step uses it.

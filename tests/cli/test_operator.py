@@ -18,7 +18,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from terret.domain.events import Actor, ModelSet, PolicyUpdated
+from terret.domain.events import Actor, ModelSet, PolicyReset
 from terret.domain.store import NewRecord, session_stream
 from terret.runtime.commands import SessionCommands
 from tests.cli.conftest import (
@@ -217,7 +217,7 @@ def test_policy_deny_all_reset_and_the_floor(target: Target) -> None:
     shown = target.json("policy", "show", str(sid))
     assert shown == {"session": str(sid), "patterns": None, "floor": ["service_status"]}
     text = target.invoke("policy", "show", str(sid)).stdout
-    assert "floor: service_status (recorded at the session's start)" in text
+    assert "floor at the session's start: service_status (a release serving it now" in text
 
     before = target.snapshot()
     nothing = target.invoke("policy", "set", str(sid))
@@ -226,18 +226,15 @@ def test_policy_deny_all_reset_and_the_floor(target: Target) -> None:
     assert both.exit_code == 2
     assert target.snapshot() == before
     assert target.json("policy", "set", str(sid), "--deny-all")["patterns"] == []
-    reset = target.json("policy", "reset", str(sid))
-    assert reset == {"session": str(sid), "patterns": ["service_status"],
-                     "floor_from": "session/started"}
-    last = target.events(sid)[-1].payload
-    assert isinstance(last, PolicyUpdated) and last.patterns == ["service_status"]
-    # A session that recorded no floor: the app's agent definition's.
-    plain = target.new_session()
-    from_app = target.json("policy", "reset", str(plain), "--app", DEMO_APP)
-    assert from_app["floor_from"] == "app"
-    assert from_app["patterns"] == ["service_status", "deploy"]
-    unknown = target.invoke("policy", "reset", str(plain))  # the default app has no `demo`
-    assert unknown.exit_code == 1 and "ConfigurationError" in one_line_error(unknown.stderr)
+    # The reset withdraws the recorded patterns (policy/reset): the floor of the release
+    # serving each call applies, not the one recorded at the start (R32); the app says which.
+    reset = target.json("policy", "reset", str(sid), "--app", DEMO_APP)
+    assert reset == {"session": str(sid), "patterns": None,
+                     "floor": ["service_status", "deploy"]}
+    assert isinstance(target.events(sid)[-1].payload, PolicyReset)
+    assert target.json("policy", "show", str(sid))["patterns"] is None
+    unknown = target.json("policy", "reset", str(sid))  # the default app has no `demo`
+    assert unknown == {"session": str(sid), "patterns": None, "floor": None}
 
 
 def test_model_set_is_checked_against_the_app(target: Target,

@@ -38,7 +38,7 @@ def test_the_default_projections_handle_what_they_handled() -> None:
     assert handles["usage"] == {ev.StepStarted.wire_name, ev.AssistantMessage.wire_name,
                                 ev.StepEnded.wire_name, ev.UsageRecorded.wire_name}
     assert handles["title"] == {ev.SessionTitled.wire_name}
-    assert handles["policy"] == {ev.PolicyUpdated.wire_name}
+    assert handles["policy"] == {ev.PolicyUpdated.wire_name, ev.PolicyReset.wire_name}
     assert handles["models"] == {ev.SessionStarted.wire_name, ev.ModelSet.wire_name}
     assert handles["approvals"] == {ev.TurnStarted.wire_name, ev.TurnEnded.wire_name,
                                     ev.ApprovalRequested.wire_name,

@@ -10,6 +10,7 @@ Actions:
   resolve-raw SID CALL_ID        approval/resolved appended through SessionRepository
   inject SID TEXT [wake]         Runtime.inject
   policy SID PATTERN...          Runtime.set_policy
+  policy-reset SID               Runtime.reset_policy (the recorded allow-list withdrawn)
   cancel SID                     Runtime.cancel by an operator
   assistant SID TEXT             assistant/message appended through SessionRepository (taking
                                  over the open step: not commutative)
@@ -113,6 +114,7 @@ _COMMANDS: dict[str, Callable[[Runtime, UUID, list[str]], object]] = {
     "approve": lambda rt, sid, rest: rt.approve(sid, rest[0], by=OPERATOR),
     "deny": lambda rt, sid, rest: rt.deny(sid, rest[0], by=OPERATOR, reason=rest[1]),
     "policy": lambda rt, sid, rest: rt.set_policy(sid, rest, by=OPERATOR),
+    "policy-reset": lambda rt, sid, rest: rt.reset_policy(sid, by=OPERATOR),
     "cancel": lambda rt, sid, rest: rt.cancel(sid, by=OPERATOR, reason="from another process"),
     "model": lambda rt, sid, rest: rt.set_model(sid, rest[0], rest[1], by=OPERATOR),
     "budget": lambda rt, sid, rest: rt.set_budget(

@@ -523,3 +523,23 @@ def test_r11_a_verdict_after_the_turns_cancel_is_refused(
     assert rt.resume_turn(sid).status == "cancelled"
     (resolved,) = only(read_log(opened.store, sid), "approval/resolved")
     assert resolved.data["verdict"] == "denied"
+
+
+def test_r23_a_policy_reset_goes_back_to_the_floor_of_the_release_that_runs_the_call(
+        make_runtime: MakeRuntime, kit: Kit, opened: OpenedStore) -> None:
+    """The session started under a release allowing every tool (its floor, ``*``, recorded
+    in session/started); the release serving it now allows ``status`` alone (R32). An
+    operator's reset from another process used to record the start's ``*`` as the session's
+    policy, and the next call of a tool the serving release forbids ran. It withdraws the
+    recorded policy now (``policy/reset``): the serving release's floor applies."""
+    sid = make_runtime(start=False, allow=("*",)).create_session()
+    other_process(opened.uri, "policy", str(sid), "status", "inspect")
+    other_process(opened.uri, "policy-reset", str(sid))
+    rt = make_runtime([calls(("status", {"env": "a"}), ("inspect", {"env": "b"})), final()],
+                      allow=("status",))
+    assert rt.run_turn(sid, "go").status == "completed"
+    assert [name for name, _ in kit.ran] == ["status"]
+    results = only(read_log(opened.store, sid), "tool/result")
+    assert "not allowed by the session's policy" in results[1].data["content"]
+    assert [e.name for e in read_log(opened.store, sid)].count("policy/reset") == 1
+    assert rt.views.policy(sid) is None  # the view: nothing recorded in force
