@@ -115,6 +115,7 @@ class Agent:
         """When its last turn ended (or it was made, or looked up): at the agent cap, the host
         lets go of the agent idle the longest."""
         self._let_go = False
+        self._let_go_why = ""
         self.cancel_event = threading.Event()
         self.on_text: TextSink | None = None
         self.context: ToolContext = services.tool_context.fork()
@@ -193,12 +194,12 @@ class Agent:
         if self._load().state.cancel_requested:
             self.cancel_event.set()
 
-    def let_go(self) -> bool:
+    def let_go(self, why: str = "at the agent cap") -> bool:
         """Take the turn lock for good, if no turn holds it: from here on this agent runs no
-        turn (``AgentLetGo``). False if it is busy."""
+        turn (``AgentLetGo``, saying ``why``). False if it is busy."""
         if not self._lock.acquire(blocking=False):
             return False
-        self._let_go = True
+        self._let_go, self._let_go_why = True, why
         self._set_status("released")
         return True
 
@@ -218,8 +219,8 @@ class Agent:
                 f"this runtime is closing: it runs no more turns (session {self.session_id})")
         if not self._lock.acquire(blocking=False):
             if self._let_go:
-                raise errors.AgentLetGo(f"agent {self.id} was let go at the agent cap; session "
-                                        f"{self.session_id} needs a new one")
+                raise errors.AgentLetGo(f"agent {self.id} was let go ({self._let_go_why}); "
+                                        f"session {self.session_id} needs a new one")
             raise errors.TurnAlreadyRunning(
                 f"agent {self.id} is already mid-turn on session {self.session_id}"
             )

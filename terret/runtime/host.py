@@ -228,7 +228,9 @@ class AgentHost:
             agent = self._agents.get(agent_id)
             if agent is None:
                 raise errors.RuntimeFault(f"no agent {agent_id!r}")
-            if agent.busy:
+            # For good: a caller still holding the Agent gets AgentLetGo, not a turn that
+            # claims the session outside the registry (nothing releases it at close).
+            if not agent.let_go("disposed"):
                 raise errors.AgentBusy(f"agent {agent_id} is {agent.status}; only idle agents "
                                        "can be disposed")
             self._unregister(agent)
@@ -292,18 +294,25 @@ class AgentHost:
         if agent is None or agent.busy:
             return
         try:
-            owner = self.writer.load(session_id).state.owner
+            state = self.writer.load(session_id).state
         except errors.TerretError:
             return  # unreadable (purged): whoever uses the agent next is told why
-        if owner is not None and owner.agent_id != agent.id:
-            log.info("session %s moved to agent %s in worker %s; agent %s here is dropped",
-                     session_id, owner.agent_id, owner.worker, agent.id)
+        owner, mine = state.owner, agent.ownership.epoch
+        # Another agent attached since this one did: moved, even if that one let it go since.
+        if (owner is not None and owner.agent_id != agent.id) or (
+                mine is not None and state.epoch > mine):
+            where = f"worker {owner.worker}" if owner is not None else "another agent"
+            log.info("session %s moved to %s; agent %s here is dropped", session_id, where,
+                     agent.id)
             with self._spawning(session_id):
                 if self.agent_for_session(session_id) is agent and not agent.busy:
-                    self.forget(agent)
+                    self.forget(agent, f"its session moved to {where}")
 
-    def forget(self, agent: Agent) -> None:
-        """Drop the agent from the registry and remove its listeners (nothing is written)."""
+    def forget(self, agent: Agent, why: str = "dropped from this process") -> None:
+        """Drop the agent from the registry and remove its listeners (nothing is written); a
+        caller still holding it gets ``AgentLetGo`` (a turn it is running finds out at its
+        next write, ``LostOwnership``)."""
+        agent.let_go(why)
         with self._lock:
             self._unregister(agent)
         agent.release()

@@ -364,7 +364,7 @@ def test_r26_lost_ownership_releases_the_agent_too(make_runtime: MakeRuntime, st
     # The agent that lost its session is gone from this process, its listeners with it; it
     # wrote nothing (no detach: the session is not its to release).
     assert rt.agent_for_session(sid) is None and agent not in rt.agents
-    assert agent.status == "idle" and not agent._listeners
+    assert agent.status == "released" and not agent._listeners  # let go: AgentLetGo if held
     assert names(read_log(store, sid))[-1] == "assistant/message"
 
 
@@ -474,3 +474,30 @@ def test_r26_a_parked_turn_does_not_hold_its_requests_history(make_runtime: Make
         assert job.join().status == "completed"
     finally:
         rt.close()
+
+
+def test_an_agent_disposed_or_dropped_runs_no_turn_for_a_caller_still_holding_it(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """A disposed agent (or one dropped when another process moved its session) still ran
+    turns for a caller holding the object: outside the registry, it claimed the session
+    (agent/attached), the runtime spawned a second agent for it at the next turn, and close()
+    never released the orphan. ``AgentLetGo`` now, nothing written."""
+    from terret.domain.errors import AgentLetGo
+
+    rt = make_runtime()
+    sid = rt.create_session()
+    held = rt.spawn_agent(sid, agent_id="mine")
+    rt.dispose_agent("mine")
+    before = read_log(opened.store, sid)
+    with pytest.raises(AgentLetGo, match="disposed"):
+        held.run_turn("hello")
+    assert read_log(opened.store, sid) == before and rt.agents == []
+
+    moved = rt.spawn_agent(sid, agent_id="pinned")
+    other_process(opened.uri, "turn", str(sid), "from elsewhere")  # the idle session moves
+    wait_until(lambda: rt.agent_for_session(sid) is None, what="the moved agent dropped")
+    before = read_log(opened.store, sid)
+    with pytest.raises(AgentLetGo, match="moved to"):
+        moved.run_turn("hello")
+    assert read_log(opened.store, sid) == before
+    assert rt.run_turn(sid, "back here").status == "completed"  # a new agent takes it back

@@ -100,7 +100,8 @@ def subscribe_until_caught_up(store: EventStore, after: int, wire_names: list[st
 
 def test_builtin_flags_follow_the_architecture() -> None:
     assert COMMUTATIVE == {  # R5
-        "approval/resolved", "inbox/queued", "policy/updated", "policy/reset", "model/set", "session/titled",
+        "approval/resolved", "inbox/queued", "policy/updated", "policy/reset", "model/set",
+        "session/titled",
         "turn/cancel_requested", "budget/set", "tool/in_doubt_resolved", "usage/recorded",
         "session/compacted",
     }
