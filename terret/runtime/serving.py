@@ -469,7 +469,10 @@ class Supervisor:
         race leaves its text in the inbox: it rides the winner's next step). A session a live
         worker owns is left to it (``SessionOwned``). Serving (``waking_only``) starts a turn
         only for an entry queued with ``wake``: one without rides the next turn, whoever
-        starts it (a worker taking a released session over started a turn with it)."""
+        starts it (a worker taking a released session over started a turn with it). A closed
+        session is ``SessionClosed``: None would read as "idle, nothing to do"."""
+        if self.services.writer.load(session_id).closed:
+            raise errors.SessionClosed(f"session {session_id} is closed")
         agent = self._agent_to_wake(session_id)
         return None if agent is None else self._drive_wake(agent, waking_only=waking_only)
 

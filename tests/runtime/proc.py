@@ -12,6 +12,7 @@ Actions:
   policy SID PATTERN...          Runtime.set_policy
   policy-reset SID               Runtime.reset_policy (the recorded allow-list withdrawn)
   cancel SID                     Runtime.cancel by an operator
+  close SID                      Runtime.close_session by an operator
   assistant SID TEXT             assistant/message appended through SessionRepository (taking
                                  over the open step: not commutative)
   turn SID TEXT                  Runtime.run_turn to completion with a scripted model ("ok")
@@ -116,6 +117,7 @@ _COMMANDS: dict[str, Callable[[Runtime, UUID, list[str]], object]] = {
     "policy": lambda rt, sid, rest: rt.set_policy(sid, rest, by=OPERATOR),
     "policy-reset": lambda rt, sid, rest: rt.reset_policy(sid, by=OPERATOR),
     "cancel": lambda rt, sid, rest: rt.cancel(sid, by=OPERATOR, reason="from another process"),
+    "close": lambda rt, sid, rest: rt.close_session(sid, by=OPERATOR),
     "model": lambda rt, sid, rest: rt.set_model(sid, rest[0], rest[1], by=OPERATOR),
     "budget": lambda rt, sid, rest: rt.set_budget(
         sid, None if rest[0] == "none" else float(rest[0]), by=OPERATOR),

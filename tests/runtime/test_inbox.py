@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from terret import Actor, Reply, ScriptedProvider
 from terret.runtime import ModelRequest
 from tests.runtime.conftest import MakeRuntime, OpenedStore
@@ -254,3 +256,20 @@ def test_r24_a_worker_taking_a_released_session_over_starts_no_turn_for_an_unwak
                      len(only(lg, "turn/end")) == 2 and lg, what="the waking turn")
     assert names(log).count("turn/start") == 2
     assert consumed_once(log, [quiet, loud])
+
+
+def test_wake_of_a_session_closed_from_another_process_is_refused(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """``wake`` answered None — "idle, nothing to do" — for a closed session, where ``inject``
+    and ``run_turn`` say ``SessionClosed``; it says so too, and writes nothing."""
+    from terret.domain.errors import SessionClosed
+    from tests.runtime.kit import other_process
+
+    rt = make_runtime()
+    sid = rt.create_session()
+    assert rt.wake(sid) is None  # open and idle: nothing to do
+    other_process(opened.uri, "close", str(sid))
+    before = read_log(opened.store, sid)
+    with pytest.raises(SessionClosed):
+        rt.wake(sid)
+    assert read_log(opened.store, sid) == before
