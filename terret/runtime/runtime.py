@@ -708,20 +708,26 @@ class Runtime:
 
     @takes_session
     def rerun(self, session_id: UUID, call_id: str, *, by: Actor,
-              reason: str | None = None) -> None:
-        """Let a call in doubt run again (it may have taken effect the first time)."""
-        self._resolve_doubt(session_id, call_id, "rerun", by, reason)
+              reason: str | None = None, name: str | None = None,
+              args: dict[str, Any] | None = None) -> None:
+        """Let a call in doubt run again (it may have taken effect the first time); with
+        ``name`` and/or ``args``, only if it is in doubt for that tool and/or those arguments,
+        as ``approve`` (``CallNotInDoubt`` otherwise)."""
+        self._resolve_doubt(session_id, call_id, "rerun", by, reason, name, args)
 
     @takes_session
-    def skip(self, session_id: UUID, call_id: str, *, by: Actor, reason: str) -> None:
+    def skip(self, session_id: UUID, call_id: str, *, by: Actor, reason: str,
+             name: str | None = None, args: dict[str, Any] | None = None) -> None:
         """Do not run a call in doubt again: the model gets an error result saying so (and
-        ``reason``, which may not be blank)."""
+        ``reason``, which may not be blank); ``name``/``args`` as ``rerun``."""
         _require_reason(InDoubtResolved.wire_name, reason)
-        self._resolve_doubt(session_id, call_id, "skipped", by, reason)
+        self._resolve_doubt(session_id, call_id, "skipped", by, reason, name, args)
 
     def _resolve_doubt(self, session_id: UUID, call_id: str, verdict: str, by: Actor,
-                       reason: str | None) -> None:
-        self.commands.resolve_in_doubt(session_id, call_id, verdict, by=by, reason=reason)
+                       reason: str | None, name: str | None,
+                       args: dict[str, Any] | None) -> None:
+        self.commands.resolve_in_doubt(session_id, call_id, verdict, by=by, reason=reason,
+                                       name=name, args=args)
         self.signals.signal(session_id)  # a turn parked on it here goes on at once
 
     # --- spend budget (R21) --------------------------------------------------------------

@@ -298,3 +298,27 @@ def test_a_restarted_process_parks_again_on_the_same_call_without_a_second_recor
     second.rerun(sid, "c-pay", by=OPERATOR)
     assert job.join().status == "completed"
     assert payments.keys == [key]
+
+
+def test_rerun_and_skip_through_the_api_are_bound_to_the_tool_and_arguments_given(
+        make_runtime: MakeRuntime, opened: OpenedStore, tmp_path: Path) -> None:
+    """The CLI's ``in-doubt rerun|skip --tool/--args`` decided exactly the call looked at;
+    ``Runtime.rerun``/``skip`` took no ``name``/``args`` (``TypeError``), unlike ``approve``."""
+    from terret.domain.errors import CallNotInDoubt
+
+    store = opened.store
+    sid, first_key = killed_mid_payment(make_runtime, opened, tmp_path)
+    payments = Payments(store)
+    rt = make_runtime(answers(), tools=[payments.pay])
+    job = Background(lambda: rt.resume_turn(sid))
+    parked_in_doubt(rt, sid)
+    before = read_log(store, sid)
+    for wrong in ({"name": "refund"}, {"args": {"amount": 500}}):
+        with pytest.raises(CallNotInDoubt):
+            rt.rerun(sid, "c-pay", by=OPERATOR, **wrong)  # type: ignore[arg-type]
+        with pytest.raises(CallNotInDoubt):
+            rt.skip(sid, "c-pay", by=OPERATOR, reason="no",
+                    **wrong)  # type: ignore[arg-type]
+    assert read_log(store, sid) == before
+    rt.rerun(sid, "c-pay", by=OPERATOR, name="pay", args={"amount": 5})
+    assert job.join().status == "completed" and payments.keys == [first_key]
