@@ -192,6 +192,11 @@ class WorkerLease:
         with self._lock:
             return self._generation
 
+    @property
+    def stopped(self) -> bool:
+        """``stop`` was called: the worker acts on nothing more."""
+        return self._stop.is_set()
+
     def valid(self, generation: int) -> bool:
         """True while a lease taken at ``generation`` may still be acted on."""
         last = self._last_ok
@@ -358,7 +363,13 @@ class SessionLease:
                             "it stops without writing")
 
     def check(self) -> None:
-        """Fail safe before acting: a lease that may have run out is not acted on."""
+        """Fail safe before acting (a model request, a tool call): a lease that may have run
+        out is not acted on, nor one whose worker stopped (``Runtime.close`` returned: a turn
+        that overran the grace records what it has, but starts nothing more — its session is
+        taken over when the lease expires, and a call started meanwhile could run twice)."""
+        if self.lease.stopped:
+            raise LostOwnership(f"agent {self.agent_id}: worker {self.lease.worker} has "
+                                "stopped; stopping before acting")
         if self.epoch is None or not self.lease.valid(self.generation):
             raise LostOwnership(f"agent {self.agent_id}: the lease of worker "
                                 f"{self.lease.worker} may have run out; stopping before acting")

@@ -145,3 +145,30 @@ def test_a_scan_that_outruns_the_grace_ends_without_a_word(
     assert ended.wait(15)
     time.sleep(0.2)
     assert "serving scan failed" not in caplog.text
+
+
+def test_a_turn_that_overran_the_grace_starts_no_tool_call_once_close_returned(
+        make_runtime: MakeRuntime, kit: Any, store: EventStore,
+        gates: Any) -> None:
+    """A turn held at its model request past ``close(grace)``: close returned (the session
+    left to the lease's expiry), then the reply came and the tool ran — a side effect
+    started after shutdown, which the worker taking the session over may run again. The
+    reply is still recorded (its cost is the log's), but no call starts."""
+    from terret.domain.errors import LostOwnership
+    from tests.runtime.kit import Background, calls, final, only
+
+    gate = gates()
+    rt = make_runtime([calls(("status", {"env": "a"}), gate=gate), final()])
+    sid = rt.create_session()
+    job = Background(lambda: rt.run_turn(sid, "go"))
+    wait_until(lambda: rt.agent_for_session(sid) is not None
+               and rt.agent_for_session(sid).status == "running", what="the turn")  # type: ignore[union-attr]
+    time.sleep(0.2)
+    rt.close(grace=0.3)
+    gate.set()
+    with pytest.raises(LostOwnership, match="has stopped"):
+        job.join()
+    assert kit.ran == []
+    log = read_log(store, sid)
+    assert len(only(log, "assistant/message")) == 1  # the reply (and its cost) is kept
+    assert "tool/result" not in names(log) and "turn/end" not in names(log)
