@@ -114,8 +114,8 @@ def test_a_kill_while_parked_then_a_verdict_and_a_resume_count_each_call_once(
     sid = make_runtime(start=False).create_session()
     assert other_process(opened.uri, "park", str(sid))["pending"] == ["c-park"]  # then died
     other_process(opened.uri, "approve", str(sid), "c-park")
-    rt = make_runtime([final("deployed", usage=Usage(20, 2, 0.002))])
-    assert rt.resume_turn(sid).status == "completed"  # the deploy here takes {env}: an error
+    rt = make_runtime([final("deployed", usage=Usage(20, 2, 0.002))], tools=[_deploy_as_parked])
+    assert rt.resume_turn(sid).status == "completed"  # the approved deploy runs here
     expected = {"prompt_tokens": 131, "completion_tokens": 15, "cost": 0.012, "steps": 2}
     assert close(replies_usage(rt, sid), expected)
     everywhere(rt, sid, expected)
@@ -125,6 +125,13 @@ def test_a_kill_while_parked_then_a_verdict_and_a_resume_count_each_call_once(
 
 class _NoArgs(BaseModel):
     pass
+
+
+@tool(args=_NoArgs, name="deploy", approval="always")
+def _deploy_as_parked(args: _NoArgs, ctx: CallContext) -> str:
+    """``deploy`` as the parking process defines it: a process whose tool no longer takes the
+    arguments of a call a person approved refuses the session."""
+    return "deployed"
 
 
 @tool(args=_NoArgs, name="die")
