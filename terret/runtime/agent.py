@@ -487,14 +487,15 @@ class Agent:
     def _warn_unpriced(self, spec: str, reply: ModelReply, session: Session) -> None:
         """A budget counts only costs: a model whose replies carry none (OpenAI, vLLM without
         ``prices`` in its endpoint's config) is spent free of it — said once per model."""
-        if reply.usage is None or reply.usage.cost is not None or spec in self._unpriced:
+        if (reply.usage is not None and reply.usage.cost is not None) or spec in self._unpriced:
             return
         if self.services.budget_guard.check(session.state) is None:
             return
         self._unpriced.add(spec)
-        log.warning("session %s: %s reported no cost: its budget does not count this model's "
+        what = "no cost" if reply.usage is not None else "no usage at all"
+        log.warning("session %s: %s reported %s: its budget does not count this model's "
                     "calls (give its endpoint prices in the providers config)",
-                    self.session_id, spec)
+                    self.session_id, spec, what)
 
     def _at_boundary(self) -> Session:
         """The session at a step's boundary; raises if the process stops or the turn was

@@ -249,6 +249,22 @@ def test_a_budget_over_a_model_that_reports_no_cost_says_it_counts_nothing(
         rt.close()
 
 
+def test_a_budget_over_a_provider_that_reports_no_usage_at_all_says_it_counts_nothing(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    """A reply with no usage (a provider of your own, a server sending none) was spent free of
+    the budget without the warning a reply without a cost gets."""
+    from terret import Reply as Scripted
+
+    rt = make_runtime(ScriptedProvider(default=Scripted(text="ok", usage=None)))
+    sid = rt.create_session()
+    rt.set_budget(sid, 0.01, by=OPERATOR)
+    with caplog.at_level("WARNING", logger="terret"):
+        for text in ("one", "two"):
+            assert rt.run_turn(sid, text).status == "completed"
+    warned = [r.getMessage() for r in caplog.records if "no usage at all" in r.getMessage()]
+    assert len(warned) == 1 and "its budget does not count" in warned[0]
+
+
 def test_a_step_that_lands_exactly_on_the_budget_runs(make_runtime: MakeRuntime,
                                                       opened: OpenedStore) -> None:
     """0.2 + 0.1 is 0.30000000000000004 as floats: a budget of 0.3 parked the third step of
