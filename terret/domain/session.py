@@ -468,7 +468,7 @@ class Session(Aggregate):
         if request is None:
             raise errors.ApprovalNotPending(
                 f"call {shown(call_id)} is not pending in the open turn of session {self.id}"
-            )
+                + self._why_not_pending(call_id))
         if self.state.cancel_requested:
             # The turn's cancel denies every standing request when it closes the turn (R13):
             # an approval accepted now would be reported done and never run.
@@ -481,6 +481,19 @@ class Session(Aggregate):
             )
         self._record(ApprovalResolved(call_id=call_id, verdict=verdict,  # type: ignore[arg-type]
                                       reason=reason, by=by))
+
+    def _why_not_pending(self, call_id: str) -> str:
+        """What the call is instead, when the log says: decided already, or in doubt (which an
+        approval cannot decide: a re-run or a skip does)."""
+        decided = self.state.verdicts.get(call_id) if self.state.turn_open else None
+        if decided is not None:
+            who = decided.by.actor + (f" {decided.by.id}" if decided.by.id else "")
+            return f": it was decided already ({decided.verdict} by {who}), that verdict stands"
+        if self.state.turn_open and (call_id in self.state.doubts
+                                     or call_id in self.state.started):
+            return (": it is in doubt (it started and left no result); decide it with a re-run "
+                    "or a skip (`terret in-doubt rerun|skip`, `Runtime.rerun`/`skip`)")
+        return ""
 
     def request_cancel(self, *, by: Actor, reason: str | None = None) -> bool:
         """R13: record the cancel (True). A turn whose cancel is recorded already is left as it

@@ -372,6 +372,20 @@ def test_a_reason_past_the_limit_is_refused_before_anything_is_written(
     assert kit.ran == []
 
 
+def test_r11_a_second_verdict_is_told_which_verdict_stands(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """The loser of two verdicts on a parked call nobody serves (its process died) was told
+    only "not pending"; it is told what was decided, by whom, and nothing is written."""
+    rt = make_runtime(start=False)
+    sid = rt.create_session()
+    other_process(opened.uri, "park", str(sid))
+    other_process(opened.uri, "approve", str(sid), "c-park")
+    before = read_log(opened.store, sid)
+    with pytest.raises(ApprovalNotPending, match=r"decided already \(approved by operator proc"):
+        rt.deny(sid, "c-park", by=USER, reason="too late")
+    assert read_log(opened.store, sid) == before
+
+
 def test_r12_no_timeout_by_default(make_runtime: MakeRuntime, store) -> None:
     rt = make_runtime([calls(("deploy", {"env": "prod"})), final()])
     assert rt.config.approval_max_wait is None

@@ -319,6 +319,10 @@ def test_rerun_and_skip_through_the_api_are_bound_to_the_tool_and_arguments_give
         with pytest.raises(CallNotInDoubt):
             rt.skip(sid, "c-pay", by=OPERATOR, reason="no",
                     **wrong)  # type: ignore[arg-type]
+    from terret.domain.errors import ApprovalNotPending
+
+    with pytest.raises(ApprovalNotPending, match=r"in doubt .*in-doubt rerun\|skip"):
+        rt.approve(sid, "c-pay", by=OPERATOR)  # an approval cannot decide it: said so
     assert read_log(store, sid) == before
     rt.rerun(sid, "c-pay", by=OPERATOR, name="pay", args={"amount": 5})
     assert job.join().status == "completed" and payments.keys == [first_key]
