@@ -628,6 +628,9 @@ class Runtime:
         the new one is the most recently used, the last the cap lets go."""
         lookups = 0
         while True:
+            if self.stopping.is_set():  # before a spawn claims the session: nothing written
+                raise errors.RuntimeStopping(
+                    f"this runtime is closing: it runs no more turns (session {session_id})")
             agent = self.agent_for(session_id, take_idle=take_idle, for_new_turn=for_new_turn)
             lookups += 1
             try:

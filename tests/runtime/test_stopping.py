@@ -172,3 +172,25 @@ def test_a_turn_that_overran_the_grace_starts_no_tool_call_once_close_returned(
     log = read_log(store, sid)
     assert len(only(log, "assistant/message")) == 1  # the reply (and its cost) is kept
     assert "tool/result" not in names(log) and "turn/end" not in names(log)
+
+
+def test_a_turn_asked_while_close_waits_for_the_others_claims_nothing(
+        make_runtime: MakeRuntime, store: EventStore, gates: Any) -> None:
+    """During close()'s grace (a turn still running), ``run_turn`` on another session was
+    refused with RuntimeStopping — after its spawn had claimed the session: agent/attached,
+    then the shutdown's agent/detached, for a call that wrote "nothing"."""
+    from tests.runtime.kit import held_turn
+
+    held = held_turn(make_runtime, gates)  # at its model request
+    rt = held.rt
+    fresh = rt.create_session()
+    closing = threading.Thread(target=lambda: rt.close(grace=5.0))
+    closing.start()
+    wait_until(rt.stopping.is_set, what="close to begin")
+    before = read_log(store, fresh)
+    with pytest.raises(RuntimeStopping):
+        rt.run_turn(fresh, "hello")
+    held.gate.set()
+    closing.join(15)
+    assert held.job.join().status == "completed"  # within the grace
+    assert read_log(store, fresh) == before
