@@ -7,6 +7,7 @@ and the EventStoreDB emulator."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -81,6 +82,27 @@ def killed_mid_payment(make_runtime: MakeRuntime, opened: OpenedStore, tmp_path:
 def parked_in_doubt(rt: Any, sid: UUID) -> None:
     wait_until(lambda: (a := rt.agent_for_session(sid)) is not None
                and a.status == "waiting_in_doubt", what="the turn parked on a call in doubt")
+
+
+@dataclass
+class ResumedInDoubt:
+    """A turn killed inside ``pay``, resumed by this test's runtime and parked on the call."""
+
+    sid: UUID
+    first_key: str
+    payments: Payments
+    rt: Any
+    job: Background
+
+
+def resumed_in_doubt(make_runtime: MakeRuntime, opened: OpenedStore,
+                     tmp_path: Path) -> ResumedInDoubt:
+    sid, first_key = killed_mid_payment(make_runtime, opened, tmp_path)
+    payments = Payments(opened.store)
+    rt = make_runtime(answers(), tools=[payments.pay])
+    job = Background(lambda: rt.resume_turn(sid))
+    parked_in_doubt(rt, sid)
+    return ResumedInDoubt(sid, first_key, payments, rt, job)
 
 
 def test_a_tool_that_may_not_run_twice_is_recorded_as_started_before_its_handler_runs(
@@ -176,11 +198,8 @@ def test_the_emergency_stop_holds_for_a_call_in_doubt_an_operator_reruns(
     any next call: the rerun verdict does not run it. (It was checked against the policy read
     before the wait.)"""
     store = opened.store
-    sid, _ = killed_mid_payment(make_runtime, opened, tmp_path)
-    payments = Payments(store)
-    rt = make_runtime(answers(), tools=[payments.pay])
-    job = Background(lambda: rt.resume_turn(sid))
-    parked_in_doubt(rt, sid)
+    resumed = resumed_in_doubt(make_runtime, opened, tmp_path)
+    sid, payments, rt, job = resumed.sid, resumed.payments, resumed.rt, resumed.job
     with pytest.raises(errors.CallNotInDoubt):  # refused here: the process drops its copy
         rt.rerun(sid, "c-other", by=OPERATOR)
     other_process(opened.uri, "policy", str(sid))  # no patterns: deny every tool
@@ -307,11 +326,8 @@ def test_rerun_and_skip_through_the_api_are_bound_to_the_tool_and_arguments_give
     from terret.domain.errors import CallNotInDoubt
 
     store = opened.store
-    sid, first_key = killed_mid_payment(make_runtime, opened, tmp_path)
-    payments = Payments(store)
-    rt = make_runtime(answers(), tools=[payments.pay])
-    job = Background(lambda: rt.resume_turn(sid))
-    parked_in_doubt(rt, sid)
+    resumed = resumed_in_doubt(make_runtime, opened, tmp_path)
+    sid, payments, rt, job = resumed.sid, resumed.payments, resumed.rt, resumed.job
     before = read_log(store, sid)
     for wrong in ({"name": "refund"}, {"args": {"amount": 500}}):
         with pytest.raises(CallNotInDoubt):
@@ -325,4 +341,4 @@ def test_rerun_and_skip_through_the_api_are_bound_to_the_tool_and_arguments_give
         rt.approve(sid, "c-pay", by=OPERATOR)  # an approval cannot decide it: said so
     assert read_log(store, sid) == before
     rt.rerun(sid, "c-pay", by=OPERATOR, name="pay", args={"amount": 5})
-    assert job.join().status == "completed" and payments.keys == [first_key]
+    assert job.join().status == "completed" and payments.keys == [resumed.first_key]
