@@ -93,6 +93,10 @@ class Supervisor:
         self.serving = False
         self._free_since: dict[UUID, float] = {}
         self._refused: set[UUID] = set()
+        self._failed_at: dict[UUID, int] = {}
+        """Sessions whose resumed turn failed and stayed open (a provider down), at the log's
+        version then: tried again at the next stimulus — any event of the session — not at
+        every scan (R16: each try appends a step, and a loop would burn the step limit)."""
         self._live: tuple[float, list[LiveWorker]] = (float("-inf"), [])
         self._wakers: set[threading.Thread] = set()
         self._lock = threading.Lock()
@@ -309,7 +313,7 @@ class Supervisor:
             session = self.services.writer.load(sid)
         except errors.TerretError:
             return None
-        if session.closed:
+        if session.closed or self._waits_for_a_stimulus(sid, session):
             return None
         lease = self.services.lease
         owner = session.state.owner
@@ -442,9 +446,12 @@ class Supervisor:
                 return
             try:
                 self._drive_wake(agent, waking_only=True)
+                with self._lock:
+                    self._failed_at.pop(session_id, None)
             except _QUIET:
                 pass
             except BaseException as exc:  # noqa: BLE001 - a tool's SystemExit too: said
+                self._note_failed(session_id)
                 # The turn ended failed (recorded); the session stays served here. A tool's
                 # KeyboardInterrupt or SystemExit stops its turn, not the server (signals reach
                 # the main thread only). One line per record, as serve promises: the traceback
@@ -463,6 +470,25 @@ class Supervisor:
                 return
             self._wakers = {t for t in self._wakers if t.is_alive()} | {thread}
         thread.start()
+
+    def _note_failed(self, session_id: UUID) -> None:
+        """A woken turn failed: if it stayed open, wait for a stimulus before trying again."""
+        try:
+            session = self.services.writer.load(session_id)
+        except errors.TerretError:
+            return
+        if session.turn_open:
+            with self._lock:
+                self._failed_at[session_id] = session.version
+
+    def _waits_for_a_stimulus(self, sid: UUID, session: Session) -> bool:
+        """Its resume failed and nothing was recorded in the session since."""
+        with self._lock:
+            failed_at = self._failed_at.get(sid)
+            if failed_at is not None and session.version != failed_at:
+                del self._failed_at[sid]
+                return False
+        return failed_at is not None
 
     def wake(self, session_id: UUID, *, waking_only: bool = False) -> TurnResult | None:
         """Resume the session's open turn, or start one with its pending inbox (the loser of a

@@ -167,3 +167,31 @@ def _on_openrouter(server: Any, store: SQLiteStore, main: str, tool: Any
         store, resolver=registry, config=terret.RuntimeConfig(roles={"main": main}),
         agents=[terret.AgentDefinition(tools=[tool], allow=[tool.name])],
     ).start(), registry
+
+
+def test_an_empty_reply_in_the_history_is_left_out_of_later_requests(
+    server: ScriptedServer, tmp_path: Path
+) -> None:
+    """A model that answered nothing (an empty end_turn, or a reply whose calls the log could
+    not hold) left an ``assistant/message`` with no text and no calls: every later request
+    carried ``{"role": "assistant", "content": ""}``, which Anthropic's models refuse anywhere
+    but last — the session failed for good there. The log keeps the reply (its usage); the
+    requests leave it out."""
+    server.script(CHAT, Reply.sse(text_stream([], usage=openrouter_usage(10, 0, 0.0001))),
+                  Reply.sse(text_stream(["hello again"])))
+    store = SQLiteStore(tmp_path / "e2e.db")
+    runtime, registry = _on_openrouter(server, store, "openrouter:acme/weather-1", weather)
+    try:
+        sid = runtime.create_session()
+        assert runtime.run_turn(sid, "say nothing").status == "completed"
+        assert runtime.run_turn(sid, "and now?").status == "completed"
+        second = server.requests[-1].json()["messages"]
+        assert [m["role"] for m in second] == ["user", "user"]
+        assert all(m.get("content") for m in second)
+        replies = [json.loads(r.data) for r in store.read_stream(session_stream(sid))
+                   if r.wire_name == "assistant/message"]
+        assert replies[0]["text"] == "" and replies[0]["usage"]["cost"] == 0.0001
+    finally:
+        runtime.close()
+        registry.close()
+        store.close()

@@ -239,6 +239,32 @@ def test_r16_a_failed_resume_leaves_the_turn_open(make_runtime: MakeRuntime, kit
     assert kit.ran == [("status", {"env": "prod"})]
 
 
+def test_r16_a_serving_worker_whose_resume_failed_waits_for_a_stimulus(
+        make_runtime: MakeRuntime, kit: Kit, opened: OpenedStore) -> None:
+    """A provider down: serve resumed the open turn at every scan (each second), each try
+    a model request and a new step/start, until the step limit closed the turn failed. It
+    tries once, then again at the next event of the session (here another process's inject),
+    and the turn stays open through the outage."""
+    import time
+
+    from tests.runtime.kit import wait_until
+
+    store = opened.store
+    sid = dead_process(make_runtime, store, *opening(),
+                       lambda s: s.record_assistant("", [STATUS]))
+    down = ScriptedProvider(default=Reply(raises=ProviderError("scripted", "503 upstream")))
+    server = make_runtime(down, start=False)
+    server.serve_start()
+    wait_until(lambda: len(down.requests) == 1, what="the first try")
+    time.sleep(4 * server.supervisor.scan_interval)  # four scans
+    assert len(down.requests) == 1 and len(only(read_log(store, sid), "step/start")) == 2
+    other_process(opened.uri, "inject", str(sid), "any news?")
+    wait_until(lambda: len(down.requests) == 2, what="the try at the stimulus")
+    time.sleep(2 * server.supervisor.scan_interval)
+    assert len(down.requests) == 2 and server.resumable(sid)
+    assert not only(read_log(store, sid), "turn/end")
+
+
 def test_r16_a_resumed_turn_with_a_recorded_cancel_closes_cancelled(make_runtime: MakeRuntime,
                                                                     kit: Kit, store) -> None:
     sid = dead_process(

@@ -42,7 +42,12 @@ def wire_message(message: Message) -> dict[str, Any]:
 
 
 def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    return [wire_message(message) for message in messages]
+    """The request's messages. An assistant message with neither text nor calls (an empty
+    reply, or one whose calls the log could not hold) is left out: Anthropic's models, through
+    OpenRouter say, refuse empty content anywhere but last, so one such reply in the history
+    failed every later request of the session."""
+    return [wire_message(message) for message in messages
+            if message.role != "assistant" or message.text or message.tool_calls]
 
 
 def wire_tool(tool: ToolSpec) -> dict[str, Any]:
