@@ -451,7 +451,8 @@ class Supervisor:
             except _QUIET:
                 pass
             except BaseException as exc:  # noqa: BLE001 - a tool's SystemExit too: said
-                self._note_failed(session_id)
+                if not isinstance(exc, errors.StoreError):  # an outage: the scan tries again
+                    self._note_failed(session_id)
                 # The turn ended failed (recorded); the session stays served here. A tool's
                 # KeyboardInterrupt or SystemExit stops its turn, not the server (signals reach
                 # the main thread only). One line per record, as serve promises: the traceback
