@@ -270,6 +270,10 @@ class Session(Aggregate):
         started, message = _turn_start(turn, trigger, text, inbox_id)
         self._record(started)
         if message is not None:
+            # What was queued before the input comes before it, as it was queued: the model
+            # answers the last message, which must be the input, not an older note.
+            self.take_inbox(before=inbox_id, room=MAX_MESSAGE_BYTES - len(message.to_json()),
+                            at_least_one=False)
             self._record(message)
         return turn
 
@@ -283,17 +287,21 @@ class Session(Aggregate):
         cls._storable(UserMessage.wire_name, text=text, inbox_id=inbox_id)
         _turn_start(1, trigger, text, inbox_id)
 
-    def take_inbox(self) -> list[str]:
+    def take_inbox(self, *, before: str | None = None, room: int = MAX_MESSAGE_BYTES,
+                   at_least_one: bool = True) -> list[str]:
         """Move the pending inbox entries into the log as ``context/injected`` (R24), oldest
-        first, as many as take ``MAX_MESSAGE_BYTES`` together (one at least): they ride in the
-        step's append, which EventStoreDB bounds whole; the rest ride the next steps."""
+        first — those queued before the entry ``before`` when given — as many as take ``room``
+        together (one at least, unless ``at_least_one`` is off): they ride in the step's (or
+        the turn start's) append, which EventStoreDB bounds whole; the rest ride the next
+        steps."""
         self._require_turn()
         taken: list[str] = []
-        room = MAX_MESSAGE_BYTES
         for inbox_id, entry in list(self.state.inbox.items()):
+            if inbox_id == before:
+                break
             injected = ContextInjected(text=entry.text, inbox_id=inbox_id)
             size = len(injected.to_json())
-            if taken and size > room:
+            if (taken or not at_least_one) and size > room:
                 break
             self._record(injected)
             taken.append(entry.text)

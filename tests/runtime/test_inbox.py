@@ -37,8 +37,11 @@ def consumed_once(log: list, inbox_ids: list[str]) -> bool:
     return sorted(taken) == sorted(inbox_ids)
 
 
-def test_r24_inject_without_wake_rides_the_next_step_of_the_next_turn(
+def test_r24_inject_without_wake_rides_into_the_next_turn_before_its_input(
         make_runtime: MakeRuntime, store) -> None:
+    """Queued before the turn's input, the note comes before it, as it was queued: the model
+    answers the last message, which is the input (it was given the note last, and answered
+    that)."""
     provider = ScriptedProvider([final()])
     rt = make_runtime(provider)
     sid = rt.create_session()
@@ -47,8 +50,10 @@ def test_r24_inject_without_wake_rides_the_next_step_of_the_next_turn(
     drain_upkeep(rt)
     assert "turn/start" not in names(read_log(store, sid))  # no wake, no turn
     rt.run_turn(sid, "deploy")
-    assert user_texts(provider, 0) == ["deploy", "remember: staging only"]
+    assert user_texts(provider, 0) == ["remember: staging only", "deploy"]
     log = read_log(store, sid)
+    assert names(log)[names(log).index("turn/start"):][:3] == [
+        "turn/start", "context/injected", "user/message"]
     (injected,) = only(log, "context/injected")
     assert injected.data == {"text": "remember: staging only", "inbox_id": inbox_id}
     assert consumed_once(log, [inbox_id])
@@ -173,6 +178,24 @@ def test_r24_wakes_of_many_sessions_run_at_once(make_runtime: MakeRuntime, store
         wait_for_event(store, sid, "turn/end")
 
 
+def test_r24_a_waking_entry_is_the_input_after_what_was_queued_before_it(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """Another process queues a note, then a waking question, then a later note: the woken
+    turn's model sees the first note, then the question — its input, last — and the later
+    note rides the next step."""
+    from tests.runtime.kit import other_process
+
+    provider = ScriptedProvider(default=final("answered"))
+    server = make_runtime(provider, start=False)
+    sid = server.create_session()
+    other_process(opened.uri, "inject", str(sid), "note: staging only")
+    other_process(opened.uri, "inject", str(sid), "deploy now?", "wake")
+    server.serve_start()
+    log = wait_for_event(opened.store, sid, "turn/end")
+    assert user_texts(provider, 0) == ["note: staging only", "deploy now?"]
+    assert [e.data["text"] for e in only(log, "user/message")] == ["deploy now?"]
+
+
 def test_r24_the_inbox_is_durable_across_a_crash(make_runtime: MakeRuntime, store) -> None:
     crashed = make_runtime(start=False)  # an operator's CLI, or a process about to die
     sid = crashed.create_session()
@@ -181,7 +204,7 @@ def test_r24_the_inbox_is_durable_across_a_crash(make_runtime: MakeRuntime, stor
     provider = ScriptedProvider([final()])
     fresh = make_runtime(provider)
     fresh.run_turn(sid, "hello again")
-    assert user_texts(provider, 0) == ["hello again", "do not forget me"]
+    assert user_texts(provider, 0) == ["do not forget me", "hello again"]
     assert consumed_once(read_log(store, sid), [inbox_id])
 
 

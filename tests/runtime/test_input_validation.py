@@ -59,8 +59,9 @@ def test_run_turn_with_a_message_too_large_writes_nothing_and_the_same_on_every_
 def test_inbox_entries_too_large_for_one_step_together_ride_the_steps_after(
         make_runtime: MakeRuntime, store) -> None:
     """Each accepted, three 400 KB inbox entries were injected into one step's append, which
-    EventStoreDB refused whole: every turn after failed, the text never delivered. A step takes
-    as many as fit; the rest ride the next steps."""
+    EventStoreDB refused whole: every turn after failed, the text never delivered. The turn's
+    start takes as many as fit beside its input (they were queued before it), each step as many
+    as fit; the rest ride the next steps."""
     from terret import ScriptedProvider
     from tests.runtime.kit import calls, final, only
 
@@ -78,7 +79,7 @@ def test_inbox_entries_too_large_for_one_step_together_ride_the_steps_after(
         step += event.name == "step/start"
         if event.name == "context/injected":
             injected.append((event.data["text"][0], step))
-    assert injected == [("a", 1), ("b", 2), ("c", 3)], injected
+    assert injected == [("a", 0), ("b", 1), ("c", 2)], injected
     assert len(only(log, "turn/end")) == 1
 
 
