@@ -93,6 +93,11 @@ class Supervisor:
         self.serving = False
         self._free_since: dict[UUID, float] = {}
         self._refused: set[UUID] = set()
+        self._capped: set[UUID] = set()
+        """Sessions a claim refused at the agent cap: the scan tries them again. A pool
+        member's scan must (its group gave the message once and its views hold only its own
+        sessions: the wake was lost); for a worker whose views hold every session, they are
+        among those the views name anyway."""
         self._failed_at: dict[UUID, int] = {}
         """Sessions whose resumed turn failed and stayed open (a provider down), at the log's
         version then: tried again at the next stimulus — any event of the session — not at
@@ -199,14 +204,15 @@ class Supervisor:
 
     def scan(self) -> None:
         rt = self.services
-        wanted = set(rt.views.resumable_sessions()) | set(rt.views.sessions_to_wake())
+        capped = self._still_capped()  # this worker's to retry: given to it, or seen first
+        wanted = set(rt.views.resumable_sessions()) | set(rt.views.sessions_to_wake()) | capped
         orphans = self._orphans()
         with self._lock:
             self._free_since = {s: t for s, t in self._free_since.items()
                                 if s in wanted or s in orphans}
             self._upkeep_since = {s: t for s, t in self._upkeep_since.items() if s in orphans}
         for sid in wanted:
-            self._offer(sid, now=False)
+            self._offer(sid, now=False, chosen=sid in capped)
         self._take_orphans(now=False, orphans=orphans)
 
     # --- a pool member -----------------------------------------------------------------------
@@ -338,13 +344,35 @@ class Supervisor:
         except (errors.SessionOwned, errors.RuntimeStopping):
             return False  # another worker was quicker, or this one is stopping
         except errors.TerretError as exc:
+            if isinstance(exc, errors.AgentCapExceeded):
+                with self._lock:
+                    self._capped.add(sid)  # tried again by the scan once an agent is free
             # Another app's agent, a closed session, the agent cap: not ours to serve. Said for
             # every event that asks, but once only by the scan.
             if now or sid not in self._refused:
                 self._not_serving(sid, exc)
             self._refused.add(sid)
             return False
+        with self._lock:
+            self._capped.discard(sid)
         return True
+
+    def _still_capped(self) -> set[UUID]:
+        """The sessions refused at the cap that still need a worker (the others forgotten)."""
+        with self._lock:
+            capped = set(self._capped)
+        for sid in capped:
+            try:
+                session = self.services.writer.load(sid)
+            except errors.StoreError:
+                continue  # looked at again at the next scan
+            except errors.TerretError:
+                session = None  # purged: nothing to serve
+            if session is None or session.closed or not _needs_worker(session):
+                with self._lock:
+                    self._capped.discard(sid)
+        with self._lock:
+            return set(self._capped)
 
     def _not_serving(self, sid: UUID, exc: Exception) -> None:
         with self._lock:

@@ -32,3 +32,25 @@ def test_a_pool_members_queries_answer_for_its_sessions_and_refuse_the_others(
     with pytest.raises(RuntimeFault, match="not served by this pool member"):
         member.usage(other)
 
+
+
+def test_a_pool_member_at_its_agent_cap_serves_a_refused_wake_once_an_agent_is_free(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """The group gives a wake once: refused at the cap (every agent parked), it was lost — a
+    member's scan goes over its own sessions, and the refused one never was. It is tried again
+    once an agent is free, as a worker whose views hold every session does."""
+    from terret import RuntimeConfig, ScriptedProvider
+    from tests.runtime.kit import calls, other_process, wait_parked
+
+    provider = ScriptedProvider(default=lambda r: (
+        calls(("deploy", {"env": "prod"})) if r.messages[-1].text == "deploy" else final("hi")))
+    member = make_runtime(provider, config=RuntimeConfig(max_agents=1), start=False)
+    member.serve_start(group="terret-test-cap")
+    parked, waiting = member.create_session(), member.create_session()
+    other_process(opened.uri, "inject", str(parked), "deploy", "wake")
+    wait_parked(member, parked)
+    other_process(opened.uri, "inject", str(waiting), "hello", "wake")  # refused: the cap
+    wait_until(lambda: any(a.session_id == parked for a in member.agents), what="the park")
+    other_process(opened.uri, "approve", str(parked), member.pending(parked)[0])
+    wait_until(lambda: "turn/end" in names(read_log(opened.store, waiting)), timeout=30,
+               what="the refused wake served once the agent was free")
