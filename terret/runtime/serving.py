@@ -459,46 +459,46 @@ class Supervisor:
     def wake_later(self, session_id: UUID) -> None:
         """Wake on a thread of its own: a woken turn may park on an approval for days, so it
         must not hold a worker of the upkeep pool."""
-        rt = self.services
-
-        def run() -> None:
-            try:
-                agent = self._agent_to_wake(session_id)
-            except _QUIET:
-                return
-            except errors.TerretError as exc:
-                # Another app's agent, a closed session, the agent cap: not ours to serve.
-                log.warning("not serving session %s: %s", session_id, exc)
-                return
-            if agent is None:
-                return
-            try:
-                self._drive_wake(agent, waking_only=True)
-                with self._lock:
-                    self._failed_at.pop(session_id, None)
-            except _QUIET:
-                pass
-            except BaseException as exc:  # noqa: BLE001 - a tool's SystemExit too: said
-                if not isinstance(exc, errors.StoreError):  # an outage: the scan tries again
-                    self._note_failed(session_id)
-                # The turn ended failed (recorded); the session stays served here. A tool's
-                # KeyboardInterrupt or SystemExit stops its turn, not the server (signals reach
-                # the main thread only). One line per record, as serve promises: the traceback
-                # only at DEBUG.
-                log.error("session %s: the woken turn failed: %s", session_id,
-                          " ".join(describe_error(exc).split()),
-                          exc_info=log.isEnabledFor(logging.DEBUG),
-                          extra={WOKEN_TURN_FAILED: True})
-
-        if rt.stopping.is_set():
+        if self.services.stopping.is_set():
             return
-        thread = threading.Thread(target=run, name=f"terret-wake-{session_id}", daemon=True)
+        thread = threading.Thread(target=partial(self._wake_here, session_id),
+                                  name=f"terret-wake-{session_id}", daemon=True)
         with self._lock:
             if self._held is not None:  # serve_start is getting ready: woken once it is
                 self._held.append(session_id)
                 return
             self._wakers = {t for t in self._wakers if t.is_alive()} | {thread}
         thread.start()
+
+    def _wake_here(self, session_id: UUID) -> None:
+        """A wake's thread: the turn resumed or started here, its failure said in one line."""
+        try:
+            agent = self._agent_to_wake(session_id)
+        except _QUIET:
+            return
+        except errors.TerretError as exc:
+            # Another app's agent, a closed session, the agent cap: not ours to serve.
+            log.warning("not serving session %s: %s", session_id, exc)
+            return
+        if agent is None:
+            return
+        try:
+            self._drive_wake(agent, waking_only=True)
+            with self._lock:
+                self._failed_at.pop(session_id, None)
+        except _QUIET:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - a tool's SystemExit too: said
+            if not isinstance(exc, errors.StoreError):  # an outage: the scan tries again
+                self._note_failed(session_id)
+            # The turn ended failed (recorded); the session stays served here. A tool's
+            # KeyboardInterrupt or SystemExit stops its turn, not the server (signals reach
+            # the main thread only). One line per record, as serve promises: the traceback
+            # only at DEBUG.
+            log.error("session %s: the woken turn failed: %s", session_id,
+                      " ".join(describe_error(exc).split()),
+                      exc_info=log.isEnabledFor(logging.DEBUG),
+                      extra={WOKEN_TURN_FAILED: True})
 
     def _note_failed(self, session_id: UUID) -> None:
         """A woken turn failed: if it stayed open, wait for a stimulus before trying again."""
