@@ -18,15 +18,7 @@ from pydantic import BaseModel
 from terret import CallContext, Tool
 from terret.domain.errors import ConfigurationError
 from tests.runtime.conftest import MakeRuntime, OpenedStore
-from tests.runtime.kit import (
-    Background,
-    final,
-    names,
-    only,
-    other_process,
-    read_log,
-    wait_until,
-)
+from tests.runtime.kit import Background, final, names, only, other_process, read_log, wait_until
 
 
 class _NoArgs(BaseModel):
