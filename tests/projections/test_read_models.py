@@ -32,9 +32,9 @@ def test_messages_are_the_model_visible_events_in_seq_order(
     writer.do(sid, lambda s: s.title("Files"))  # not model-visible
     runner.catch_up()
 
-    assert views.messages(sid) == [
-        Message(role="user", text="list the files"),
+    assert views.messages(sid) == [  # queued before the turn: before its input (R24)
         Message(role="user", text="also this"),
+        Message(role="user", text="list the files"),
         Message(role="assistant", text="looking", tool_calls=(
             ToolCall("c1", "fs.list", {"path": "/"}), ToolCall("c2", "fs.stat", {"path": "/a"}))),
         Message(role="tool", text="a b", tool_call_id="c1", tool_name="fs.list"),

@@ -414,4 +414,4 @@ def test_r17_every_request_shows_the_model_exactly_what_the_messages_projection_
     sizes = [len(r.messages) for r in provider.requests]
     assert sizes == sorted(set(sizes))
     assert [m.text for m in provider.requests[2].messages if m.role == "user"] == [
-        "go", "queued before the turn", "queued during the turn"]
+        "queued before the turn", "go", "queued during the turn"]
