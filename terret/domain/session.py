@@ -413,9 +413,8 @@ class Session(Aggregate):
         doubt = self.state.doubts.get(call_id) if self.state.turn_open else None
         decided = self.state.doubt_verdicts.get(call_id) if self.state.turn_open else None
         if doubt is None and decided is not None:  # another verdict got there first
-            who = decided.by.actor + (f" {decided.by.id}" if decided.by.id else "")
             raise errors.CallNotInDoubt(
-                f"call {shown(call_id)} was decided already ({decided.verdict} by {who}): "
+                f"call {shown(call_id)} was decided already ({_decided_by(decided)}): "
                 "that verdict stands")
         if doubt is None and self.state.turn_open and call_id in self.state.started:
             raise errors.CallNotInDoubt(
@@ -495,8 +494,7 @@ class Session(Aggregate):
         approval cannot decide: a re-run or a skip does)."""
         decided = self.state.verdicts.get(call_id) if self.state.turn_open else None
         if decided is not None:
-            who = decided.by.actor + (f" {decided.by.id}" if decided.by.id else "")
-            return f": it was decided already ({decided.verdict} by {who}), that verdict stands"
+            return f": it was decided already ({_decided_by(decided)}), that verdict stands"
         if self.state.turn_open and (call_id in self.state.doubts
                                      or call_id in self.state.started):
             return (": it is in doubt (it started and left no result); decide it with a re-run "
@@ -727,6 +725,12 @@ def _turn_start(turn: int, trigger: str, text: str | None, inbox_id: str | None
     if message is not None:
         _message_fits(message)
     return TurnStarted(turn=turn, trigger=trigger), message
+
+
+def _decided_by(verdict: Verdict) -> str:
+    """A recorded verdict as a refusal names it: ``approved by operator ops``."""
+    who = verdict.by.actor + (f" {verdict.by.id}" if verdict.by.id else "")
+    return f"{verdict.verdict} by {who}"
 
 
 def _message_fits(payload: UserMessage | InboxQueued) -> None:

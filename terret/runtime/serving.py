@@ -526,14 +526,15 @@ class Supervisor:
         only for an entry queued with ``wake``: one without rides the next turn, whoever
         starts it (a worker taking a released session over started a turn with it). A closed
         session is ``SessionClosed``: None would read as "idle, nothing to do"."""
-        if self.services.writer.load(session_id).closed:
-            raise errors.SessionClosed(f"session {session_id} is closed")
-        agent = self._agent_to_wake(session_id)
+        agent = self._agent_to_wake(session_id, closed_raises=True)
         return None if agent is None else self._drive_wake(agent, waking_only=waking_only)
 
-    def _agent_to_wake(self, session_id: UUID) -> Agent | None:
-        """The session's agent in this process (claiming it); None for a closed session."""
+    def _agent_to_wake(self, session_id: UUID, *, closed_raises: bool = False) -> Agent | None:
+        """The session's agent in this process (claiming it); None for a closed session, or
+        ``SessionClosed`` with ``closed_raises``."""
         if self.services.writer.load(session_id).closed:
+            if closed_raises:
+                raise errors.SessionClosed(f"session {session_id} is closed")
             return None
         return self.host.agent_for(session_id)
 
