@@ -9,6 +9,7 @@ finds them. This module imports no event, so there is no import cycle.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -350,7 +351,20 @@ class EventPayload(BaseModel):
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     def to_json(self) -> bytes:
-        return self.model_dump_json(exclude_none=True).encode()
+        """The payload's JSON; ``InvalidPayload`` for a field that does not hold its type — a
+        payload made without validation (``model_construct``) — which would be written and
+        then not read back (pydantic only warns)."""
+        try:
+            return self.model_dump_json(exclude_none=True, warnings="error").encode()
+        except PydanticSerializationError as exc:
+            if "UnexpectedValue" not in str(exc):
+                raise  # no JSON form at all (too deep): what creation refuses, field named
+            name = type(self).wire_name or type(self).__name__
+            found = re.search(r"field_name='([^']*)'", str(exc))
+            raise InvalidPayload(name, found.group(1) if found else "?",
+                                 "does not hold its type (a payload made without validation, "
+                                 "model_construct?): " + " ".join(str(exc).split())[:160]
+                                 ) from None
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,16 @@ class BatchApplier:
                     batch = self._begin(db, projections, history=True)
                 self._event_by_event(db, records, projections, batch, False)
 
+    def forget(self, stream: str, projections: Sequence[Projection]) -> None:
+        """Delete ``stream``'s rows from every live projection, in one transaction, as its
+        purge does (``Projection.purge``): a scoped runner that stops following a session keeps
+        no copy of it, which would grow with every session it ever served and go stale."""
+        with self.views.transaction() as db:
+            halted = self.views.halted(db) | self._superseded(db, projections)
+            for p in projections:
+                if p.name not in halted:
+                    p.purge(db, stream)
+
     def _moves(self, upto: int, projections: Sequence[Projection]) -> bool:
         with self.views.reading() as db:
             tracked = self.views.positions(db, [p.name for p in projections])

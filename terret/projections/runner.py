@@ -358,14 +358,25 @@ class ProjectionRunner:
         return self._scope is None or stream in self._scope.watched
 
     def unwatch(self, stream: str) -> None:
-        """Stop following ``stream`` (a scoped runner); what its views hold stays, and a later
-        ``watch`` applies only what came meanwhile."""
+        """Stop following ``stream`` (a scoped runner) and forget it: its rows leave the views
+        (each projection's ``purge``), so a pool member's memory holds the sessions it serves,
+        not every one it ever served, and a later ``watch`` replays the stream from its start.
+        A projection whose ``purge`` fails keeps the stream's rows (a warning says so), and a
+        later ``watch`` then applies only what came meanwhile."""
         scope = self._scope
         if scope is None or stream not in scope.watched:
             return
         with self._pause:
             self._restart()
             scope.watched.discard(stream)
+            try:
+                with collector_paused():
+                    self._applier.forget(stream, self.projections)
+            except Exception as exc:  # a projection's own purge: its rows stay, consistent
+                log.warning("the views keep %s after this process stopped following it (a "
+                            "projection's purge failed: %s)", stream, exc)
+                return
+            scope.marks.pop(stream, None)
 
     def _restart(self) -> None:
         """Under the pause lock: end the subscription; the runner's thread opens the next one

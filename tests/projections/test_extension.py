@@ -399,3 +399,22 @@ def test_another_class_of_a_registered_name_is_refused_even_from_the_same_module
             terret.register_projection(make())
     finally:
         terret.projections.unregister_projection("acme.reloadable2")
+
+
+def test_a_payload_made_without_validation_is_refused_before_anything_is_written(
+        opened_store: Any, writer: Writer, note_type: type[terret.EventPayload]) -> None:
+    """``model_construct`` skips pydantic's checks: a field not holding its type was written
+    (pydantic only warned) and the record never read back — every reader halted on it."""
+    store = opened_store.store
+    sid = writer.start()
+    stream = session_stream(sid)
+    before = store.stream_version(stream)
+    with pytest.raises(terret.errors.InvalidPayload, match="does not hold its type") as err:
+        _append(store, sid, note_type.model_construct(text=123, tags=[]))
+    assert (err.value.field, err.value.wire_name) == ("text", WIRE)
+    with pytest.raises(terret.errors.InvalidPayload) as err:
+        _append(store, sid, note_type.model_construct(text="fine", tags="not a list"))
+    assert err.value.field == "tags"
+    assert store.stream_version(stream) == before
+    _append(store, sid, note_type.model_construct(text="constructed, but right", tags=["a"]))
+    assert [r.wire_name for r in store.read_stream(stream)][-1] == WIRE

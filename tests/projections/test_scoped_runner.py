@@ -44,18 +44,26 @@ def test_watched_session_views_are_complete_and_others_are_never_received(
     assert [s.id for s in views.sessions()] == [str(mine)]
 
 
-def test_a_session_watched_again_gets_only_what_came_meanwhile(
+def test_a_session_unwatched_is_forgotten_and_replayed_whole_when_watched_again(
         opened_store: OpenedStore, writer: Writer, view_store: ViewStore) -> None:
+    """A pool member's views hold the sessions it serves, not every one it ever served: a
+    session let go leaves them, and watched again it is read from its first event."""
     views = Views(view_store)
-    sid = writer.start()
+    sid, kept = writer.start(), writer.start()
     runner = _scoped(opened_store, view_store)
     runner.watch(session_stream(sid))
+    runner.watch(session_stream(kept))
     writer.turn(sid, "first", "a")
+    writer.turn(kept, "stays", "k")
     runner.wait_until(opened_store.store.head_position(), WAIT)
     runner.unwatch(session_stream(sid))
+    assert views.messages(sid) == [] and views.summary(sid) is None
+    assert views.usage(sid).steps == 0
+    assert [s.id for s in views.sessions()] == [str(kept)]
+    assert [m.text for m in views.messages(kept)] == ["stays", "k"]
     writer.turn(sid, "while away", "b")
     runner.wait_until(opened_store.store.head_position(), WAIT)
-    assert [m.text for m in views.messages(sid)] == ["first", "a"]
+    assert views.messages(sid) == []
     runner.watch(session_stream(sid))
     runner.watch(session_stream(sid))  # twice: harmless
     writer.turn(sid, "back", "c")
@@ -63,6 +71,7 @@ def test_a_session_watched_again_gets_only_what_came_meanwhile(
     assert [m.text for m in views.messages(sid)] == ["first", "a", "while away", "b",
                                                      "back", "c"]
     assert views.usage(sid).steps == 3  # nothing applied twice
+    assert views.status(sid).status == "idle"
 
 
 def test_watching_while_events_arrive_loses_and_doubles_nothing(

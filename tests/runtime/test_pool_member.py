@@ -54,3 +54,39 @@ def test_a_pool_member_at_its_agent_cap_serves_a_refused_wake_once_an_agent_is_f
     other_process(opened.uri, "approve", str(parked), member.pending(parked)[0])
     wait_until(lambda: "turn/end" in names(read_log(opened.store, waiting)), timeout=30,
                what="the refused wake served once the agent was free")
+
+
+def test_a_pool_member_forgets_a_session_it_let_go_and_serves_it_whole_when_it_comes_back(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """A member's views are in memory: a session it let go (here at its agent cap) leaves them,
+    so its memory holds the sessions it serves, not every one it served since it started; woken
+    again, the session is read from its first event — the model is sent its whole history."""
+    from terret import RuntimeConfig, ScriptedProvider
+    from tests.runtime.kit import other_process
+
+    provider = ScriptedProvider(default=lambda r: final(f"re: {r.messages[-1].text}"))
+    member = make_runtime(provider, config=RuntimeConfig(max_agents=1), start=False)
+    member.serve_start(group="terret-test-forget")
+    first, second = member.create_session(), member.create_session()
+
+    def served(sid: object, count: int) -> None:
+        wait_until(lambda: names(read_log(opened.store, sid)).count("turn/end") == count,
+                   what="the member to serve the wake")
+
+    other_process(opened.uri, "inject", str(first), "one", "wake")
+    served(first, 1)
+    other_process(opened.uri, "inject", str(second), "two", "wake")  # the cap lets first go
+    served(second, 1)
+    wait_until(lambda: all(a.session_id != first for a in member.agents), what="first let go")
+    if opened.kind != "sqlite":  # a pool member's views hold only what it serves
+        wait_until(lambda: [s.id for s in member.views.sessions()] == [str(second)],
+                   what="the let-go session to leave the member's views")
+        assert member.views.messages(first) == []
+        with pytest.raises(RuntimeFault, match="not served by this pool member"):
+            member.title(first)
+    other_process(opened.uri, "inject", str(first), "three", "wake")
+    served(first, 2)
+    sent = [r for r in provider.requests if r.messages[-1].text == "three"]
+    assert [m.text for m in sent[-1].messages if m.role != "system"] == [
+        "one", "re: one", "three"]
+    assert member.usage(first)["steps"] == 2  # the replay counted nothing twice
