@@ -175,6 +175,34 @@ def test_sse_line_rules() -> None:
     assert torn
 
 
+@given(
+    st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=6),
+    st.lists(st.integers(0, 10_000), max_size=12),
+    st.sampled_from([b"\r\n", b"\r"]),
+)
+def test_lines_ended_by_crlf_or_a_bare_cr_give_the_events_lf_gives_wherever_the_cuts_fall(
+        pieces: list[str], cuts: list[int], ending: bytes) -> None:
+    """SSE lets a line end in LF, CRLF or a bare CR: a server ending them with a bare CR was
+    read as one line that never ended — the reply was lost."""
+    lf = b"".join(text_stream(pieces)) + b": keep-alive\nevent: error\ndata: x\n\n"
+    expected, _ = events_of(lf, [])
+    events, torn = events_of(lf.replace(b"\n", ending), cuts)
+    assert events == expected and not torn
+    assert events[-1] == (b"error", b"x")
+
+
+def test_a_bare_cr_ending_a_chunk_ends_its_line_at_once() -> None:
+    """The reply's last event is handed on when its blank line arrives, not when the next
+    chunk comes (which may be never: the server holds the stream open); an LF opening the next
+    chunk is then the rest of a CRLF, not another blank line."""
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: one\r\r") == [(b"", b"one")]
+    assert decoder.feed(b"\ndata: two\r\n") == []  # the LF finishes the CR; no empty event
+    assert decoder.feed(b"\r") == [(b"", b"two")]
+    assert decoder.feed(b"\n") == [] and decoder.idle
+    assert decoder.feed(b"data: three\n\n") == [(b"", b"three")]
+
+
 @given(st.lists(st.integers(0, 40), max_size=4))
 def test_a_byte_order_mark_opening_the_stream_is_ignored_wherever_the_network_cuts_it(
         cuts: list[int]) -> None:

@@ -245,6 +245,19 @@ def test_keepalive_comments_crlf_lines_and_multi_line_data_are_understood(
     assert provider.complete(HELLO).text == "one two three"
 
 
+@pytest.mark.parametrize("size", [1, 5, 4096])
+def test_a_server_ending_lines_with_a_bare_cr_is_read_whole(
+    server: ScriptedServer, provider: OpenAICompatibleProvider, size: int
+) -> None:
+    """SSE allows a bare CR as a line's end: such a stream was read as one line that never
+    ended, and the reply was lost (a stream with no reply). Cut anywhere by the network."""
+    whole = b"".join([KEEPALIVE, *text_stream(["one ", "two"])]).replace(b"\n", b"\r")
+    server.script(CHAT, Reply.sse([whole[i:i + size] for i in range(0, len(whole), size)]))
+
+    reply = provider.complete(HELLO)
+    assert reply.text == "one two" and reply.usage is not None
+
+
 def test_events_split_at_awkward_byte_boundaries(
     server: ScriptedServer, provider: OpenAICompatibleProvider
 ) -> None:

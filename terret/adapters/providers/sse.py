@@ -19,10 +19,10 @@ class SSEDecoder:
 
     Events end at a blank line. Comment lines (``: OPENROUTER PROCESSING`` keep-alives) are
     counted and dropped. ``id:`` and ``retry:`` are ignored: chat streams are never resumed.
-    Lines end in ``\\n`` or ``\\r\\n``.
+    Lines end in ``\\n``, ``\\r\\n`` or a bare ``\\r``, as SSE allows.
     """
 
-    __slots__ = ("_tail", "_data", "_name", "comments", "torn", "idle", "_started")
+    __slots__ = ("_tail", "_data", "_name", "comments", "torn", "idle", "_started", "_cr")
 
     def __init__(self) -> None:
         self._tail = b""
@@ -35,8 +35,12 @@ class SSEDecoder:
         #: reader may then take a chunk holding exactly one whole event without the decoder.
         self.idle = True
         self._started = False  # a byte-order mark may open the stream: ignored (SSE says so)
+        self._cr = False  # the last chunk ended in CR
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if self._cr:
+            self._cr = False
+            chunk = chunk.removeprefix(b"\n")
         buffer = self._tail + chunk if self._tail else chunk
         if not self._started:
             if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
@@ -45,13 +49,10 @@ class SSEDecoder:
                 return []
             self._started = True
             buffer = buffer.removeprefix(_BOM)
-        lines = buffer.split(b"\n")
-        self._tail = lines.pop()
+        lines = self._lines(buffer)
         events: list[SSEEvent] = []
         data = self._data
         for line in lines:
-            if line.endswith(b"\r"):
-                line = line[:-1]
             if not line:
                 if data:
                     events.append((self._name, data[0] if len(data) == 1 else b"\n".join(data)))
@@ -64,8 +65,19 @@ class SSEDecoder:
                 self.comments += 1
             elif line.startswith(b"event:"):
                 self._name = line[6:].strip()
-        self.idle = not self._tail and not data and not self._name
+        self.idle = not self._tail and not data and not self._name and not self._cr
         return events
+
+    def _lines(self, buffer: bytes) -> list[bytes]:
+        """The whole lines of ``buffer``; what follows the last line's end is kept."""
+        if b"\r" in buffer:  # CRLF or a bare CR (SSE allows both) become LF: one rule after
+            # A CR ending the chunk ends its line now; an LF opening the next chunk is then
+            # the rest of that CRLF, not a blank line (``_cr``).
+            self._cr = buffer.endswith(b"\r")
+            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buffer.split(b"\n")
+        self._tail = lines.pop()
+        return lines
 
     def close(self) -> list[SSEEvent]:
         """End of stream: returns any event whose blank-line terminator never came (unless
