@@ -52,27 +52,41 @@ verdict on a call in doubt. ``Runtime.start`` signals the parked waits on these.
 
 
 class ApprovalSignals:
-    """Wakes parked calls of a session when something they wait for is recorded."""
+    """Wakes parked calls of a session when something they wait for is recorded.
+
+    Each signal takes the next tick and sets its session's generation to it; a session with
+    no entry reads as the floor, the tick when entries were last dropped. Entries are dropped
+    all at once past ``KEEP`` sessions — a serving process hears of every session's turns, and
+    kept, they would grow with every session it saw over weeks. A generation only grows, and
+    every signal raises its session's above all before, so no wait misses one; a drop wakes
+    the waits of that moment once more (each reads its session again, finds nothing new)."""
+
+    KEEP = 4096
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
         self._generation: dict[UUID, int] = {}
+        self._tick = self._floor = 0
 
     def signal(self, session_id: UUID) -> None:
         with self._condition:
-            self._generation[session_id] = self._generation.get(session_id, 0) + 1
+            if len(self._generation) >= self.KEEP and session_id not in self._generation:
+                self._generation.clear()
+                self._floor = self._tick  # at least every generation dropped
+            self._tick += 1
+            self._generation[session_id] = self._tick
             self._condition.notify_all()
 
     def generation(self, session_id: UUID) -> int:
         with self._condition:
-            return self._generation.get(session_id, 0)
+            return self._generation.get(session_id, self._floor)
 
     def wait(self, session_id: UUID, seen: int, timeout: float) -> int:
         with self._condition:
             self._condition.wait_for(
-                lambda: self._generation.get(session_id, 0) != seen, timeout
+                lambda: self._generation.get(session_id, self._floor) != seen, timeout
             )
-            return self._generation.get(session_id, 0)
+            return self._generation.get(session_id, self._floor)
 
     def on_event(self, event: RecordedEvent) -> None:
         if event.session_id is not None:

@@ -52,7 +52,7 @@ from terret.runtime.ownership import UNSERVED, LiveWorker, TakeIdle, WorkerLease
 from terret.runtime.pool import GroupFeed
 from terret.runtime.stops import TurnSuspended
 from terret.runtime.tools import describe_error
-from terret.runtime.writer import SessionWriter
+from terret.runtime.writer import SessionWriter, _Recent
 
 log = logging.getLogger("terret.serving")
 
@@ -92,7 +92,10 @@ class Supervisor:
         self.services = services
         self.serving = False
         self._free_since: dict[UUID, float] = {}
-        self._refused: set[UUID] = set()
+        # Bounded: a store shared with another app holds sessions this worker never serves,
+        # and a set of every one refused would grow for as long as the worker runs (one past
+        # the bound may be said again).
+        self._refused: _Recent[UUID, None] = _Recent(4096)
         self._capped: set[UUID] = set()
         """Sessions a claim refused at the agent cap: the scan tries them again. A pool
         member's scan must (its group gave the message once and its views hold only its own
@@ -351,7 +354,7 @@ class Supervisor:
             # every event that asks, but once only by the scan.
             if now or sid not in self._refused:
                 self._not_serving(sid, exc)
-            self._refused.add(sid)
+            self._refused.put(sid, None)
             return False
         with self._lock:
             self._capped.discard(sid)

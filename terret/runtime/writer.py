@@ -13,6 +13,7 @@ first attempt inside the store call, so a retry after an unknown outcome never d
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -34,7 +35,10 @@ MAX_ATTEMPTS = 20
 class SessionWriter:
     def __init__(self, repository: SessionRepository, *, cache_size: int = 512) -> None:
         self.repository = repository
-        self._locks: dict[UUID, threading.RLock] = {}
+        # Weak: a session's lock lives while someone holds or waits on it, so a process that
+        # writes to every session over weeks does not keep a lock for each.
+        self._locks: weakref.WeakValueDictionary[UUID, threading.RLock] = (
+            weakref.WeakValueDictionary())
         self._locks_lock = threading.Lock()
         self._cache: _Recent[UUID, Session] = _Recent(cache_size)
         self._appended: _Recent[UUID, int] = _Recent(cache_size)

@@ -335,3 +335,20 @@ def test_more_sessions_loaded_at_once_than_the_writer_keeps_raise_nothing(
     for thread in threads:
         thread.join(120)
     assert not failures, failures[:3]
+
+
+def test_a_long_lived_runtime_keeps_no_lock_or_signal_for_every_session_it_wrote(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A serving process lives for weeks and writes to, or hears of, every session: a lock per
+    session written and a signal generation per session heard were kept for good."""
+    import gc
+
+    from terret.runtime.approvals import ApprovalSignals
+
+    monkeypatch.setattr(ApprovalSignals, "KEEP", 16)
+    rt = make_runtime()
+    for _ in range(40):
+        rt.run_turn(rt.create_session(), "hi")
+    gc.collect()
+    assert len(rt.writer._locks) < 10
+    assert len(rt.signals._generation) <= 16

@@ -7,6 +7,8 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from terret import Actor, CallContext, Reply, ScriptedProvider, SessionRepository, Tool, call
 from terret.domain.errors import ApprovalNotPending
@@ -557,3 +559,45 @@ def test_r23_a_policy_reset_goes_back_to_the_floor_of_the_release_that_runs_the_
     assert "not allowed by the session's policy" in results[1].data["content"]
     assert [e.name for e in read_log(opened.store, sid)].count("policy/reset") == 1
     assert rt.views.policy(sid) is None  # the view: nothing recorded in force
+
+
+@given(st.lists(st.integers(0, 5), max_size=60), st.integers(1, 4))
+def test_a_sessions_signal_generation_only_grows_and_every_signal_raises_it(
+        order: list[int], keep: int) -> None:
+    """The signals keep a generation for at most ``KEEP`` sessions (a serving process hears
+    every session's turns: kept, they grew for weeks); dropping them must never let a wait
+    miss a signal — a session's generation never goes back, and each signal moves it on."""
+    signals = ApprovalSignals()
+    signals.KEEP = keep
+    sessions = [UUID(int=i + 1) for i in range(6)]
+    seen = {s: signals.generation(s) for s in sessions}
+    for i in order:
+        signals.signal(sessions[i])
+        now = {s: signals.generation(s) for s in sessions}
+        assert all(now[s] >= seen[s] for s in sessions)
+        assert now[sessions[i]] > seen[sessions[i]]
+        seen = now
+        assert len(signals._generation) <= keep
+
+
+def test_a_parked_call_is_woken_by_its_verdict_after_other_sessions_pushed_its_signal_out(
+        make_runtime: MakeRuntime, opened: OpenedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many sessions ending turns drop the parked session's signal entry: the verdict from
+    another process still wakes the call at once (the poll is a minute: no poll saves it)."""
+    monkeypatch.setattr(ApprovalSignals, "KEEP", 2)
+    made = ApprovalGate.__init__
+
+    def no_poll(self: ApprovalGate, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **{**kwargs, "poll": 60.0})
+
+    monkeypatch.setattr(ApprovalGate, "__init__", no_poll)
+    rt = make_runtime(ScriptedProvider(default=lambda r: calls(("deploy", {"env": "prod"}))
+                                       if r.messages[-1].text == "go" else final()))
+    sid = rt.create_session()
+    job = turn_in_background(rt, sid, "go")
+    call_id = wait_parked(rt, sid)[0]
+    for _ in range(6):  # each ends a turn: a signal of a session the entries did not hold
+        rt.run_turn(rt.create_session(), "hi")
+    other_process(opened.uri, "approve", str(sid), call_id)
+    assert job.join(timeout=15).status == "completed"
