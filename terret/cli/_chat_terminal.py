@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import re
 import select
+import signal
 import sys
 import termios
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,33 @@ HISTORY_LINES = 1000
 
 class Withdrawn(Exception):
     """The question was answered elsewhere while it was asked."""
+
+
+class Terminated(EOFError):
+    """SIGTERM reached the chat: it leaves as at the input's end (Ctrl-D)."""
+
+
+@contextmanager
+def sigterm_leaves() -> Iterator[None]:
+    """While inside: SIGTERM (``kill``, a supervisor or a closing terminal emulator stopping
+    the chat) raises ``Terminated`` in the main thread, so the chat leaves as at Ctrl-D — the
+    open turn stops at its step boundary, open, and the session is released for a ``serve``
+    to take over at once — instead of dying unreleased until its lease expires. A second
+    SIGTERM stops the process at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated
+
+    before = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is leave:
+            signal.signal(signal.SIGTERM, before)
 
 
 class Screen:

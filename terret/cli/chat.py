@@ -24,7 +24,7 @@ import click
 from terret._text import one_line
 from terret.cli._app import App, check_resolves
 from terret.cli._chat_questions import ApprovalQuestions
-from terret.cli._chat_terminal import Input, Screen
+from terret.cli._chat_terminal import Input, Screen, Terminated, sigterm_leaves
 from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
 from terret.cli._format import actor_text, as_json, money
 from terret.cli._params import AGENT_NAME
@@ -176,6 +176,9 @@ class Chat:
                 self.questions.ask_pending()
         except KeyboardInterrupt:
             self._cancel(done)
+        except Terminated:
+            self.leaving = True
+            self.screen.line("  (terminated: leaving)", dim=True)
         except EOFError:  # Ctrl-D (or the input's end) at a question: leave, the call pending
             self.leaving = True
             self.screen.line("  (no answer: the call stays pending — `terret approve` or "
@@ -485,12 +488,16 @@ class Chat:
                                   ev.ContextInjected, ev.TurnEnded, ev.AgentAttached)})
         if not new:
             self.recap()
-        if held is not None:
-            self.follow(held)
-        elif runtime.resumable(sid):
-            self.screen.line("resuming the open turn…", dim=True)
-            self.drive(lambda: runtime.resume_turn(sid))
-        self.loop()
+        with sigterm_leaves():
+            try:
+                if held is not None:
+                    self.follow(held)
+                elif runtime.resumable(sid):
+                    self.screen.line("resuming the open turn…", dim=True)
+                    self.drive(lambda: runtime.resume_turn(sid))
+                self.loop()
+            except Terminated:  # outside a turn and the prompt (a /command's output)
+                self.screen.line()
         time.sleep(0)  # let a last listener line out before the goodbye
         self._release()
         self.screen.line("bye — the session is closed" if self.closed

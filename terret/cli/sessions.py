@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -132,6 +133,9 @@ def show(obj: CliContext, session_id: UUID) -> None:
         # log's own fold says the same, and the stale warning says why the views are behind.
         state = obj.session_state(session_id)
         status = status_of(session_stream(session_id), state)
+        if summary is not None:  # its status and owner joined from that view: the fold's
+            owner = state.owner.to_dict() if state.owner is not None else None
+            summary = dataclasses.replace(summary, status=status.status, owner=owner)
     if summary is None:
         raise ViewsBehind(f"session {session_id} is in the log, but the sessions view has not "
                           "reached it" + (f" ({obj.stale.line().split(': ', 1)[1]})"

@@ -103,6 +103,12 @@ class TurnServices:
 
 
 class Agent:
+    parked_since = 0.0
+    """When its turn last parked (monotonic): at the cap, the longest parked is set aside."""
+    may_set_aside = False
+    """Whether a park of this agent's turn may be ended to make room (``set_aside``): true
+    while a serving process's wake runs it, never for a caller waiting on its turn."""
+
     def __init__(self, services: TurnServices, agent_id: str, session_id: UUID,
                  definition: AgentDefinition) -> None:
         self.services = services
@@ -116,6 +122,7 @@ class Agent:
         lets go of the agent idle the longest."""
         self._let_go = False
         self._let_go_why = ""
+        self._aside = threading.Event()  # see set_aside
         self.cancel_event = threading.Event()
         self.on_text: TextSink | None = None
         self.context: ToolContext = services.tool_context.fork()
@@ -129,8 +136,7 @@ class Agent:
             max_wait=services.approval_max_wait,
             on_park=lambda: self._parked("approval"),
             on_unpark=lambda: self._set_status("running"),
-            stopping=services.stopping,
-            fence=self.ownership.fence,
+            stopping=services.stopping, fence=self.ownership.fence, aside=self._aside,
         )
         self.pipeline = ToolPipeline(definition.tools, self.context, self.gate,
                                      timeout=services.tool_timeout,
@@ -161,6 +167,7 @@ class Agent:
         # the writer's cached copy, kept current only while the writer keeps it: a refused
         # command drops it, and the policy then read was the one from before the park.)
         self._call_session = None
+        self.parked_since = time.monotonic()
         log.info("session %s parked on %s", self.session_id,
                  {"approval": "an approval", "budget": "its budget",
                   "in_doubt": "a call in doubt"}.get(kind, kind))
@@ -203,6 +210,25 @@ class Agent:
         self._set_status("released")
         return True
 
+    def set_aside(self) -> bool:
+        """End the park of a turn that waits on a person (an approval or a call in doubt, no
+        verdict yet), if a serving process's wake runs it: the turn stops open
+        (``TurnSuspended``) and the agent, idle, can be let go — its session waits in the log
+        for the verdict, which a worker acts on. False when it does not so wait."""
+        status = self.status
+        if not self.may_set_aside or status not in ("waiting_approval", "waiting_in_doubt"):
+            return False
+        if status == "waiting_approval" and self.services.approval_max_wait is not None:
+            return False  # its deadline is this process's to keep (the reaper)
+        self._aside.set()
+        self.services.signals.signal(self.session_id)  # the park's wait wakes at once
+        return True
+
+    @property
+    def being_set_aside(self) -> bool:
+        """``set_aside`` was asked and no verdict came first (the turn stops, or stopped)."""
+        return self._aside.is_set()
+
     def release(self) -> None:
         """Remove every listener this agent registered (R22, R26)."""
         for handle in self._listeners:
@@ -225,6 +251,7 @@ class Agent:
                 f"agent {self.id} is already mid-turn on session {self.session_id}"
             )
         self.cancel_event.clear()
+        self._aside.clear()
         self._set_status("running")
 
     def _release_claim(self) -> None:

@@ -107,8 +107,12 @@ class ApprovalGate:
         poll: float = 1.0,
         stopping: threading.Event | None = None,
         fence: Callable[[Session], None] = lambda s: None,
+        aside: threading.Event | None = None,
     ) -> None:
         self.stopping = stopping or threading.Event()
+        self.aside = aside or threading.Event()
+        """Set to end a park that has no verdict yet (``TurnSuspended``): its agent is set
+        aside to make room at the agent cap; the turn stays open for the verdict."""
         self.writer = writer
         self.signals = signals
         self.max_wait = max_wait
@@ -181,9 +185,12 @@ class ApprovalGate:
             while True:
                 found = decide(session)
                 if found is not None:
+                    self.aside.clear()  # decided first: the turn goes on, nothing is set aside
                     return found
                 if self.stopping.is_set():
                     raise TurnSuspended(f"stopping while {what}")
+                if self.aside.is_set():
+                    raise TurnSuspended(f"set aside while {what}")
                 if session.state.cancel_requested:
                     raise TurnCancelled(f"turn {session.current_turn} of {sid} was cancelled "
                                         f"while {what}")

@@ -40,6 +40,11 @@ def _nothing(session_id: UUID) -> None:
     """A host whose views follow every session watches none in particular."""
 
 
+SET_ASIDE_WAIT = 5.0
+"""How long room-making waits for a parked turn it set aside to stop (it stops at once, unless
+its park is between two reads of the store)."""
+
+
 def _release(agent: Agent, reason: str, s: Session) -> None:
     agent.ownership.release(s, reason)
 
@@ -123,39 +128,62 @@ class AgentHost:
             raise errors.AgentCapExceeded(
                 f"this process already holds {self.max_agents} agents, none of them idle "
                 f"and spawned on demand ({parked} parked on a verdict or a budget, the others "
-                "mid-turn or spawn_agent's): a parked turn holds its agent until it goes on; "
-                "raise RuntimeConfig.max_agents, or serve from another process too (a serving "
+                "mid-turn or spawn_agent's; a park a serving wake runs that waits on a person "
+                "is set aside, one on a budget, a deadline or a caller's turn is not): raise "
+                "RuntimeConfig.max_agents, or serve from another process too (a serving "
                 "process tries a refused wake again once an agent is free)")
 
     def _make_room(self, session_id: UUID) -> None:
         """At the cap, let go of the agent spawned on demand that has been idle the longest:
         a long-lived worker touches more sessions than it can hold, and an idle agent holds
         nothing the log does not (its session is released, ``agent/detached``; the next turn,
-        wake or verdict there spawns a new one, here or in another worker). An agent whose
-        session is being spawned or let go by another thread is left alone — taking its spawn
-        lock here could deadlock with that thread's own room-making."""
+        wake or verdict there spawns a new one, here or in another worker). With none idle,
+        the turn parked the longest on a person (``set_aside``) is set aside first. An agent
+        whose session is being spawned or let go by another thread is left alone — taking its
+        spawn lock here could deadlock with that thread's own room-making."""
         with self._lock:
             if len(self._agents) < self.max_agents or session_id in self._by_session:
                 return
-            idle = sorted((a for a in self._agents.values()
-                           if a.id not in self._pinned and a.session_id not in self._spawn_locks),
-                          key=lambda a: a.idle_since)
+            candidates = [a for a in self._agents.values()
+                          if a.id not in self._pinned and a.session_id not in self._spawn_locks]
+            idle = sorted(candidates, key=lambda a: a.idle_since)
             # let_go takes the agent's turn lock: a caller that looked it up just before sees
             # AgentLetGo, not a turn on an agent this process no longer lists.
             agent = next((a for a in idle if a.let_go()), None)
+            why = f"idle: the agent cap ({self.max_agents}) was reached"
+            if agent is not None:
+                self._unregister(agent)
+        if agent is None:  # outside the registry lock: waiting for a turn to stop
+            agent = self._set_aside(sorted(candidates, key=lambda a: a.parked_since))
+            why = (f"parked: set aside for its verdict, the agent cap ({self.max_agents}) "
+                   "was reached")
             if agent is None:
                 return  # _check_free refuses: every agent is mid-turn, parked or pinned
-            self._unregister(agent)
-        log.info("session %s let go (agent %s, idle the longest): this process holds at most "
-                 "%d agents", agent.session_id, agent.id, self.max_agents)
+            with self._lock:
+                self._unregister(agent)
+        log.info("session %s let go (agent %s, %s): this process holds at most %d agents",
+                 agent.session_id, agent.id, why.split(":")[0], self.max_agents)
         agent.release()
         try:
-            self.writer.execute(agent.session_id, partial(
-                _release, agent, f"idle: the agent cap ({self.max_agents}) was reached"))
+            self.writer.execute(agent.session_id, partial(_release, agent, why))
         except errors.TerretError as exc:  # purged, closed meanwhile: nothing left to release
             log.info("session %s: its release was not recorded (%s)", agent.session_id, exc)
         finally:
             self.unwatch_unheld(agent.session_id)
+
+    def _set_aside(self, parked: list[Agent]) -> Agent | None:
+        """End the park of the first of ``parked`` that waits on a person and take its turn
+        lock once its turn has stopped (open, in the log): that agent, or None. A verdict
+        recorded meanwhile wins: that turn goes on, and the next is tried."""
+        for agent in parked:
+            if not agent.set_aside():
+                continue
+            deadline = time.monotonic() + SET_ASIDE_WAIT
+            while agent.being_set_aside and time.monotonic() < deadline:
+                if agent.let_go("set aside at the agent cap"):
+                    return agent
+                time.sleep(0.01)
+        return None
 
     def _servable(self, session_id: UUID, *, for_new_turn: bool) -> Session:
         """The session, read outside the registry lock; refused if it is closed, or (for a

@@ -157,7 +157,8 @@ class Runtime:
         self.supervisor = Supervisor(self.agent_host, ServingServices(
             self.writer, self.views, self.lease, self.stopping, self.start,
             self.catch_up_views, self.background, self.titler.catch_up,
-            self.compactor.catch_up, self._upkeep_left_by_the_dead))
+            self.compactor.catch_up, self._upkeep_left_by_the_dead,
+            approvals_wait_unheld=self.config.approval_max_wait is None))
         self.lease.serves = lambda: self.supervisor.serving and not self.stopping.is_set()
         self.host = self.lease.host
 
@@ -850,6 +851,8 @@ class Runtime:
         if self.runner.scoped:
             self.runner.watch(session_stream(session_id))
             self.lease.beat_now()
+        elif self.supervisor.serving and self.supervisor.status_halted():
+            self.lease.beat_now()  # the others find its turns in its beats, not in the view
 
     def _unwatch(self, session_id: UUID) -> None:
         self.runner.unwatch(session_stream(session_id))

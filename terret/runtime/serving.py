@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from functools import partial
 from uuid import UUID
 
+from terret._text import one_line
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent
 from terret.domain.groups import GroupReader
@@ -80,6 +81,10 @@ class ServingServices:
     """The title and compaction of a session's last turn, which its worker died before doing
     (a pool member's: it follows only the sessions it serves), as a task; None if none is
     left."""
+    approvals_wait_unheld: bool = True
+    """Whether a turn parked on an approval waits for its verdict in the log, held by no
+    worker (no ``approval_max_wait``: no deadline for a process to keep); a call in doubt
+    always may."""
 
 
 LIVE_FOR = 0.25
@@ -102,6 +107,7 @@ class Supervisor:
         sessions: the wake was lost); for a worker whose views hold every session, they are
         among those the views name anyway."""
         self._failed_at: dict[UUID, int] = {}
+        self._said_halted = False  # the status view's halt, said once (status_halted)
         """Sessions whose resumed turn failed and stayed open (a provider down), at the log's
         version then: tried again at the next stimulus — any event of the session — not at
         every scan (R16: each try appends a step, and a loop would burn the step limit)."""
@@ -231,8 +237,10 @@ class Supervisor:
 
     def _orphans(self) -> dict[UUID, str]:
         """A pool member's failover candidates: the sessions named in the last beats of
-        crashed workers (no event says they need a worker), less those already settled."""
-        if self._feed is None:
+        crashed workers (no event says they need a worker), less those already settled. A
+        worker whose views hold every session finds those in its status view — unless that
+        view is halted (an event it cannot read): then in the beats too, as a member does."""
+        if self._feed is None and not self.status_halted():
             return {}
         found: dict[UUID, str] = {}
         for worker, session in self.services.lease.orphans():
@@ -242,6 +250,18 @@ class Supervisor:
                 except ValueError:
                     self._settled.add((worker, session))
         return found
+
+    def status_halted(self) -> bool:
+        """Whether the status view is halted (said once): the scan's sessions to resume and
+        wake come from it, and it holds nothing written after its halt."""
+        fault = self.services.views.store.fault("status")
+        if fault is not None and not self._said_halted:
+            self._said_halted = True
+            log.warning("the status view is halted at position %d (%s): this worker takes over "
+                        "crashed workers' open turns from their last beats, but a turn released, "
+                        "or a wake queued, after that position is not served until the view is "
+                        "mended (`terret doctor` says how)", fault[0], one_line(fault[1], 200))
+        return fault is not None
 
     def _take_orphans(self, *, now: bool, orphans: dict[UUID, str] | None = None
                       ) -> list[UUID]:
@@ -322,8 +342,9 @@ class Supervisor:
             session = self.services.writer.load(sid)
         except errors.TerretError:
             return None
-        if session.closed or self._waits_for_a_stimulus(sid, session):
-            return None
+        if session.closed or self._waits_for_a_stimulus(sid, session) \
+                or session.waits_on_a_person(approvals=self.services.approvals_wait_unheld):
+            return None  # (a turn that waits on a person is claimed when its verdict comes)
         lease = self.services.lease
         owner = session.state.owner
         mine = owner is not None and owner.worker == lease.worker
@@ -485,6 +506,7 @@ class Supervisor:
             return
         if agent is None:
             return
+        agent.may_set_aside = True  # its park may end to make room: no caller waits on it
         try:
             self._drive_wake(agent, waking_only=True)
             with self._lock:
@@ -502,6 +524,8 @@ class Supervisor:
                       " ".join(describe_error(exc).split()),
                       exc_info=log.isEnabledFor(logging.DEBUG),
                       extra={WOKEN_TURN_FAILED: True})
+        finally:
+            agent.may_set_aside = False
 
     def _note_failed(self, session_id: UUID) -> None:
         """A woken turn failed: if it stayed open, wait for a stimulus before trying again."""

@@ -37,3 +37,40 @@ def test_chat_whose_input_ends_at_an_approval_question_releases_the_session(
     resumed = run(target, "resume", sid, "--app", APP)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout.strip() == "turn 1 completed"
+
+
+def test_chat_terminated_at_an_approval_question_releases_the_session(target: Target) -> None:
+    """SIGTERM (``kill``, a supervisor, a terminal emulator closing) at the question left the
+    session held until its lease expired, as a crash does: it leaves as Ctrl-D does now."""
+    import signal
+    import time
+
+    write_app(target)
+    chat = subprocess.Popen([sys.executable, "-m", "terret",
+                             *target.args("chat", "--app", APP, "--agent", "ops")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=target.cwd, env=app_env())
+    try:
+        assert chat.stdin is not None
+        chat.stdin.write("deploy checkout v2\n")
+        chat.stdin.flush()  # and kept open: the chat waits at the question
+        deadline = time.monotonic() + 60
+        sid = None
+        while sid is None and time.monotonic() < deadline:
+            listed = target.json("sessions", "list")
+            sid = next((s["id"] for s in listed
+                        if s["status"] == "waiting_approval"), None) if listed else None
+            time.sleep(0.2)
+        assert sid is not None, "the chat's turn never parked"
+        chat.send_signal(signal.SIGTERM)
+        out, err = chat.communicate(timeout=60)
+    finally:
+        if chat.poll() is None:
+            chat.kill()
+    assert chat.returncode == 0, err
+    assert "bye — resume with: terret chat" in out, out
+    types = target.types(sid)
+    assert "turn/end" not in types and types[-1] == "agent/detached", types
+    shown = target.json("sessions", "show", sid)
+    assert shown["owner"] is None and shown["resumable"] is True, shown
+    assert [p["call_id"] for p in shown["pending_approvals"]] == ["call-deploy"], shown

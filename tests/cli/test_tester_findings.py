@@ -694,3 +694,29 @@ def test_chat_says_when_what_it_shows_comes_from_a_halted_view(target: Target) -
     assert "(what follows may be old: the messages view halted at position" in done.stdout
     usage = done.stdout.split("/usage", 1)[1]
     assert usage.lstrip().startswith("(what follows may be old: the usage view halted"), usage
+
+
+def test_show_of_a_running_session_past_a_halt_folds_its_status_and_owner_from_the_log(
+        target: Target) -> None:
+    """Past a halt of the status view, `sessions show` folded the status from the log but
+    printed the sessions view's join of it — `idle (turn 1, step 1 open)`, owner none — for a
+    session whose log has a turn running and an owner."""
+    from terret.domain.events import AgentAttached
+
+    broken = target.new_session()
+    stream = session_stream(broken)
+    target.store().append(stream, [NewRecord(uuid4(), "session/titled", b'{"title": 5}')],
+                          target.store().stream_version(stream))
+    sid = target.new_session()
+    writer = target.writer()
+    writer.execute(sid, lambda s: s.attach("agent-gone", "elsewhere", 999999, worker="w-gone"))
+    writer.execute(sid, lambda s: s.start_turn(trigger="user", text="status please"))
+    writer.execute(sid, lambda s: s.start_step("demo:ops-model-1"))
+    shown = target.run("sessions", "show", str(sid))
+    assert shown.returncode == 0, shown.stderr
+    assert "status    running (turn 1, step 1 open) — no live worker runs it" in shown.stdout, \
+        shown.stdout
+    assert "owner     none" not in shown.stdout, shown.stdout
+    data = json.loads(target.run("--json", "sessions", "show", str(sid)).stdout)
+    assert data["status"] == "running" and data["owner"]["agent_id"] == "agent-gone", data
+    assert AgentAttached.wire_name in target.types(sid)

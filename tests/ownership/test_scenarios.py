@@ -7,10 +7,11 @@ from __future__ import annotations
 import signal
 import time
 from collections import Counter
+from uuid import UUID
 
 import pytest
 
-from tests.ownership.conftest import Pool, wait_until
+from tests.ownership.conftest import Pool, Worker, wait_until
 
 
 def _owners(pool: Pool, sid: object) -> list[int]:
@@ -63,9 +64,11 @@ def test_two_workers_and_one_wake_start_one_turn(pool: Pool) -> None:
     assert set(starts) <= {a.pid, b.pid}
 
 
-def test_failover_after_the_owner_is_killed_resumes_the_turn(pool: Pool) -> None:
-    workers = {w.pid: w for w in (pool.serve("a", OWNERSHIP_TOOL_SECONDS="3"),
-                                  pool.serve("b", OWNERSHIP_TOOL_SECONDS="3"))}
+def _kill_the_owner_mid_tool(pool: Pool, *serve_args: str) -> tuple[Worker, Worker, UUID]:
+    """Two workers, a woken turn whose tool takes seconds; its owner SIGKILLed mid-tool: the
+    owner, the survivor and the session."""
+    workers = {w.pid: w for w in (pool.serve("a", *serve_args, OWNERSHIP_TOOL_SECONDS="3"),
+                                  pool.serve("b", *serve_args, OWNERSHIP_TOOL_SECONDS="3"))}
     sid = pool.new_session()
     pool.runtime().inject(sid, "go", wake=True)
     (first,) = wait_until(lambda: _starts(pool, "c-1"), "the tool to start", pool.stderr)
@@ -73,6 +76,11 @@ def test_failover_after_the_owner_is_killed_resumes_the_turn(pool: Pool) -> None
     (survivor,) = workers.values()
     owner.signal(signal.SIGKILL)
     owner.wait(10)
+    return owner, survivor, sid
+
+
+def test_failover_after_the_owner_is_killed_resumes_the_turn(pool: Pool) -> None:
+    owner, survivor, sid = _kill_the_owner_mid_tool(pool)
     log = pool.wait_for(sid, "turn/end", timeout=30)
     _check_closed_once(pool, sid)
     assert _owners(pool, sid) == [owner.pid, survivor.pid]
@@ -261,3 +269,25 @@ def test_a_turn_past_the_grace_keeps_its_session_until_the_lease_expires(pool: P
     assert "agent/detached" not in pool.names(sid)  # not released: its turn was mid-tool
     pool.wait_for(sid, "turn/end", timeout=30)
     assert _owners(pool, sid) == [a.pid, other.pid]
+
+
+def test_failover_goes_on_when_the_status_view_halted_on_an_event_it_cannot_read(
+        pool: Pool) -> None:
+    """The serving scan found turns to resume in the status view: one event no reader can
+    decode (another client's) halted it, and from there no worker took over a killed owner's
+    turn, nor resumed it at start — silently. The survivor takes it over from the dead
+    worker's last beat, and says once that the view is halted."""
+    from uuid import uuid4
+
+    from terret.domain.store import NewRecord, session_stream
+
+    bad = pool.new_session()
+    stream = session_stream(bad)
+    pool.store.append(stream, [NewRecord(uuid4(), "session/titled", b'{"title": 12345}',
+                                         b'{"schema_version":1}')],
+                      pool.store.stream_version(stream))
+    owner, survivor, sid = _kill_the_owner_mid_tool(pool, "--no-group")
+    pool.wait_for(sid, "turn/end", timeout=30)
+    _check_closed_once(pool, sid)
+    assert _owners(pool, sid) == [owner.pid, survivor.pid]
+    assert "the status view is halted at position" in "".join(survivor.err)

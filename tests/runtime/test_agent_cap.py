@@ -112,3 +112,66 @@ def test_r22_a_serving_worker_at_the_cap_keeps_waking_sessions_another_process_w
     other_process(opened.uri, "inject", str(sessions[0]), "once more", "wake")
     wait_until(lambda: len(only(read_log(opened.store, sessions[0]), "turn/end")) == 2,
                what="the second woken turn")
+
+
+def _deploy_model(request: ModelRequest) -> Reply:
+    last = request.messages[-1]
+    if last.role == "user" and last.text.startswith("deploy"):
+        return calls(("deploy", {"env": "prod"}))
+    return final(f"re: {last.text}")
+
+
+def test_r22_a_serving_worker_at_the_cap_sets_the_longest_parked_turn_aside_for_its_verdict(
+        make_runtime: MakeRuntime, opened: OpenedStore, kit) -> None:
+    """Turns parked on a person for days held every agent of a serving worker, which then left
+    every new wake queued: at the cap, the turn parked the longest is set aside — it stays open
+    in the log, waiting on its approval, its session released — and when another process
+    records the verdict, a worker resumes it and runs the call once."""
+    server = make_runtime(ScriptedProvider(default=_deploy_model), config=CAP, start=False)
+    first, second, third = (server.create_session() for _ in range(3))
+    server.serve_start()
+    for sid in (first, second):
+        other_process(opened.uri, "inject", str(sid), "deploy it", "wake")
+        wait_parked(server, sid)
+    other_process(opened.uri, "inject", str(third), "hello", "wake")
+    log = wait_for_event(opened.store, third, "turn/end")
+    assert only(log, "turn/end")[0].data["status"] == "completed"
+    assert _let_go(opened.store, first) == [
+        "parked: set aside for its verdict, the agent cap (2) was reached"]
+    assert _let_go(opened.store, second) == []
+    aside = read_log(opened.store, first)
+    server.catch_up_views(first)
+    assert "turn/end" not in names(aside)
+    assert server.views.status(first).status == "waiting_approval"
+    assert server.agent_for_session(first) is None
+    # Left in the log: no worker claims it back while it waits on its verdict.
+    before = len(read_log(opened.store, first))
+    other_process(opened.uri, "inject", str(third), "and again", "wake")
+    wait_until(lambda: len(only(read_log(opened.store, third), "turn/end")) == 2,
+               what="the third session's second turn")
+    assert len(read_log(opened.store, first)) == before
+    # The verdict, from another process: a worker resumes the turn and runs the call once.
+    other_process(opened.uri, "approve", str(first), server.pending(first)[0])
+    log = wait_for_event(opened.store, first, "turn/end")
+    assert only(log, "turn/end")[0].data["status"] == "completed"
+    assert len(only(log, "tool/result")) == 1 and len(only(log, "approval/requested")) == 1
+    other_process(opened.uri, "approve", str(second), server.pending(second)[0])
+    log = wait_for_event(opened.store, second, "turn/end")
+    assert only(log, "turn/end")[0].data["status"] == "completed"
+    assert kit.ran == [("deploy", {"env": "prod"})] * 2
+
+
+def test_r22_a_turn_a_caller_waits_on_is_never_set_aside(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """Only a serving wake's park may be set aside: a caller's ``run_turn`` waits on its own
+    turn, which must not come back suspended because another session needed room."""
+    rt = make_runtime(ScriptedProvider(default=_deploy_model), config=RuntimeConfig(
+        max_agents=1))
+    mine, other = rt.create_session(), rt.create_session()
+    job = turn_in_background(rt, mine, "deploy now")
+    wait_parked(rt, mine)
+    with pytest.raises(AgentCapExceeded):
+        rt.run_turn(other, "no room")
+    other_process(opened.uri, "approve", str(mine), rt.pending(mine)[0])
+    assert job.join().status == "completed"
+    assert _let_go(opened.store, mine) == []

@@ -44,7 +44,10 @@ def test_a_pool_member_at_its_agent_cap_serves_a_refused_wake_once_an_agent_is_f
 
     provider = ScriptedProvider(default=lambda r: (
         calls(("deploy", {"env": "prod"})) if r.messages[-1].text == "deploy" else final("hi")))
-    member = make_runtime(provider, config=RuntimeConfig(max_agents=1), start=False)
+    # A deadline to keep: the parked turn holds its agent (none waiting on a person without
+    # one is set aside to make room).
+    member = make_runtime(provider, config=RuntimeConfig(max_agents=1, approval_max_wait=3600),
+                          start=False)
     member.serve_start(group="terret-test-cap")
     parked, waiting = member.create_session(), member.create_session()
     other_process(opened.uri, "inject", str(parked), "deploy", "wake")
@@ -90,3 +93,35 @@ def test_a_pool_member_forgets_a_session_it_let_go_and_serves_it_whole_when_it_c
     assert [m.text for m in sent[-1].messages if m.role != "system"] == [
         "one", "re: one", "three"]
     assert member.usage(first)["steps"] == 2  # the replay counted nothing twice
+
+
+def test_a_pool_member_at_its_cap_sets_a_parked_turn_aside_and_resumes_it_on_its_verdict(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """A member whose one agent holds a turn parked on an approval serves a new wake: the
+    parked turn is set aside (released, open in the log; the member's views forget it), and
+    the verdict another process records reaches a member through the group, which resumes
+    the turn from the log and runs the call once."""
+    from terret import RuntimeConfig, ScriptedProvider
+    from tests.runtime.kit import calls, only, other_process, wait_for_event, wait_parked
+
+    def model(r: object) -> object:
+        last = r.messages[-1]  # type: ignore[attr-defined]
+        if last.role == "user" and last.text == "deploy":
+            return calls(("deploy", {"env": "prod"}))
+        return final(f"re: {last.text}")
+
+    provider = ScriptedProvider(default=model)
+    member = make_runtime(provider, config=RuntimeConfig(max_agents=1), start=False)
+    member.serve_start(group="terret-test-aside")
+    parked, other = member.create_session(), member.create_session()
+    other_process(opened.uri, "inject", str(parked), "deploy", "wake")
+    wait_parked(member, parked)
+    call_id = member.pending(parked)[0]
+    other_process(opened.uri, "inject", str(other), "hello", "wake")
+    wait_for_event(opened.store, other, "turn/end")
+    wait_until(lambda: member.agent_for_session(parked) is None, what="the park set aside")
+    assert "turn/end" not in names(read_log(opened.store, parked))
+    other_process(opened.uri, "approve", str(parked), call_id)
+    log = wait_for_event(opened.store, parked, "turn/end", timeout=30)
+    assert only(log, "turn/end")[0].data["status"] == "completed"
+    assert len(only(log, "tool/result")) == 1
