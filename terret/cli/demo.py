@@ -223,8 +223,9 @@ def _kill_and_resume(run: Demo, sid: UUID) -> None:
     run.tell(f"process {run.serve.pid} is gone; the parked approval is still in the log:")
     run.terret("sessions", "show", str(sid))
 
-    run.say("A new serving process starts; it resumes the open turn without asking again")
-    run.start_server(" turn 1 resumed", " parked on an approval")
+    run.say("A new serving process starts; the parked turn needs no worker until its verdict")
+    run.start_server()
+    run.tell("the turn stays open in the log; its verdict, from any process, gets it a worker")
 
 
 def _approve(run: Demo, sid: UUID, call_id: str) -> None:
@@ -233,7 +234,8 @@ def _approve(run: Demo, sid: UUID, call_id: str) -> None:
     run.say("The approval is given from the CLI, another process again")
     run.terret("approve", str(sid), call_id, "--reason", "change window open")
     run.wait_for(sid, "the end of turn 1", _is(ev.TurnEnded.wire_name, turn=1))
-    run.tell("the parked call ran, the turn resumed and completed", expect=" turn 1 ended")
+    run.tell("the serving process took the turn without asking again: the parked call ran, "
+             "the turn resumed and completed", expect=" turn 1 ended")
 
 
 def _compact(run: Demo, sid: UUID) -> None:

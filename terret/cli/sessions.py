@@ -282,6 +282,10 @@ def _turn_lines(s: _Shown, data: dict[str, Any]) -> list[str]:
         assert s.owner is not None
         lines.append(f"resumable no: worker {s.owner.get('worker')} (live) runs the turn; "
                      "`terret resume` elsewhere is refused")
+    elif data["resumable"] and s.state.waits_on_a_person():
+        lines.append("resumable yes, once decided: it waits on a verdict (above), and `terret "
+                     "serve` takes it when one is recorded (`terret resume "
+                     f"{s.summary.id}` waits for it here)")
     elif data["resumable"]:
         lines.append(f"resumable yes (`terret resume {s.summary.id}`, or `terret serve`)")
     return lines

@@ -192,18 +192,8 @@ class Session(Aggregate):
                 == call_key(name, args)) or self.verdict_for(call_id, name, args) is not None
 
     def waits_on_a_person(self, *, approvals: bool = True) -> bool:
-        """Whether the open turn can go no further without a person: the first call it owes
-        (calls run in order) waits on an approval (counted when ``approvals``) or is in doubt,
-        with no verdict recorded for it, and no cancel is recorded. A worker resuming it would
-        only park again."""
-        state = self.state
-        if not state.turn_open or state.cancel_requested or not state.owed:
-            return False
-        first = next(iter(state.owed.values()))
-        if first.id in state.doubts:
-            return self.doubt_verdict_for(first.id, first.name, first.args) is None
-        return approvals and first.id in state.pending \
-            and self.verdict_for(first.id, first.name, first.args) is None
+        """``SessionState.waits_on_a_person``: a worker resuming the turn would only park."""
+        return self.state.waits_on_a_person(approvals=approvals)
 
     def pending_inbox(self) -> dict[str, InboxEntry]:
         return dict(self.state.inbox)

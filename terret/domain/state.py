@@ -235,6 +235,23 @@ class SessionState:
     def cancel_requested(self) -> bool:
         return self.cancel is not None
 
+    def waits_on_a_person(self, *, approvals: bool = True) -> bool:
+        """Whether the open turn can go no further without a person: the first call it owes
+        (calls run in order) waits on an approval (counted when ``approvals``) or is in doubt,
+        with no verdict recorded for it, and no cancel is recorded. A worker resuming it would
+        only park again."""
+        if not self.turn_open or self.cancel is not None or not self.owed:
+            return False
+        first = next(iter(self.owed.values()))
+        key = call_key(first.name, first.args)
+        if first.id in self.doubts:
+            decided = self.doubt_verdicts.get(first.id)
+        elif approvals and first.id in self.pending:
+            decided = self.verdicts.get(first.id)
+        else:
+            return False
+        return decided is None or decided.key != key
+
     @property
     def cancel_by(self) -> dict[str, Any] | None:
         """Who asked for the cancel, as JSON (``cancel.by`` is the typed ``Actor``)."""

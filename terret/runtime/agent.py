@@ -212,11 +212,12 @@ class Agent:
 
     def set_aside(self) -> bool:
         """End the park of a turn that waits on a person (an approval or a call in doubt, no
-        verdict yet), if a serving process's wake runs it: the turn stops open
+        verdict yet; a budget), if a serving process's wake runs it: the turn stops open
         (``TurnSuspended``) and the agent, idle, can be let go — its session waits in the log
         for the verdict, which a worker acts on. False when it does not so wait."""
         status = self.status
-        if not self.may_set_aside or status not in ("waiting_approval", "waiting_in_doubt"):
+        if not self.may_set_aside or status not in ("waiting_approval", "waiting_in_doubt",
+                                                    "waiting_budget"):
             return False
         if status == "waiting_approval" and self.services.approval_max_wait is not None:
             return False  # its deadline is this process's to keep (the reaper)

@@ -83,6 +83,14 @@ class BudgetGuard:
     def limit(self, state: SessionState) -> float | None:
         return state.budget if state.budget_set else self.default
 
+    def keeps_parked(self, state: SessionState) -> bool:
+        """Whether the open turn is parked on its budget and no budget recorded since covers
+        its next step: a worker resuming it would only park again."""
+        if state.budget_wait is None or not state.turn_open or state.cancel_requested:
+            return False
+        check = self.check(state)
+        return check is not None and check.exceeded
+
     def check(self, state: SessionState) -> BudgetCheck | None:
         """None when the session has no budget (its own or a default)."""
         limit = self.limit(state)

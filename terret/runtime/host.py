@@ -129,7 +129,7 @@ class AgentHost:
                 f"this process already holds {self.max_agents} agents, none of them idle "
                 f"and spawned on demand ({parked} parked on a verdict or a budget, the others "
                 "mid-turn or spawn_agent's; a park a serving wake runs that waits on a person "
-                "is set aside, one on a budget, a deadline or a caller's turn is not): raise "
+                "is set aside, one with a deadline or a caller's turn is not): raise "
                 "RuntimeConfig.max_agents, or serve from another process too (a serving "
                 "process tries a refused wake again once an agent is free)")
 

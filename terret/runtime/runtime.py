@@ -158,7 +158,8 @@ class Runtime:
             self.writer, self.views, self.lease, self.stopping, self.start,
             self.catch_up_views, self.background, self.titler.catch_up,
             self.compactor.catch_up, self._upkeep_left_by_the_dead,
-            approvals_wait_unheld=self.config.approval_max_wait is None))
+            approvals_wait_unheld=self.config.approval_max_wait is None,
+            parked_on_budget=lambda session: self.budget_guard.keeps_parked(session.state)))
         self.lease.serves = lambda: self.supervisor.serving and not self.stopping.is_set()
         self.host = self.lease.host
 

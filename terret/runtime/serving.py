@@ -85,6 +85,9 @@ class ServingServices:
     """Whether a turn parked on an approval waits for its verdict in the log, held by no
     worker (no ``approval_max_wait``: no deadline for a process to keep); a call in doubt
     always may."""
+    parked_on_budget: Callable[[Session], bool] = lambda session: False
+    """Whether the session's open turn is parked on a budget nothing recorded since covers
+    (``BudgetGuard.keeps_parked``): it too waits on a person, held by no worker."""
 
 
 LIVE_FOR = 0.25
@@ -343,7 +346,8 @@ class Supervisor:
         except errors.TerretError:
             return None
         if session.closed or self._waits_for_a_stimulus(sid, session) \
-                or session.waits_on_a_person(approvals=self.services.approvals_wait_unheld):
+                or session.waits_on_a_person(approvals=self.services.approvals_wait_unheld) \
+                or self.services.parked_on_budget(session):
             return None  # (a turn that waits on a person is claimed when its verdict comes)
         lease = self.services.lease
         owner = session.state.owner

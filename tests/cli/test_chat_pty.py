@@ -309,9 +309,9 @@ def test_a_turn_woken_from_another_shell_shows_below_the_prompt(
 
 def test_chat_follows_a_turn_another_worker_took_over(
         target: Target, chat_env: dict[str, str]) -> None:
-    """Chat leaves with a call pending (Ctrl-D at the question); a running ``terret serve``
-    takes the parked turn over. ``terret chat SID`` — the hint chat printed — follows that
-    turn instead of failing with ``SessionOwned``: it lists the pending call; a message typed
+    """A running ``terret serve`` runs a session's turn (woken from another shell) and holds it
+    parked on a call. ``terret chat SID`` follows that turn instead of failing with
+    ``SessionOwned``: it lists the pending call; a message typed
     meanwhile waits in the inbox for the turn's next step; ``/approve`` answers the call,
     serve runs it and its next step (with the message) shows here; once serve's turn has
     ended, the next message moves the idle session to the chat and runs in it."""
@@ -321,14 +321,13 @@ def test_chat_follows_a_turn_another_worker_took_over(
         try:
             sid = term.session()
             term.expect("you> ")
-            term.type("deploy checkout v2\r")
-            term.expect("approve deploy(")
-            term.type("\x04")  # Ctrl-D: leave, the call pending
-            term.expect(f"terret chat {sid}` answers it later")
+            term.type("\x04")  # Ctrl-D: leave, the session released
             assert term.finish() == 0
         finally:
             term.kill()
-        server.wait_for("serve to take the parked turn over",
+        woken = target.run("inject", str(sid), "deploy checkout v2", "--wake")
+        assert woken.returncode == 0, woken.stderr
+        server.wait_for("serve to park the woken turn",
                         lambda text: f"session {sid} parked on an approval" in text)
 
         again = Terminal(target, "chat", str(sid), "--app", DEMO_APP, env=chat_env)

@@ -65,11 +65,14 @@ def test_the_documented_app_serves_the_documented_session(target: Target, tmp_pa
     appdir.mkdir()
     (appdir / "myapp.py").write_text(source)
 
-    # Sessions of an agent this app does not define: one with an open turn, one woken.
-    other_open = target.parked(target.new_session(agent="other"))
+    # Sessions of an agent this app does not define: one with an open turn, one woken, and
+    # one parked on a call (it needs no worker before its verdict: not even a warning).
+    other_open = target.new_session(agent="other")
+    target.writer().execute(other_open, lambda s: s.start_turn(trigger="user", text="hello"))
     other_woken = target.new_session(agent="other")
     target.invoke("inject", str(other_woken), "wake up", "--wake")
-    other_before = {sid: target.types(sid) for sid in (other_open, other_woken)}
+    other_parked = target.parked(target.new_session(agent="other"))
+    other_before = {sid: target.types(sid) for sid in (other_open, other_woken, other_parked)}
 
     def run(args: list[str]) -> subprocess.CompletedProcess[str]:
         """A documented line, with the store put in front of the command (global options go
@@ -125,5 +128,7 @@ def test_the_documented_app_serves_the_documented_session(target: Target, tmp_pa
         assert mention.endswith("no agent definition named 'other'"), mention
     # Left alone: nothing written to them but the second inbox entry.
     assert target.types(other_open) == other_before[other_open]
+    assert target.types(other_parked) == other_before[other_parked]
+    assert str(other_parked) not in stderr, stderr
     assert target.types(other_woken) == [*other_before[other_woken], "inbox/queued"]
     assert os.path.exists(appdir / "myapp.py")

@@ -29,7 +29,9 @@ def test_serve_start_skips_sessions_of_unknown_agents(tmp_path: Path) -> None:
     writer = target.writer()
     stranger = target.new_session(agent="someone-elses-agent")
     writer.execute(stranger, lambda s: s.start_turn(trigger="user", text="hi"))
-    parked = target.parked()
+    own = target.new_session()
+    writer.execute(own, lambda s: s.start_turn(trigger="user", text="status please"))
+    parked = target.parked()  # waits on its verdict: no worker before it
     app = demo_app()
     runtime = Runtime(SQLiteStore(target.uri), resolver=app.resolver, views=":memory:",
                       config=app.config, agents=app.agents)
@@ -38,7 +40,7 @@ def test_serve_start_skips_sessions_of_unknown_agents(tmp_path: Path) -> None:
     finally:
         runtime.close(grace=0)
         target.close()
-    assert parked in resumed
+    assert own in resumed and parked not in resumed
 
 
 def test_title_of_a_closed_session_is_refused(target: Target) -> None:

@@ -45,7 +45,8 @@ def test_resume_of_a_turn_a_live_server_owns_is_one_line_and_writes_nothing(
     shown = target.json("sessions", "show", str(sid))
     assert shown["owner"] is None and shown["resumable"] is True, shown
     text = target.invoke("sessions", "show", str(sid)).stdout
-    assert f"resumable yes (`terret resume {sid}`, or `terret serve`)" in text, text
+    assert ("resumable yes, once decided: it waits on a verdict (above), and `terret serve` "
+            f"takes it when one is recorded (`terret resume {sid}` waits for it here)") in text
     assert target.invoke("approve", str(sid), "call-deploy").exit_code == 0
     done = run(target, "resume", str(sid), "--app", APP)
     assert done.returncode == 0, done.stderr

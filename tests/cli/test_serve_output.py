@@ -1,7 +1,8 @@
 """``terret serve`` prints ``serving <store>; resumed N open turn(s); pid P`` when ready, then
 one log line per lifecycle transition (docs/cli.md, ``terret serve``): with open turns to
 resume at start, their ``turn 1 resumed`` lines come after the serving line, every time — at a
-first start and at a restart after a SIGKILL. On SQLite and on the EventStoreDB emulator.
+first start and at a restart after a SIGKILL (the parked calls decided meanwhile). On SQLite
+and on the EventStoreDB emulator.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from tests.cli.docs_app import AppServer, new_session, run, serving, write_app
 OPEN_TURNS = 3
 
 
-def _check_order(server: AppServer, sessions: list[UUID], pooled_resumed: int) -> None:
+def _check_order(server: AppServer, sessions: list[UUID], pooled_resumed: int,
+                 until: str = "parked on an approval") -> None:
     """``pooled_resumed``: what a pool member (EventStoreDB) counts — the open turns of
-    crashed workers it took at start; turns nobody owned come from the group after the line."""
-    server.wait_for("every open turn to resume and park again",
-                    lambda text: all(f"session {sid} parked on an approval" in text
-                                     for sid in sessions))
+    crashed workers it took at start; turns nobody owned come from the group after the line.
+    ``until``: what each resumed turn says last."""
+    server.wait_for(f"every open turn to resume and say {until!r}",
+                    lambda text: all(f"session {sid} {until}" in text for sid in sessions))
     lines = server.lines()
     assert lines[0].startswith("serving "), lines
     if server.target.kind == "sqlite":
@@ -34,15 +36,21 @@ def _check_order(server: AppServer, sessions: list[UUID], pooled_resumed: int) -
 
 def test_the_serving_line_comes_before_the_resumed_turns(target: Target) -> None:
     write_app(target)
-    sessions = [target.parked(new_session(target, "--agent", "ops")) for _ in range(OPEN_TURNS)]
+    sessions = [new_session(target, "--agent", "ops") for _ in range(OPEN_TURNS)]
+    writer = target.writer()
+    for sid in sessions:  # open turns nobody owns (a turn parked on a call needs no worker)
+        writer.execute(sid, lambda s: s.start_turn(trigger="user", text="deploy checkout v2"))
     first = AppServer(target, "first").start()
     try:
         _check_order(first, sessions, pooled_resumed=0)  # never owned: from the group
     finally:
-        first.kill()  # the turns stay open, owned by a dead worker
+        first.kill()  # the turns stay open, parked, owned by a dead worker
+    for sid in sessions:  # decided meanwhile: each needs a worker again
+        assert run(target, "approve", str(sid), "call-deploy").returncode == 0
     second = AppServer(target, "second").start()
     try:
-        _check_order(second, sessions, pooled_resumed=OPEN_TURNS)  # the first's beat
+        _check_order(second, sessions, pooled_resumed=OPEN_TURNS,  # the first's beat
+                     until="turn 1 ended completed")
     finally:
         code = second.stop()
     assert code == 0, second.text()

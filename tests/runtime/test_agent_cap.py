@@ -6,6 +6,7 @@ agent is one of those is a new one refused (``AgentCapExceeded``)."""
 
 from __future__ import annotations
 
+import time
 from uuid import UUID
 
 import pytest
@@ -175,3 +176,41 @@ def test_r22_a_turn_a_caller_waits_on_is_never_set_aside(
     other_process(opened.uri, "approve", str(mine), rt.pending(mine)[0])
     assert job.join().status == "completed"
     assert _let_go(opened.store, mine) == []
+
+
+def test_r22_a_turn_parked_on_its_budget_is_set_aside_and_resumed_when_a_budget_covers_it(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """A budget waits on a person too: set aside at the cap, the turn stays parked in the log
+    (a raise that does not cover its next step leaves it there, unclaimed), and one that does,
+    from another process, gets it a worker again."""
+    from terret import Usage
+
+    def model(request: ModelRequest) -> Reply:
+        last = request.messages[-1]
+        if last.role == "user" and last.text == "spend":
+            return calls(("noop", {}), usage=Usage(10, 1, 0.04))
+        return final(f"re: {last.text}", usage=Usage(10, 1, 0.04))
+
+    server = make_runtime(ScriptedProvider(default=model),
+                          config=RuntimeConfig(max_agents=1, spend_cap=0.05), start=False)
+    parked, other = server.create_session(), server.create_session()
+    server.serve_start()
+    other_process(opened.uri, "inject", str(parked), "spend", "wake")
+    wait_until(lambda: "budget/exceeded" in names(read_log(opened.store, parked)),
+               what="the park on the budget")
+    other_process(opened.uri, "budget", str(other), "1.0")
+    other_process(opened.uri, "inject", str(other), "hello", "wake")
+    log = wait_for_event(opened.store, other, "turn/end")
+    assert only(log, "turn/end")[0].data["status"] == "completed"
+    assert _let_go(opened.store, parked) == [
+        "parked: set aside for its verdict, the agent cap (1) was reached"]
+    other_process(opened.uri, "budget", str(parked), "0.06")  # 0.04 + 0.04 > 0.06
+    before = len(read_log(opened.store, parked))
+    other_process(opened.uri, "inject", str(other), "again", "wake")
+    wait_for_event(opened.store, other, "turn/end", count=2)
+    time.sleep(2 * server.supervisor.scan_interval)  # two scans, at least
+    assert len(read_log(opened.store, parked)) == before  # not claimed: still over
+    other_process(opened.uri, "budget", str(parked), "1.0")
+    log = wait_for_event(opened.store, parked, "turn/end")
+    assert only(log, "turn/end")[0].data["status"] == "completed"
+    assert len(only(log, "budget/exceeded")) == 1
