@@ -171,13 +171,16 @@ def crash_job(uri: str, session_id: str, crash_at: int, when: str, report: str,
 
 def resume_job(uri: str, session_id: str, report: str, ran: str) -> None:
     """A fresh process takes over as ``terret serve`` does: ``serve_start`` resumes every open
-    turn (approving what it parks on) and titles sessions a dead process left untitled; if the
-    dead process never logged the turn at all, the user's request is run again. Then every
-    projection is compared with a rebuild."""
+    turn — one parked on its approval once the verdict is recorded (an operator here approves
+    what is pending) — and titles sessions a dead process left untitled; if the dead process
+    never logged the turn at all, the user's request is run again. Then every projection is
+    compared with a rebuild."""
     store = open_store(uri)
     rt = runtime(store, sweep_model, Path(ran))
     sid = UUID(session_id)
-    resumed = sid in rt.serve_start()
+    names = [r.wire_name for r in store.read_stream(f"session-{sid}")]
+    open_turn = "turn/start" in names and "turn/end" not in names
+    resumed = sid in rt.serve_start() or open_turn
     action = "resume" if resumed else "none"
     deadline = time.monotonic() + DEADLINE
     while resumed and rt.resumable(sid) and time.monotonic() < deadline:
