@@ -105,6 +105,10 @@ class TurnServices:
 class Agent:
     parked_since = 0.0
     """When its turn last parked (monotonic): at the cap, the longest parked is set aside."""
+    waking = False
+    """Claimed for a serving wake whose turn has not begun yet: not let go at the cap meanwhile
+    (a second wake at a full worker took the agent the first had just claimed, and a third the
+    second's: claims and releases, no turn)."""
     may_set_aside = False
     """Whether a park of this agent's turn may be ended to make room (``set_aside``): true
     while a serving process's wake runs it, never for a caller waiting on its turn."""

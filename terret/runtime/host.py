@@ -145,7 +145,8 @@ class AgentHost:
             if len(self._agents) < self.max_agents or session_id in self._by_session:
                 return
             candidates = [a for a in self._agents.values()
-                          if a.id not in self._pinned and a.session_id not in self._spawn_locks]
+                          if a.id not in self._pinned and a.session_id not in self._spawn_locks
+                          and not a.waking]
             idle = sorted(candidates, key=lambda a: a.idle_since)
             # let_go takes the agent's turn lock: a caller that looked it up just before sees
             # AgentLetGo, not a turn on an agent this process no longer lists.
@@ -197,7 +198,7 @@ class AgentHost:
         return session
 
     def spawn(self, session_id: UUID, *, agent_id: str | None = None, take_idle: TakeIdle = True,
-              for_new_turn: bool = False, pinned: bool = False) -> Agent:
+              for_new_turn: bool = False, pinned: bool = False, waking: bool = False) -> Agent:
         """Create this process's agent for the session and take ownership of it (R22, R28).
         A ``pinned`` agent (``spawn_agent``'s) stays until disposed; one spawned on demand is
         let go when the cap is reached and it is the one idle the longest."""
@@ -212,6 +213,7 @@ class AgentHost:
             with self._lock:
                 self._check_free(agent_id, session_id)
             agent = self._make_agent(agent_id, session_id, definition)
+            agent.waking = waking
             try:
                 with self._lock:
                     self._check_free(agent_id, session_id)  # another session may have filled
@@ -232,8 +234,9 @@ class AgentHost:
             return agent
 
     def agent_for(self, session_id: UUID, *, take_idle: TakeIdle = False,
-                  for_new_turn: bool = False) -> Agent:
-        """This process's agent for the session, spawned (and owning it) if there is none."""
+                  for_new_turn: bool = False, waking: bool = False) -> Agent:
+        """This process's agent for the session, spawned (and owning it) if there is none;
+        ``waking``: for a serving wake, which runs its turn next (``Agent.waking``)."""
         # Under the session's spawn lock: two racing callers must share one agent, not collide
         # on a spawn (the loser would see AgentExists instead of TurnAlreadyRunning).
         with self._spawning(session_id):
@@ -242,8 +245,10 @@ class AgentHost:
             self.drop_if_moved(session_id)
             agent = self.agent_for_session(session_id)
             if agent is None:
-                return self.spawn(session_id, take_idle=take_idle, for_new_turn=for_new_turn)
+                return self.spawn(session_id, take_idle=take_idle, for_new_turn=for_new_turn,
+                                  waking=waking)
             agent.idle_since = time.monotonic()  # in use again: the last to be let go
+            agent.waking = agent.waking or waking
             return agent
 
     def dispose(self, agent_id: str, *, reason: str | None = None) -> None:

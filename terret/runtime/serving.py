@@ -368,7 +368,7 @@ class Supervisor:
         ``take_idle``: moving it from a live worker that holds it idle (``UNSERVED``: only
         from one that serves nothing, as its latest beat says when the move is written)."""
         try:
-            self.host.agent_for(sid, take_idle=take_idle)
+            self.host.agent_for(sid, take_idle=take_idle, waking=True)
         except (errors.SessionOwned, errors.RuntimeStopping):
             return False  # another worker was quicker, or this one is stopping
         except errors.TerretError as exc:
@@ -503,12 +503,15 @@ class Supervisor:
         try:
             agent = self._agent_to_wake(session_id)
         except _QUIET:
+            self._woken(session_id)
             return
         except errors.TerretError as exc:
+            self._woken(session_id)
             # Another app's agent, a closed session, the agent cap: not ours to serve.
             log.warning("not serving session %s: %s", session_id, exc)
             return
         if agent is None:
+            self._woken(session_id)
             return
         agent.may_set_aside = True  # its park may end to make room: no caller waits on it
         try:
@@ -529,7 +532,13 @@ class Supervisor:
                       exc_info=log.isEnabledFor(logging.DEBUG),
                       extra={WOKEN_TURN_FAILED: True})
         finally:
-            agent.may_set_aside = False
+            agent.may_set_aside = agent.waking = False
+
+    def _woken(self, session_id: UUID) -> None:
+        """A wake that ran no turn: the agent its claim made may be let go at the cap again."""
+        agent = self.host.agent_for_session(session_id)
+        if agent is not None:
+            agent.waking = False
 
     def _note_failed(self, session_id: UUID) -> None:
         """A woken turn failed: if it stayed open, wait for a stimulus before trying again."""

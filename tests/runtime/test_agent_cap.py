@@ -214,3 +214,25 @@ def test_r22_a_turn_parked_on_its_budget_is_set_aside_and_resumed_when_a_budget_
     log = wait_for_event(opened.store, parked, "turn/end")
     assert only(log, "turn/end")[0].data["status"] == "completed"
     assert len(only(log, "budget/exceeded")) == 1
+
+
+def test_r22_wakes_queued_at_a_full_worker_take_the_freed_agent_one_at_a_time(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """Wakes refused at the cap are tried again once an agent is free: each claim let go of the
+    agent the claim before had just made for its wake, before that wake's turn began — claims
+    and releases in the log, no turn — until one won. Each session is claimed once now."""
+    server = make_runtime(ScriptedProvider(default=_deploy_model), start=False,
+                          config=RuntimeConfig(max_agents=1, approval_max_wait=3600))
+    parked = server.create_session()
+    queued = [server.create_session() for _ in range(3)]
+    server.serve_start()
+    other_process(opened.uri, "inject", str(parked), "deploy it", "wake")
+    wait_parked(server, parked)  # a deadline to keep: it holds the one agent
+    for sid in queued:
+        other_process(opened.uri, "inject", str(sid), "hello", "wake")
+    time.sleep(2 * server.supervisor.scan_interval)
+    other_process(opened.uri, "approve", str(parked), server.pending(parked)[0])
+    for sid in queued:
+        log = wait_for_event(opened.store, sid, "turn/end", timeout=30)
+        assert only(log, "turn/end")[0].data["status"] == "completed"
+        assert len(only(log, "agent/attached")) == 1, names(log)
