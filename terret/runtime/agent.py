@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -73,6 +74,19 @@ from terret.runtime.writer import SessionWriter
 
 log = logging.getLogger("terret.agent")
 
+_serving = threading.local()
+
+
+@contextmanager
+def serving_wake() -> Iterator[None]:
+    """Around a serving wake's turn, on its own thread: the turn it claims may have its park
+    set aside to make room (``Agent.set_aside``); no caller waits on it."""
+    _serving.wake = True
+    try:
+        yield
+    finally:
+        _serving.wake = False
+
 
 @dataclass(frozen=True)
 class TurnServices:
@@ -100,6 +114,9 @@ class TurnServices:
     max_steps: int
     approval_max_wait: float | None = None
     tool_timeout: float | None = None
+    budget_parks_unheld: Callable[[], bool] = lambda: True
+    """Whether a turn parked on its budget may wait held by no worker: a raise of the budget
+    reaches a serving worker (not in a pool, whose group may not carry ``budget/set``)."""
 
 
 class Agent:
@@ -225,9 +242,18 @@ class Agent:
             return False
         if status == "waiting_approval" and self.services.approval_max_wait is not None:
             return False  # its deadline is this process's to keep (the reaper)
+        if status == "waiting_budget" and not self.services.budget_parks_unheld():
+            return False
         self._aside.set()
+        if not self.status.startswith("waiting_"):  # a verdict won meanwhile: the turn goes on
+            self._aside.clear()
+            return False
         self.services.signals.signal(self.session_id)  # the park's wait wakes at once
         return True
+
+    def keep(self) -> None:
+        """Withdraw a ``set_aside`` its turn did not act on (a verdict came first)."""
+        self._aside.clear()
 
     @property
     def being_set_aside(self) -> bool:
@@ -257,9 +283,14 @@ class Agent:
             )
         self.cancel_event.clear()
         self._aside.clear()
+        # Decided by the thread that claims the turn: a wake that finds it running does not
+        # touch what the running turn's own wake decided.
+        self.may_set_aside = getattr(_serving, "wake", False)
+        self.waking = False  # its turn began: let go at the cap only as any agent is
         self._set_status("running")
 
     def _release_claim(self) -> None:
+        self.may_set_aside = False
         self._set_status("idle")
         self.idle_since = time.monotonic()
         self._lock.release()

@@ -58,13 +58,15 @@ class AgentHost:
                  definition: Callable[[str], AgentDefinition],
                  make_agent: AgentFactory,
                  watch: Callable[[UUID], None] = _nothing,
-                 unwatch: Callable[[UUID], None] = _nothing) -> None:
+                 unwatch: Callable[[UUID], None] = _nothing,
+                 follows: Callable[[UUID], bool] = lambda session_id: True) -> None:
         self.writer = writer
         self._watch = watch
         """Called before a spawn claims a session, and ``unwatch`` once its agent is dropped
         (outside every lock of the host): a pool member's views follow the sessions it
         serves (``ProjectionRunner.watch``)."""
         self._unwatch = unwatch
+        self._follows = follows
         self.max_agents = max_agents
         self._definition = definition
         self._make_agent = make_agent
@@ -184,6 +186,7 @@ class AgentHost:
                 if agent.let_go("set aside at the agent cap"):
                     return agent
                 time.sleep(0.01)
+            agent.keep()  # its turn went on: a later park of it is not set aside by this
         return None
 
     def _servable(self, session_id: UUID, *, for_new_turn: bool) -> Session:
@@ -367,15 +370,41 @@ class AgentHost:
         not unwatch it under the task (which would read views that stopped following)."""
         with self._spawning(session_id):
             self._watch(session_id)  # first: one that fails keeps no count for good
-            self._kept_watched[session_id] = self._kept_watched.get(session_id, 0) + 1
+            self._keep(session_id)
         try:
             yield
         finally:
-            with self._spawning(session_id):
-                left = self._kept_watched.pop(session_id) - 1
-                if left:
-                    self._kept_watched[session_id] = left
-            self.unwatch_unheld(session_id)
+            self._unkeep(session_id)
+
+    @contextmanager
+    def keeping(self, session_id: UUID) -> Iterator[bool]:
+        """Whether this process's views follow the session now, and if they do, keep them
+        following it for the length of a task reading them (an upkeep after a turn): a pool
+        member that lets the session go meanwhile forgets its rows, which the task would read
+        as an empty conversation. One that no longer follows it leaves the task to whoever
+        serves the session next."""
+        with self._spawning(session_id):
+            followed = self._follows(session_id)
+            if followed:
+                self._keep(session_id)
+        if not followed:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._unkeep(session_id)
+
+    def _keep(self, session_id: UUID) -> None:
+        """Under the session's spawn lock: one more task keeps it watched."""
+        self._kept_watched[session_id] = self._kept_watched.get(session_id, 0) + 1
+
+    def _unkeep(self, session_id: UUID) -> None:
+        with self._spawning(session_id):
+            left = self._kept_watched.pop(session_id) - 1
+            if left:
+                self._kept_watched[session_id] = left
+        self.unwatch_unheld(session_id)
 
     def _unregister(self, agent: Agent) -> None:
         self._agents.pop(agent.id, None)

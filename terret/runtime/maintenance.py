@@ -17,6 +17,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
@@ -101,6 +102,9 @@ class UpkeepServices:
     (those that follow the log, define its agent and do it), in rendezvous order: 0, first."""
     answer_timeout: float | None = None
     """Seconds a summarizer or titler has to answer (``RuntimeConfig.upkeep_timeout``)."""
+    keeping: Callable[[UUID], AbstractContextManager[bool]] = lambda sid: nullcontext(True)
+    """Whether this process's views follow the session, kept following it for the task
+    (``AgentHost.keeping``): a pool member that lets it go mid-task forgets its rows."""
 
     def left_to_another(self, session: Session, purpose: str, end: RecordedEvent,
                         again: Callable[[int], None], attempt: int) -> bool:
@@ -214,6 +218,11 @@ class Compactor:
     def _trigger(self, end: RecordedEvent, attempt: int) -> None:
         sid = end.session_id
         assert sid is not None
+        with self.upkeep.keeping(sid) as followed:
+            if followed:  # (else whoever serves the session next compacts it)
+                self._trigger_followed(sid, end, attempt)
+
+    def _trigger_followed(self, sid: UUID, end: RecordedEvent, attempt: int) -> None:
         prompt = self.upkeep.views.last_prompt_tokens(sid, getattr(end.payload, "turn", 0))
         if prompt is None or self.budget is None or prompt < self.budget:
             return
@@ -370,6 +379,11 @@ class AutoTitler:
     def _after_turn(self, end: RecordedEvent, attempt: int) -> None:
         sid = end.session_id
         assert sid is not None
+        with self.upkeep.keeping(sid) as followed:
+            if followed:  # (else whoever serves the session next titles it)
+                self._title_after(sid, end, attempt)
+
+    def _title_after(self, sid: UUID, end: RecordedEvent, attempt: int) -> None:
         if self.upkeep.views.title(sid) is not None:
             return  # titled already: a local view read; a title once projected stays until a purge
         session = self.upkeep.writer.refresh(sid)

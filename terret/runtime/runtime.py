@@ -141,13 +141,15 @@ class Runtime:
                                 self.defines, self.writer.ended_here, self._owner_upkeeps,
                                 self.deferred.after, self.config.lease_ttl,
                                 owner_folds=self._owner_folds, upkeep_rank=self._upkeep_rank,
-                                answer_timeout=self.config.upkeep_timeout)
+                                answer_timeout=self.config.upkeep_timeout,
+                                keeping=lambda sid: self.agent_host.keeping(sid))
         # Defaults: the role summarizer and role titler on the session's roles (R19, R20).
         self.compactor = Compactor(upkeep, summarizer, self.config.compaction_budget)
         self.titler = AutoTitler(upkeep, titler)
         self.agent_host = AgentHost(self.writer, max_agents=self.config.max_agents,
                                     definition=self._definition, make_agent=self._make_agent,
-                                    watch=self._watch, unwatch=self._unwatch)
+                                    watch=self._watch, unwatch=self._unwatch,
+                                    follows=lambda sid: self.runner.follows(session_stream(sid)))
         self.lease = WorkerLease(self.store.workers(), ttl=self.config.lease_ttl,
                                  sessions=lambda: [str(s) for s in self.agent_host.session_ids()])
         self.lease.upkeep = self._upkeep_done_here
@@ -159,7 +161,8 @@ class Runtime:
             self.catch_up_views, self.background, self.titler.catch_up,
             self.compactor.catch_up, self._upkeep_left_by_the_dead,
             approvals_wait_unheld=self.config.approval_max_wait is None,
-            parked_on_budget=lambda session: self.budget_guard.keeps_parked(session.state)))
+            parked_on_budget=lambda session: not self.runner.scoped
+            and self.budget_guard.keeps_parked(session.state)))
         self.lease.serves = lambda: self.supervisor.serving and not self.stopping.is_set()
         self.host = self.lease.host
 
@@ -173,6 +176,7 @@ class Runtime:
             catch_up_views=partial(self.catch_up_views, turn=True),
             budget_guard=self.budget_guard, pre_step=self.pre_step, stopping=self.stopping,
             max_steps=c.max_steps, approval_max_wait=c.approval_max_wait,
+            budget_parks_unheld=lambda: not self.runner.scoped,
             tool_timeout=c.tool_timeout)
 
     def _make_agent(self, agent_id: str, session_id: UUID,

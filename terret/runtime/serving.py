@@ -46,7 +46,7 @@ from terret.domain.codec import RecordedEvent
 from terret.domain.groups import GroupReader
 from terret.domain.session import Session
 from terret.projections.views import Views
-from terret.runtime.agent import Agent
+from terret.runtime.agent import Agent, serving_wake
 from terret.runtime.definition import TurnResult
 from terret.runtime.host import AgentHost
 from terret.runtime.ownership import UNSERVED, LiveWorker, TakeIdle, WorkerLease
@@ -513,9 +513,9 @@ class Supervisor:
         if agent is None:
             self._woken(session_id)
             return
-        agent.may_set_aside = True  # its park may end to make room: no caller waits on it
         try:
-            self._drive_wake(agent, waking_only=True)
+            with serving_wake():  # its park may end to make room: no caller waits on it
+                self._drive_wake(agent, waking_only=True)
             with self._lock:
                 self._failed_at.pop(session_id, None)
         except _QUIET:
@@ -532,7 +532,7 @@ class Supervisor:
                       exc_info=log.isEnabledFor(logging.DEBUG),
                       extra={WOKEN_TURN_FAILED: True})
         finally:
-            agent.may_set_aside = agent.waking = False
+            agent.waking = False  # (a wake that ran no turn: its claim's agent is as any)
 
     def _woken(self, session_id: UUID) -> None:
         """A wake that ran no turn: the agent its claim made may be let go at the cap again."""

@@ -9,7 +9,7 @@ from pathlib import Path
 from terret.adapters.stores.sqlite import SQLiteStore
 from terret.cli.demo_app import demo_app
 from terret.runtime.runtime import Runtime
-from tests.cli.conftest import DEMO_APP, Target
+from tests.cli.conftest import DEMO_APP, Target, is_type
 
 
 def test_purged_session_leaves_the_views(target: Target) -> None:
@@ -37,8 +37,11 @@ def test_serve_start_skips_sessions_of_unknown_agents(tmp_path: Path) -> None:
                       config=app.config, agents=app.agents)
     try:
         resumed = runtime.serve_start()
+        # The resumed turn runs to its end here: left running past the close, its thread
+        # (and what it holds) would outlive the test.
+        target.wait_for(own, is_type("turn/end"), "the resumed turn to end")
     finally:
-        runtime.close(grace=0)
+        runtime.close(grace=5)
         target.close()
     assert own in resumed and parked not in resumed
 

@@ -213,3 +213,12 @@ def test_a_byte_order_mark_opening_the_stream_is_ignored_wherever_the_network_cu
     assert events == [(b"", b'{"a":1}'), (b"", b"[DONE]")] and not torn
     later, _ = events_of(b'data: {"b":2}\n\n' + "\ufeff".encode() + b"data: x\n\n", [])
     assert later[0] == (b"", b'{"b":2}')  # only the stream's first bytes may be a mark
+
+
+def test_an_empty_chunk_after_a_trailing_cr_does_not_split_the_crlf() -> None:
+    """The CR-then-LF bookkeeping was reset by an empty chunk between them: the LF then read
+    as a blank line and cut an event in two."""
+    decoder = SSEDecoder()
+    events = [e for chunk in (b"data: x\r", b"", b"\n", b"data: y\n\n")
+              for e in decoder.feed(chunk)]
+    assert events == [(b"", b"x\ny")]

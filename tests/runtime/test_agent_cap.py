@@ -236,3 +236,23 @@ def test_r22_wakes_queued_at_a_full_worker_take_the_freed_agent_one_at_a_time(
         log = wait_for_event(opened.store, sid, "turn/end", timeout=30)
         assert only(log, "turn/end")[0].data["status"] == "completed"
         assert len(only(log, "agent/attached")) == 1, names(log)
+
+
+def test_r22_a_second_wake_of_a_parked_session_leaves_its_park_free_to_be_set_aside(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """A follow-up waking note to a session whose woken turn is parked ran a second wake that
+    found the turn running — and its end cleared what the first wake had decided: the park
+    was then never set aside, and the next wake at the cap was refused."""
+    server = make_runtime(ScriptedProvider(default=_deploy_model),
+                          config=RuntimeConfig(max_agents=1), start=False)
+    parked, other = server.create_session(), server.create_session()
+    server.serve_start()
+    other_process(opened.uri, "inject", str(parked), "deploy it", "wake")
+    wait_parked(server, parked)
+    other_process(opened.uri, "inject", str(parked), "also this", "wake")
+    time.sleep(2 * server.supervisor.scan_interval)  # the second wake has come and gone
+    other_process(opened.uri, "inject", str(other), "hello", "wake")
+    log = wait_for_event(opened.store, other, "turn/end", timeout=15)
+    assert only(log, "turn/end")[0].data["status"] == "completed"
+    assert _let_go(opened.store, parked) == [
+        "parked: set aside for its verdict, the agent cap (1) was reached"]

@@ -125,3 +125,79 @@ def test_a_pool_member_at_its_cap_sets_a_parked_turn_aside_and_resumes_it_on_its
     log = wait_for_event(opened.store, parked, "turn/end", timeout=30)
     assert only(log, "turn/end")[0].data["status"] == "completed"
     assert len(only(log, "tool/result")) == 1
+
+
+def test_a_pool_members_upkeep_reads_a_whole_session_though_the_member_lets_it_go_meanwhile(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """A member forgets a session it lets go; the compaction of the session's last turn, under
+    way when the agent cap let it go, read its forgotten rows: the summarizer was given nothing
+    and `session/compacted` recorded a summary of nothing over the whole history. The upkeep
+    keeps the session followed while it runs."""
+    import time
+
+    from terret import RuntimeConfig, ScriptedProvider
+    from tests.runtime.kit import only, other_process, wait_for_event
+
+    seen: list[list[str]] = []
+
+    class Recording:
+        def summarize(self, messages: object) -> str:
+            seen.append([m.text for m in messages])  # type: ignore[attr-defined]
+            return f"summary of {len(seen[-1])} messages"
+
+    member = make_runtime(ScriptedProvider(default=lambda r: final(
+        f"re: {r.messages[-1].text}", usage=Usage(500, 5))), summarizer=Recording(),
+        config=RuntimeConfig(max_agents=1, compaction_budget=100), start=False)
+    member.serve_start(group="terret-test-upkeep")
+    first, second = member.create_session(), member.create_session()
+    views = member.compactor.upkeep.views
+    real = views.last_prompt_tokens
+
+    def slow(sid: object, turn: int) -> int | None:  # the let-go lands mid-upkeep
+        value = real(sid, turn)  # type: ignore[arg-type]
+        if sid == first:
+            other_process(opened.uri, "inject", str(second), "two", "wake")
+            wait_until(lambda: member.agent_for_session(first) is None, what="first let go")
+            time.sleep(0.3)
+        return value
+
+    views.last_prompt_tokens = slow  # type: ignore[method-assign]
+    other_process(opened.uri, "inject", str(first), "one", "wake")
+    log = wait_for_event(opened.store, first, "session/compacted", timeout=20)
+    assert ["one", "re: one"] in seen and [] not in seen, seen
+    assert only(log, "session/compacted")[0].data["summary"] == "summary of 2 messages"
+
+
+def test_a_pool_members_turn_parked_on_its_budget_goes_on_when_the_budget_is_raised(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """A pool's group may not carry `budget/set` (a group's filter is fixed when it is
+    created): a turn parked on its budget keeps its member's agent in a pool — it is not set
+    aside, where no raise would reach a worker — and goes on when the budget is raised."""
+    import time
+
+    from terret import RuntimeConfig, ScriptedProvider
+    from tests.runtime.kit import calls, only, other_process, wait_for_event
+
+    def model(r: object) -> object:
+        last = r.messages[-1]  # type: ignore[attr-defined]
+        if last.role == "user" and last.text == "spend":
+            return calls(("noop", {}), usage=Usage(10, 1, 0.04))
+        return final(f"re: {last.text}", usage=Usage(10, 1, 0.04))
+
+    member = make_runtime(ScriptedProvider(default=model),
+                          config=RuntimeConfig(max_agents=1, spend_cap=0.05), start=False)
+    member.serve_start(group="terret-test-budget")
+    parked, other = member.create_session(), member.create_session()
+    other_process(opened.uri, "inject", str(parked), "spend", "wake")
+    wait_until(lambda: "budget/exceeded" in names(read_log(opened.store, parked)),
+               what="the park on the budget")
+    other_process(opened.uri, "budget", str(other), "1.0")
+    other_process(opened.uri, "inject", str(other), "hello", "wake")
+    if opened.kind != "sqlite":  # in a pool: the park holds the member's one agent
+        time.sleep(2 * member.supervisor.scan_interval)
+        assert member.agent_for_session(parked) is not None
+        assert not only(read_log(opened.store, parked), "agent/detached")
+    other_process(opened.uri, "budget", str(parked), "1.0")
+    log = wait_for_event(opened.store, parked, "turn/end", timeout=20)
+    assert only(log, "turn/end")[0].data["status"] == "completed"
+    wait_for_event(opened.store, other, "turn/end", timeout=20)

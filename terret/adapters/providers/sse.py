@@ -38,7 +38,7 @@ class SSEDecoder:
         self._cr = False  # the last chunk ended in CR
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        if self._cr:
+        if self._cr and chunk:  # (an empty chunk says nothing of what follows the CR)
             self._cr = False
             chunk = chunk.removeprefix(b"\n")
         buffer = self._tail + chunk if self._tail else chunk
