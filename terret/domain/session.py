@@ -191,10 +191,6 @@ class Session(Aggregate):
         return (waiting is not None and call_key(waiting.name, waiting.args)
                 == call_key(name, args)) or self.verdict_for(call_id, name, args) is not None
 
-    def waits_on_a_person(self, *, approvals: bool = True) -> bool:
-        """``SessionState.waits_on_a_person``: a worker resuming the turn would only park."""
-        return self.state.waits_on_a_person(approvals=approvals)
-
     def pending_inbox(self) -> dict[str, InboxEntry]:
         return dict(self.state.inbox)
 

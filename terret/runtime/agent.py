@@ -114,9 +114,9 @@ class TurnServices:
     max_steps: int
     approval_max_wait: float | None = None
     tool_timeout: float | None = None
-    budget_parks_unheld: Callable[[], bool] = lambda: True
-    """Whether a turn parked on its budget may wait held by no worker: a raise of the budget
-    reaches a serving worker (not in a pool, whose group may not carry ``budget/set``)."""
+    waits_unheld: Callable[[Session], bool] = lambda session: False
+    """Whether the session's open turn waits on a person, held by no worker, until what it
+    waits for is recorded (``Runtime._waits_unheld``, the rule serving claims by too)."""
 
 
 class Agent:
@@ -232,17 +232,17 @@ class Agent:
         return True
 
     def set_aside(self) -> bool:
-        """End the park of a turn that waits on a person (an approval or a call in doubt, no
-        verdict yet; a budget), if a serving process's wake runs it: the turn stops open
-        (``TurnSuspended``) and the agent, idle, can be let go — its session waits in the log
-        for the verdict, which a worker acts on. False when it does not so wait."""
-        status = self.status
-        if not self.may_set_aside or status not in ("waiting_approval", "waiting_in_doubt",
-                                                    "waiting_budget"):
+        """End the park of a turn that waits on a person, held by no worker, until what it waits
+        for is recorded (``TurnServices.waits_unheld``), if a serving process's wake runs it:
+        the turn stops open (``TurnSuspended``) and the agent, idle, can be let go — its
+        session waits in the log, and a worker takes it when the verdict or budget comes.
+        False when it does not so wait."""
+        if not self.may_set_aside or not self.status.startswith("waiting_"):
             return False
-        if status == "waiting_approval" and self.services.approval_max_wait is not None:
-            return False  # its deadline is this process's to keep (the reaper)
-        if status == "waiting_budget" and not self.services.budget_parks_unheld():
+        try:
+            if not self.services.waits_unheld(self._load()):
+                return False  # e.g. a deadline this process keeps (the reaper), a pool's budget
+        except errors.TerretError:
             return False
         self._aside.set()
         if not self.status.startswith("waiting_"):  # a verdict won meanwhile: the turn goes on

@@ -160,9 +160,7 @@ class Runtime:
             self.writer, self.views, self.lease, self.stopping, self.start,
             self.catch_up_views, self.background, self.titler.catch_up,
             self.compactor.catch_up, self._upkeep_left_by_the_dead,
-            approvals_wait_unheld=self.config.approval_max_wait is None,
-            parked_on_budget=lambda session: not self.runner.scoped
-            and self.budget_guard.keeps_parked(session.state)))
+            waits_unheld=self._waits_unheld))
         self.lease.serves = lambda: self.supervisor.serving and not self.stopping.is_set()
         self.host = self.lease.host
 
@@ -176,8 +174,18 @@ class Runtime:
             catch_up_views=partial(self.catch_up_views, turn=True),
             budget_guard=self.budget_guard, pre_step=self.pre_step, stopping=self.stopping,
             max_steps=c.max_steps, approval_max_wait=c.approval_max_wait,
-            budget_parks_unheld=lambda: not self.runner.scoped,
+            waits_unheld=self._waits_unheld,
             tool_timeout=c.tool_timeout)
+
+    def _waits_unheld(self, session: Session) -> bool:
+        """Whether the session's open turn waits on a person, held by no worker, until what it
+        waits for is recorded: an approval with no verdict (unless ``approval_max_wait`` gives
+        this process a deadline to keep), a call in doubt with none, or — outside a pool, whose
+        group may not carry ``budget/set`` — a budget that does not cover its next step. A
+        serving worker does not claim such a turn, and sets its park aside at the cap."""
+        state = session.state
+        return state.waits_on_a_person(approvals=self.config.approval_max_wait is None) or (
+            not self.runner.scoped and self.budget_guard.keeps_parked(state))
 
     def _make_agent(self, agent_id: str, session_id: UUID,
                     definition: AgentDefinition) -> Agent:

@@ -81,13 +81,9 @@ class ServingServices:
     """The title and compaction of a session's last turn, which its worker died before doing
     (a pool member's: it follows only the sessions it serves), as a task; None if none is
     left."""
-    approvals_wait_unheld: bool = True
-    """Whether a turn parked on an approval waits for its verdict in the log, held by no
-    worker (no ``approval_max_wait``: no deadline for a process to keep); a call in doubt
-    always may."""
-    parked_on_budget: Callable[[Session], bool] = lambda session: False
-    """Whether the session's open turn is parked on a budget nothing recorded since covers
-    (``BudgetGuard.keeps_parked``): it too waits on a person, held by no worker."""
+    waits_unheld: Callable[[Session], bool] = lambda session: False
+    """Whether the session's open turn waits on a person, held by no worker, until what it
+    waits for is recorded (``Runtime._waits_unheld``): claiming it would only park it."""
 
 
 LIVE_FOR = 0.25
@@ -110,10 +106,10 @@ class Supervisor:
         sessions: the wake was lost); for a worker whose views hold every session, they are
         among those the views name anyway."""
         self._failed_at: dict[UUID, int] = {}
-        self._said_halted = False  # the status view's halt, said once (status_halted)
         """Sessions whose resumed turn failed and stayed open (a provider down), at the log's
         version then: tried again at the next stimulus — any event of the session — not at
         every scan (R16: each try appends a step, and a loop would burn the step limit)."""
+        self._said_halted = False  # the status view's halt, said once (status_halted)
         self._live: tuple[float, list[LiveWorker]] = (float("-inf"), [])
         self._wakers: set[threading.Thread] = set()
         self._lock = threading.Lock()
@@ -346,8 +342,7 @@ class Supervisor:
         except errors.TerretError:
             return None
         if session.closed or self._waits_for_a_stimulus(sid, session) \
-                or session.waits_on_a_person(approvals=self.services.approvals_wait_unheld) \
-                or self.services.parked_on_budget(session):
+                or self.services.waits_unheld(session):
             return None  # (a turn that waits on a person is claimed when its verdict comes)
         lease = self.services.lease
         owner = session.state.owner
@@ -499,19 +494,25 @@ class Supervisor:
         thread.start()
 
     def _wake_here(self, session_id: UUID) -> None:
-        """A wake's thread: the turn resumed or started here, its failure said in one line."""
+        """A wake's thread: the turn resumed or started here, its failure said in one line.
+        Whatever it ran, the agent its claim made is then as any (``Agent.waking``)."""
+        try:
+            self._run_wake(session_id)
+        finally:
+            agent = self.host.agent_for_session(session_id)
+            if agent is not None:
+                agent.waking = False
+
+    def _run_wake(self, session_id: UUID) -> None:
         try:
             agent = self._agent_to_wake(session_id)
         except _QUIET:
-            self._woken(session_id)
             return
         except errors.TerretError as exc:
-            self._woken(session_id)
             # Another app's agent, a closed session, the agent cap: not ours to serve.
             log.warning("not serving session %s: %s", session_id, exc)
             return
         if agent is None:
-            self._woken(session_id)
             return
         try:
             with serving_wake():  # its park may end to make room: no caller waits on it
@@ -531,14 +532,6 @@ class Supervisor:
                       " ".join(describe_error(exc).split()),
                       exc_info=log.isEnabledFor(logging.DEBUG),
                       extra={WOKEN_TURN_FAILED: True})
-        finally:
-            agent.waking = False  # (a wake that ran no turn: its claim's agent is as any)
-
-    def _woken(self, session_id: UUID) -> None:
-        """A wake that ran no turn: the agent its claim made may be let go at the cap again."""
-        agent = self.host.agent_for_session(session_id)
-        if agent is not None:
-            agent.waking = False
 
     def _note_failed(self, session_id: UUID) -> None:
         """A woken turn failed: if it stayed open, wait for a stimulus before trying again."""
