@@ -41,8 +41,9 @@ DEFAULT_GROUP = "terret-serve"
 def serve(obj: CliContext, app_spec: str | None, grace: float, group: str,
           no_group: bool) -> None:
     """Serve the store's sessions: at start resume the open turns no live worker owns (others
-    are left to their owner: the rolling-deploy case), wake sessions on `inject --wake`, resume
-    parked turns when verdicts arrive, take over sessions whose owner's lease expired. SIGTERM
+    are left to their owner: the rolling-deploy case; one waiting on a person's verdict waits
+    for it), wake sessions on `inject --wake`, resume parked turns when verdicts arrive, take
+    over sessions whose owner's lease expired. SIGTERM
     stops gracefully: running turns stop at a step boundary, stay resumable, and are released
     to another live worker. If its views stop following the log (another store's process
     rebuilt a shared views file), it stops the same way and exits 1."""
