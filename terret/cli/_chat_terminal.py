@@ -55,6 +55,29 @@ def sigterm_leaves() -> Iterator[None]:
             signal.signal(signal.SIGTERM, before)
 
 
+@contextmanager
+def sigterm_waits() -> Iterator[None]:
+    """While inside (the chat leaving): a first SIGTERM asks for what is being done, so it is
+    taken without interrupting it; a second stops the process at once. Inside
+    ``sigterm_leaves`` whose SIGTERM came already, the first one here stops it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        yield
+        return
+
+    def once(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    before = signal.signal(signal.SIGTERM, once)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is once:
+            signal.signal(signal.SIGTERM, before)
+
+
 class Screen:
     """What the chat prints, from three threads (the turn's text, the log's events, the
     prompt): one lock, and a record of whether the cursor is at the start of a line, so a

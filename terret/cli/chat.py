@@ -24,7 +24,7 @@ import click
 from terret._text import one_line
 from terret.cli._app import App, check_resolves
 from terret.cli._chat_questions import ApprovalQuestions
-from terret.cli._chat_terminal import Input, Screen, Terminated, sigterm_leaves
+from terret.cli._chat_terminal import Input, Screen, Terminated, sigterm_leaves, sigterm_waits
 from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
 from terret.cli._format import actor_text, as_json, money
 from terret.cli._params import AGENT_NAME
@@ -479,27 +479,28 @@ class Chat:
         # A woken turn that fails is said by the chat itself ("(turn 3 failed: …)"), below the
         # prompt: the serving log's line for it would say it twice.
         logging.getLogger("terret.serving").addFilter(_said_by_chat)
-        self.banner(new=new)
-        if live is not None:
-            self.attach(live)
-        runtime.runner.add_listener(self.on_event, {
-            c.wire_name for c in (ev.AssistantMessage, ev.ToolResult, ev.SessionCompacted,
-                                  ev.ApprovalResolved, ev.ApprovalRequested, ev.UserMessage,
-                                  ev.ContextInjected, ev.TurnEnded, ev.AgentAttached)})
-        if not new:
-            self.recap()
-        with sigterm_leaves():
-            try:
-                if held is not None:
-                    self.follow(held)
-                elif runtime.resumable(sid):
-                    self.screen.line("resuming the open turn…", dim=True)
-                    self.drive(lambda: runtime.resume_turn(sid))
-                self.loop()
-            except Terminated:  # outside a turn and the prompt (a /command's output)
-                self.screen.line()
-        time.sleep(0)  # let a last listener line out before the goodbye
-        self._release()
+        try:  # SIGTERM (``sigterm_leaves``, around the command) leaves from here on
+            self.banner(new=new)
+            if live is not None:
+                self.attach(live)
+            runtime.runner.add_listener(self.on_event, {
+                c.wire_name for c in (ev.AssistantMessage, ev.ToolResult, ev.SessionCompacted,
+                                      ev.ApprovalResolved, ev.ApprovalRequested,
+                                      ev.UserMessage, ev.ContextInjected, ev.TurnEnded,
+                                      ev.AgentAttached)})
+            if not new:
+                self.recap()
+            if held is not None:
+                self.follow(held)
+            elif runtime.resumable(sid):
+                self.screen.line("resuming the open turn…", dim=True)
+                self.drive(lambda: runtime.resume_turn(sid))
+            self.loop()
+        except Terminated:  # outside a turn and the prompt (the banner, a /command's output)
+            self.screen.line()
+        with sigterm_waits():  # a SIGTERM now asks for this leaving: it goes on
+            time.sleep(0)  # let a last listener line out before the goodbye
+            self._release()
         self.screen.line("bye — the session is closed" if self.closed
                          else f"bye — resume with: terret chat {sid}", dim=True)
 
@@ -593,6 +594,17 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
         obj.require_session(session_id)
     runtime = runtime_for(obj, app_spec, app)
     runtime.start()
+    with sigterm_leaves():
+        try:
+            _converse(obj, runtime, session_id, spec, agent)
+        except Terminated:
+            # Before the conversation began (it leaves on its own from there): the
+            # command's close at exit releases the session, as leaving does.
+            click.echo("bye — stopped by SIGTERM before the chat began", err=True)
+
+
+def _converse(obj: CliContext, runtime: Runtime, session_id: UUID | None, spec: str | None,
+              agent: str | None) -> None:
     new = session_id is None
     sid = _new_session(runtime, agent, spec) if session_id is None else session_id
     # Attached first: a session whose agent the app does not define is refused before the

@@ -448,3 +448,35 @@ def test_ctrl_c_at_the_prompt_beside_a_woken_turn_only_clears_the_line(
     taken = [e.payload.text for e in events
              if isinstance(e.payload, (UserMessage, ContextInjected))]
     assert "fresh" in taken and not [t for t in taken if "half" in t], taken
+
+
+def test_sigterm_while_the_chat_leaves_lets_it_finish_leaving(
+        target: Target, chat_env: dict[str, str], tmp_path: Path) -> None:
+    """``/quit`` while a turn woken from another shell runs a tool here: the chat waits for
+    its step boundary. A SIGTERM then (a supervisor stopping it) used to kill the process at
+    once, the session held until its lease expired; leaving is what it asks for, so the wait
+    goes on: the tool's result is recorded once, the turn stops open and the session is
+    released (``agent/detached``)."""
+    import signal
+
+    release = tmp_path / "release"
+    started = release.with_suffix(".started")
+    with chatting(target, {**chat_env, "CHAT_RELEASE": str(release)}, CHAT_APP) as (term, sid):
+        done = target.run("inject", str(sid), "hold on", "--wake")  # a second process
+        assert done.returncode == 0, done.stderr
+        term.expect("→ hold(")
+        running(started)
+        term.type("/quit\r")
+        term.expect("(leaving: the open turn stops at its step boundary")
+        term.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert term.proc.poll() is None, term.text()  # still leaving, not killed
+        release.touch()
+        assert term.finish() == 0, term.text()
+        assert "bye — resume with: terret chat" in term.text()
+    events = target.events(sid)
+    results = [e.payload.call_id for e in events if isinstance(e.payload, ToolResult)]
+    assert results == ["call-hold"], results
+    assert events[-1].wire_name == "agent/detached", [e.wire_name for e in events]
+    shown = json.loads(target.run("--json", "sessions", "show", str(sid)).stdout)
+    assert shown["owner"] is None, shown
