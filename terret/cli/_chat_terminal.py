@@ -11,6 +11,7 @@ import signal
 import sys
 import termios
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +31,21 @@ class Withdrawn(Exception):
 
 class Terminated(EOFError):
     """SIGTERM reached the chat: it leaves as at the input's end (Ctrl-D)."""
+
+
+def waited(event: threading.Event, timeout: float) -> bool:
+    """``event.wait(timeout)`` for the main thread, where a Ctrl-C or a SIGTERM may interrupt
+    it: polled with ``time.sleep``, never inside the event's lock. An interrupt that lands in
+    ``Event.wait`` between its condition's release and re-acquire leaves the lock released,
+    and the wait's exit then raises ``RuntimeError: release unlocked lock`` in place of the
+    interrupt (the chat printed that error instead of stopping its wait)."""
+    deadline = time.monotonic() + timeout
+    while not event.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(0.01, left))
+    return True
 
 
 @contextmanager

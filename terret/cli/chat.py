@@ -24,7 +24,14 @@ import click
 from terret._text import one_line
 from terret.cli._app import App, check_resolves
 from terret.cli._chat_questions import ApprovalQuestions
-from terret.cli._chat_terminal import Input, Screen, Terminated, sigterm_leaves, sigterm_waits
+from terret.cli._chat_terminal import (
+    Input,
+    Screen,
+    Terminated,
+    sigterm_leaves,
+    sigterm_waits,
+    waited,
+)
 from terret.cli._context import MODEL_SPEC, SESSION, CliContext, operator
 from terret.cli._format import actor_text, as_json, money
 from terret.cli._params import AGENT_NAME
@@ -172,7 +179,7 @@ class Chat:
             thread.start()
             # Event.wait, not Thread.join: a join interrupted by Ctrl-C leaves the thread
             # looking finished on Python 3.11, and the prompt came back over a running turn.
-            while not done.wait(0.05):
+            while not waited(done, 0.05):
                 self.questions.ask_pending()
         except KeyboardInterrupt:
             self._cancel(done)
@@ -214,11 +221,11 @@ class Chat:
                 self.runtime.cancel(self.sid, by=operator(), reason="interrupted in chat")
             except TerretError:
                 pass
-            if done.wait(0.5):
+            if waited(done, 0.5):
                 return
             self.screen.line(f"  ({self._still_running()}: the turn closes cancelled when it "
                              "returns; Ctrl-C again to stop waiting)", dim=True)
-            while not done.wait(0.2):
+            while not waited(done, 0.2):
                 pass
         except KeyboardInterrupt:
             self.closing = done
@@ -246,7 +253,7 @@ class Chat:
         try:
             self.screen.line(f"  (waiting for the cancelled turn to close before {why}; "
                              "Ctrl-C to stop waiting)", dim=True)
-            while not closing.wait(0.2):
+            while not waited(closing, 0.2):
                 pass
         except KeyboardInterrupt:
             return False
@@ -545,7 +552,7 @@ def _close_on_a_thread_of(runtime: Runtime) -> None:
             done.set()
 
     threading.Thread(target=close, name="terret-chat-leaving", daemon=True).start()
-    while not done.wait(0.1):
+    while not waited(done, 0.1):
         pass
     if failed:
         raise failed[0]
