@@ -387,10 +387,10 @@ class AutoTitler:
         if self.upkeep.views.title(sid) is not None:
             return  # titled already: a local view read; a title once projected stays until a purge
         session = self.upkeep.writer.refresh(sid)
-        if session.state.titled or self.upkeep.left_to_another(
+        if untitleable(session) or self.upkeep.left_to_another(
                 session, "title", end,
                 lambda n: self.upkeep.background(lambda: self._after_turn(end, n)), attempt):
-            return  # titled already, or its owner titles it
+            return  # titled already (or closed: it never will be), or its owner titles it
         self.title_now(sid)
 
     def catch_up(self, sid: UUID, end: RecordedEvent | None = None) -> None:
@@ -419,8 +419,8 @@ class AutoTitler:
         if self.upkeep.views.title(sid) is not None:
             return  # titled already: a local view read; a title once projected stays until a purge
         session = self.upkeep.writer.refresh(sid)
-        if session.state.titled or not self.upkeep.serves(session.state.agent):
-            return  # titled already, or another app's agent: its own processes title it
+        if untitleable(session) or not self.upkeep.serves(session.state.agent):
+            return  # titled already or closed, or another app's agent: its processes title it
         first = self._first_user_message(sid)
         if not first.strip():
             # Nothing said yet (a first turn that ended empty): the first turn/end after a user
@@ -561,6 +561,13 @@ class RoleTitler(RoleAsker):
             messages=(Message("system", self.instruction), Message("user", transcript)),
         )
         return clean_title(provider.complete(request).text, self.max_chars)
+
+
+def untitleable(session: Session) -> bool:
+    """Whether no automatic title is to be asked for: the session has one, or is closed — a
+    closed session takes no title, so a titler asked now would be paid for nothing (and,
+    the title undone for good, asked again by every process in its turn)."""
+    return session.state.titled or session.state.closed
 
 
 def clean_title(text: str, max_chars: int = MAX_TITLE) -> str | None:

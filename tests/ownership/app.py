@@ -11,7 +11,8 @@ produced them, so a test can tell which worker wrote what. ``OWNERSHIP_TTL`` set
 execution appends ``<call id> <idempotency key>`` to, ``OWNERSHIP_USAGE=1`` makes every
 reply report ``USAGE``, and ``OWNERSHIP_COMPACT_BUDGET`` sets the compaction budget (a fixed
 summarizer, no model call). ``OWNERSHIP_UPKEEP_SECONDS`` makes the titler and the summarizer
-take that long, and name the pid that made them (a test kills a worker in its upkeep).
+take that long, and name the pid that made them (a test kills a worker in its upkeep);
+``OWNERSHIP_TITLES`` names a file the titler appends its pid to each time it is asked.
 ``OWNERSHIP_REVISION`` sets the agent definition's revision (default 1), ``OWNERSHIP_AGENT``
 its name (default ``default``: another makes the app another app's)."""
 
@@ -96,6 +97,9 @@ UPKEEP_SECONDS = float(os.environ.get("OWNERSHIP_UPKEEP_SECONDS", "0"))
 
 class SlowTitler:
     def title(self, messages: Sequence[Message]) -> str:
+        if os.environ.get("OWNERSHIP_TITLES"):
+            with open(os.environ["OWNERSHIP_TITLES"], "a") as f:
+                f.write(f"{os.getpid()}\n")
         time.sleep(UPKEEP_SECONDS)
         return f"titled by {os.getpid()}"
 

@@ -11,6 +11,7 @@ from uuid import UUID
 
 import pytest
 
+from terret import Actor
 from tests.ownership.conftest import Pool, Worker, wait_until
 
 
@@ -165,6 +166,30 @@ def test_a_worker_killed_in_its_upkeep_leaves_the_title_and_summary_to_a_survivo
     assert [t["title"] for t in titles] == [f"titled by {survivor.pid}"]
     assert len(summaries) == 1 and f"summarized by {survivor.pid}" in summaries[0]["summary"]
     assert _owners(pool, sid) == [first.pid]  # nothing was claimed for it: idle, it needs none
+
+
+def test_a_session_closed_while_it_is_titled_is_not_titled_again_by_the_others(
+        pool: Pool) -> None:
+    """Closed while its owner's titler works: the title can never be recorded now (a closed
+    session takes no title), so it stays undone for good — and every other worker, finding it
+    undone in its turn, asked the titler again and paid for it. Only the request under way at
+    the close is made (and paid for)."""
+    titles = pool.tmp / "titles.txt"
+    env = {"OWNERSHIP_TOOL_SECONDS": "0", "OWNERSHIP_UPKEEP_SECONDS": "1.5",
+           "OWNERSHIP_TTL": "1", "OWNERSHIP_TITLES": str(titles)}
+    # Every worker follows every session (on EventStoreDB too): each may do the upkeep.
+    args = ("--no-group",) if pool.kind == "esdb" else ()
+    workers = [pool.serve(name, *args, **env) for name in ("a", "b", "c")]
+    sid = pool.new_session()
+    operator = pool.runtime()
+    operator.inject(sid, "go", wake=True)
+    pool.wait_for(sid, "turn/end")
+    wait_until(titles.exists, "the titler asked", pool.stderr)
+    operator.close_session(sid, by=Actor(actor="operator"))
+    time.sleep(10)  # the others' turns: two and four lease TTLs after the close, rechecked
+    assert len(titles.read_text().split()) == 1, (titles.read_text(), pool.stderr())
+    assert "session/titled" not in pool.names(sid)
+    assert all(w.popen.poll() is None for w in workers)
 
 
 def test_a_wake_on_a_session_held_by_a_runtime_that_serves_nothing_is_run_by_serve(
