@@ -17,7 +17,7 @@ import os
 import re
 import sys
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -178,6 +178,8 @@ class TerretGroup(click.Group):
             raise click.ClickException(
                 f"KeyError: {exc.args[0] if exc.args else exc}") from None
         except Exception as exc:  # the code the command ran: an app's summarizer, a provider
+            if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
+                _reader_left()
             if _click_handles(exc):
                 raise
             _log_traceback(ctx, exc)
@@ -215,6 +217,10 @@ class TerretGroup(click.Group):
             click.echo(f"Error: {typed}", err=True)
             _json_error(argv, typed, 1)
             sys.exit(1)
+        try:
+            sys.stdout.flush()  # the reader may have left while the last lines waited here
+        except BrokenPipeError:
+            _reader_left()
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -267,11 +273,20 @@ def _json_lines_command(exc: click.ClickException) -> bool:
 
 def _click_handles(exc: Exception) -> bool:
     """What click's ``main`` says itself: its exceptions (``Abort`` and ``Exit`` are
-    runtime errors), the end of the input (``Aborted``) and a closed pipe on stdout
-    (``terret log | head``: exit 1, without a word)."""
-    return (isinstance(exc, click.ClickException | click.Abort | click.exceptions.Exit
-                       | EOFError)
-            or isinstance(exc, OSError) and exc.errno == errno.EPIPE)
+    runtime errors) and the end of the input (``Aborted``)."""
+    return isinstance(exc, click.ClickException | click.Abort | click.exceptions.Exit
+                      | EOFError)
+
+
+def _reader_left() -> NoReturn:
+    """stdout's reader closed the pipe (``terret log | head``, ``log --follow | grep -m1``):
+    it read what it wanted, so the command ends quietly with exit 0 — whether its output
+    outgrew the pipe's buffer before the reader left (click's own exit 1, without a word, came
+    or not by that chance). What is left unwritten goes nowhere: Python's flush at exit would
+    meet the closed pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(0)
 
 
 def _log_traceback(ctx: click.Context, exc: Exception) -> None:

@@ -425,3 +425,25 @@ def test_an_app_module_failing_at_import_is_a_usage_error(
     assert line.startswith("Error: BadParameter: Invalid value for '--app': cannot load app "
                            f"'broken_app:app': {kind}: "), line
     assert target.snapshot() == before
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(target: Target) -> None:
+    """``terret log SID | head -1``: the reader closes the pipe while the command still
+    writes. It ended with exit 1 and not a word (click's own handling) — or with 0, when the
+    output happened to fit the pipe's buffer before the reader left: a script under ``set -o
+    pipefail`` failed by chance. Exit 0 and nothing on stderr, every time, on both stores."""
+    sid = target.new_session()
+    commands = SessionCommands.on(target.store())
+    for i in range(60):  # far more than a pipe's buffer holds, once printed with --full
+        commands.inject(sid, f"note {i} " + "x" * 4000)
+    for follow in ((), ("--follow",)):
+        proc = subprocess.Popen([sys.executable, "-m", "terret",
+                                 *target.args("log", str(sid), "--full", *follow)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=subprocess_env(), cwd=target.cwd)
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        assert first, proc.stderr.read()
+        proc.stdout.close()  # the reader leaves, as `head -1` does
+        assert proc.wait(30) == 0, (follow, proc.stderr.read())
+        assert proc.stderr.read() == b"", follow
