@@ -177,8 +177,9 @@ class Chat:
             # Inside the try: the turn's thread may run as far as its tool before start()
             # returns here, and a Ctrl-C then must cancel the turn, not clear a prompt.
             thread.start()
-            # Event.wait, not Thread.join: a join interrupted by Ctrl-C leaves the thread
-            # looking finished on Python 3.11, and the prompt came back over a running turn.
+            # An event polled (``waited``), not Thread.join: a join interrupted by Ctrl-C
+            # leaves the thread looking finished on Python 3.11, and the prompt came back
+            # over a running turn.
             while not waited(done, 0.05):
                 self.questions.ask_pending()
         except KeyboardInterrupt:
