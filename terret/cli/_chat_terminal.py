@@ -13,7 +13,7 @@ import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -49,49 +49,45 @@ def waited(event: threading.Event, timeout: float) -> bool:
 
 
 @contextmanager
-def sigterm_leaves() -> Iterator[None]:
+def _first_sigterm(then: Callable[[], None]) -> Iterator[None]:
+    """While inside, on the main thread: the first SIGTERM calls ``then`` there, and puts the
+    default back, so that a second stops the process at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def first(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        then()
+
+    before = signal.signal(signal.SIGTERM, first)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is first:
+            signal.signal(signal.SIGTERM, before)
+
+
+def _terminate() -> None:
+    raise Terminated
+
+
+def sigterm_leaves() -> AbstractContextManager[None]:
     """While inside: SIGTERM (``kill``, a supervisor or a closing terminal emulator stopping
     the chat) raises ``Terminated`` in the main thread, so the chat leaves as at Ctrl-D — the
     open turn stops at its step boundary, open, and the session is released for a ``serve``
     to take over at once — instead of dying unreleased until its lease expires. A second
     SIGTERM stops the process at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def leave(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise Terminated
-
-    before = signal.signal(signal.SIGTERM, leave)
-    try:
-        yield
-    finally:
-        if signal.getsignal(signal.SIGTERM) is leave:
-            signal.signal(signal.SIGTERM, before)
+    return _first_sigterm(_terminate)
 
 
-@contextmanager
-def sigterm_waits() -> Iterator[None]:
+def sigterm_waits() -> AbstractContextManager[None]:
     """While inside (the chat leaving): a first SIGTERM asks for what is being done, so it is
     taken without interrupting it; a second stops the process at once. Inside
     ``sigterm_leaves`` whose SIGTERM came already, the first one here stops it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        yield
-        return
-
-    def once(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    before = signal.signal(signal.SIGTERM, once)
-    try:
-        yield
-    finally:
-        if signal.getsignal(signal.SIGTERM) is once:
-            signal.signal(signal.SIGTERM, before)
+        return nullcontext()
+    return _first_sigterm(lambda: None)
 
 
 class Screen:
