@@ -367,3 +367,38 @@ def test_connections_are_reused_across_requests(
         assert provider.complete(HELLO).text == "x"
     assert len(server.requests) == 3
     assert len({request.client_port for request in server.requests}) == 1
+
+
+def test_a_character_sent_as_two_halves_in_two_chunks_is_put_together(
+    server: ScriptedServer, provider: OpenAICompatibleProvider
+) -> None:
+    """A server cutting text by UTF-16 units sends 🎉 as ``"x\\ud83c"`` then ``"\\udf89y"``:
+    each chunk's JSON decodes to half a character. Those halves reached ``on_text`` and the
+    reply, text no terminal could print nor the log store; they are one character now, and a
+    half with no other becomes U+FFFD."""
+    server.script(CHAT, Reply.sse(text_stream(["x\ud83c", "\udf89y", "\ud83c", "\udf89"])),
+                  Reply.sse(text_stream(["a\udf89b", "c\ud83c"])))
+    seen: list[str] = []
+    reply = provider.complete(HELLO, on_text=seen.append)
+    assert reply.text == "x🎉y🎉" and "".join(seen) == reply.text
+    assert all(piece.encode() for piece in seen)  # each one whole: printable as it comes
+    seen.clear()
+    reply = provider.complete(HELLO, on_text=seen.append)
+    assert reply.text == "a\ufffdbc\ufffd" and "".join(seen) == reply.text
+
+
+def test_done_without_a_finish_reason_keeps_the_reply_and_says_so(
+    server: ScriptedServer, provider: OpenAICompatibleProvider,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``[DONE]`` with no finish reason before it: the text is kept (the server says the
+    reply is whole) with a warning, since a reply cut short reads the same — never silently.
+    With nothing received at all, the empty stream is no reply: it is retried."""
+    server.script(CHAT, Reply.sse(text_stream(["before done"], finish_reason=None)))
+    with caplog.at_level("WARNING"):
+        reply = provider.complete(HELLO)
+    assert reply.text == "before done" and reply.finish_reason is None
+    assert any("without a finish_reason" in r.getMessage() for r in caplog.records)
+    server.script(CHAT, Reply.sse([DONE]), Reply.sse(text_stream(["second try"])))
+    reply = provider.complete(HELLO)
+    assert reply.text == "second try" and reply.finish_reason == "stop"

@@ -312,6 +312,8 @@ class OpenAICompatibleProvider:
         encoded = response.headers.get("content-encoding", "identity") != "identity"
         chunks = iter(response.iter_bytes() if encoded else response.iter_raw())
         if self._read_events(chunks, decoder, parser, assembler, cancel):
+            if assembler.finish_reason is None:
+                self._done_without_a_finish_reason(assembler)
             self._read_on(chunks, cancel)
         elif not self._handle_events(decoder.close(), parser.parse, assembler.feed):
             if assembler.finish_reason is None:
@@ -363,6 +365,17 @@ class OpenAICompatibleProvider:
             if cancel is not None and cancel.is_set() and self._cut_short(assembler):
                 return True
         return False
+
+    def _done_without_a_finish_reason(self, assembler: ChunkAssembler) -> None:
+        """``[DONE]`` with no finish reason before it: the server says the reply is whole,
+        not why it ended. With nothing received, an empty stream is no reply: another
+        attempt's. Else the reply is kept, and said: a reply cut short would read the same."""
+        if not assembler.progressed:
+            raise _Retry(ProviderError(self.name, "the stream ended at [DONE] with no reply "
+                                                  "and no finish_reason"))
+        logger.warning("%s: the stream ended at [DONE] without a finish_reason; the reply "
+                       "(%d characters) is kept as whole, though it may have been cut short",
+                       self.name, assembler.text_length)
 
     def _cut_short(self, assembler: ChunkAssembler) -> bool:
         """On a cancel: True when the reply is whole (stop reading, keep it), else

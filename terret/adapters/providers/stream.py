@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from typing import Any
 
@@ -22,6 +23,8 @@ from terret.domain.messages import (
     distinct_ids,
 )
 from terret.runtime.model import ModelReply, TextSink
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _CallParts:
@@ -53,6 +56,9 @@ class ChunkAssembler:
         self.finish_reason: str | None = None
         self.cancel_seen: float | None = None
         """When the reader first saw a cancel after the reply finished (monotonic)."""
+        self._high = ""
+        """A text delta's last character when it was the first half of a surrogate pair:
+        held for the next delta, which may bring the other half."""
 
     @property
     def progressed(self) -> bool:
@@ -111,10 +117,27 @@ class ChunkAssembler:
             if content:
                 if type(content) is not str:
                     raise TypeError("delta content must be a string")
-                self._append(content)
+                content = self._whole_characters(content)
+                if content:
+                    self._append(content)
         if "tool_calls" in delta and delta["tool_calls"]:
             self._feed_calls(delta["tool_calls"])
         return content
+
+    def _whole_characters(self, content: str) -> str:
+        """The delta's text in whole characters. A server that cuts text by UTF-16 units (as
+        JavaScript's ``slice`` does) sends a character beyond the BMP as two escaped halves
+        in two chunks, and each chunk's JSON decodes its half alone: the two halves are put
+        together here, and a half that has no other (a server's bug) becomes U+FFFD — the
+        text handed to ``on_text``, joined in the reply, summarized or titled is always valid
+        Unicode (it could not be printed or stored otherwise)."""
+        if self._high:
+            content, self._high = self._high + content, ""
+        if not _SURROGATE.search(content):
+            return content
+        if "\ud800" <= content[-1] <= "\udbff":
+            content, self._high = content[:-1], content[-1]
+        return content.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
     def _feed_calls(self, calls: list[Any]) -> None:
         for part in calls:
@@ -183,6 +206,11 @@ class ChunkAssembler:
         return ToolCall(id=call_id, name=slot.name, args=args)
 
     def reply(self) -> ModelReply:
+        if self._high:  # the stream ended on the first half of a pair
+            self._high = ""
+            self._append("\ufffd")
+            if self._on_text is not None:
+                self._on_text("\ufffd")
         return ModelReply(
             text="".join(self._text),
             tool_calls=self.tool_calls(),
