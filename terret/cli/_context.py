@@ -377,7 +377,7 @@ class CliContext:
         purge is recorded: the views forgot it, and would show it empty."""
         views = self._views_caught_up(reads)
         if session is not None:
-            views.require_not_purged(session)
+            views.require_not_purged(session, self.store())
         return views
 
     def _views_caught_up(self, reads: Iterable[str] | None) -> Views:
@@ -501,6 +501,16 @@ class CliContext:
         if store.native_expiry and not expiring:  # a partly expired one is not shown as whole
             repository.refuse_if_expiring(session_id)
 
+    def refuse_if_purged(self, session_id: UUID) -> None:
+        """For a command that reads the log, not the views: ``PurgeUnfinished`` (or
+        ``SessionExpiring``) when the session's purge is recorded among the latest — its log
+        read as it is would be shown whole."""
+        from terret.runtime.retention import recorded_purge
+
+        purge = recorded_purge(self.store(), session_id)
+        if purge is not None:
+            purge.refuse(self.store())
+
     def sessions_view_behind(self) -> str | None:
         """How the sessions view (what prefixes are looked up in) is behind the log, or None
         when it is at its head."""
@@ -531,7 +541,15 @@ class CliContext:
         with views.store.reading() as db:
             rows = db.execute("SELECT session FROM sessions WHERE session LIKE ? ORDER BY"
                               " session LIMIT ?", (pattern + "%", limit)).fetchall()
-        return [UUID(row[0].removeprefix(SESSION_PREFIX)) for row in rows]
+            # A session whose purge stopped before it deleted the log: the view forgot it,
+            # the store holds it — a prefix may mean it (running the purge again by prefix
+            # deleted another session that happened to share it).
+            purged = db.execute("SELECT DISTINCT purged FROM sessions_purged WHERE purged LIKE"
+                                " ? ORDER BY purged LIMIT ?", (pattern + "%", limit)).fetchall()
+        store = self.store()
+        found = {row[0] for row in rows}
+        found.update(row[0] for row in purged if store.stream_version(row[0]) > 0)
+        return [UUID(stream.removeprefix(SESSION_PREFIX)) for stream in sorted(found)[:limit]]
 
     def close(self) -> None:
         for close in reversed(self.closers):

@@ -28,7 +28,7 @@ def list_approvals(obj: CliContext, session_id: UUID | None) -> None:
 
     if session_id is not None:
         obj.require_session(session_id)
-    views = obj.views(reads=("approvals", "status"))
+    views = obj.views(reads=("approvals", "status"), session=session_id)
     found = views.pending(session_id)
     # A request whose turn's cancel is recorded waits on nothing: closing the turn denies it,
     # and a verdict is refused.

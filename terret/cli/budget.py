@@ -59,6 +59,7 @@ def budget() -> None:
 def show(obj: CliContext, session_id: UUID) -> None:
     """The session's budget, what it spent, and whether a turn is parked on it."""
     obj.require_session(session_id)
+    obj.refuse_if_purged(session_id)
     state = obj.commands().writer.load(session_id).state  # the store's latest (R30)
     own = state.budget if state.budget_set else None
     wait = state.budget_wait

@@ -240,6 +240,7 @@ def log(obj: CliContext, session_id: UUID, from_seq: int, types: tuple[str, ...]
         tail: int | None, stamps: bool, full: bool, follow: bool) -> None:
     """A session's events, one line each: seq, wire name, summary."""
     obj.require_session(session_id)
+    obj.refuse_if_purged(session_id)
     store = obj.store()
     stream = session_stream(session_id)
     wanted = set(types) or None

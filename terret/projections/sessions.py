@@ -7,12 +7,14 @@ from __future__ import annotations
 import itertools
 import json
 import sqlite3
+import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from terret.domain.errors import PurgeUnfinished, SessionExpiring
 from terret.domain.money import cost_figure
-from terret.domain.store import SESSION_PREFIX
+from terret.domain.store import SESSION_PREFIX, EventStore
 from terret.projections._typed import handler
 from terret.projections.base import LiveWireNames, TypedProjection
 from terret.projections.status import status_name
@@ -150,11 +152,10 @@ class SessionsProjection(TypedProjection):
     @handler
     def _on_purged(self, db: sqlite3.Connection, event: RecordedEvent, p: SessionPurged
                    ) -> None:
-        by = json.dumps(p.by.model_dump(exclude_none=True), sort_keys=True) \
-            if p.by is not None else None
+        r = PurgeRecord.of(event, p)
         db.execute("INSERT OR REPLACE INTO sessions_purged VALUES (?, ?, ?, ?, ?)",
-                   (f"{SESSION_PREFIX}{p.session_id}", event.position, event.recorded_at,
-                    p.max_age_seconds, by))
+                   (r.session, r.position, r.at, r.max_age,
+                    json.dumps(r.by, sort_keys=True) if r.by is not None else None))
 
     def flush(self, db: sqlite3.Connection) -> None:
         rows = [row for stream, last in self._last.items()
@@ -279,6 +280,33 @@ class PurgeRecord:
     @property
     def id(self) -> str:
         return self.session.removeprefix(SESSION_PREFIX)
+
+    @classmethod
+    def of(cls, event: RecordedEvent, p: SessionPurged) -> PurgeRecord:
+        by = p.by.model_dump(exclude_none=True) if p.by is not None else None
+        return cls(f"{SESSION_PREFIX}{p.session_id}", event.position, event.recorded_at,
+                   p.max_age_seconds, by)
+
+    def refuse(self, store: EventStore) -> NoReturn:
+        """``PurgeUnfinished`` when the log is still in the store (its purge's process
+        stopped between recording it and carrying it out): read as it is, it would be shown
+        empty (the views forgot it) or whole. One purged to expire is ``SessionExpiring``, as
+        its reads are once its events start to go — if the store was given its expiry: a
+        purge stopped before that is unfinished too."""
+        if self.max_age is not None and store.max_age(self.session) == self.max_age:
+            raise SessionExpiring(f"session {self.id} was purged to expire after "
+                                  f"{self.max_age}s: the views have forgotten it")
+        by = self.by or {}
+        who = f" by {by.get('actor')}" + (f" ({by['id']})" if by.get("id") else "") if by else ""
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.at))
+        undone, again = "deleting the log", f"`terret sessions purge {self.id} --yes`"
+        if self.max_age is not None:
+            undone = "giving the log its expiry"
+            again = f"`terret sessions purge {self.id} --max-age {self.max_age} --yes`"
+        raise PurgeUnfinished(
+            f"session {self.id} was purged{who} at {at}, but its log is still in the store: "
+            f"the purge did not finish (its process stopped between recording it and {undone})"
+            f"; {again} (or runtime.purge) finishes it")
 
 
 def purges(db: sqlite3.Connection, stream: str | None = None) -> list[PurgeRecord]:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 from uuid import UUID
 
-from terret.domain.errors import ProjectionHalted, PurgeUnfinished, SessionExpiring
+from terret.domain.errors import ProjectionHalted
 from terret.domain.messages import Message
-from terret.domain.store import as_session_id, session_id_of, session_stream
+from terret.domain.store import EventStore, as_session_id, session_id_of, session_stream
 from terret.projections import approvals, messages, policy, sessions, status, title, usage
 from terret.projections.base import Projection, ViewStore
 from terret.projections.sessions import PurgeRecord, SessionSummary
@@ -161,23 +160,12 @@ class Views:
             found = sessions.purges(db, _stream(session))
         return found[-1] if found else None
 
-    def require_not_purged(self, session: UUID | str) -> None:
-        """``PurgeUnfinished`` for a session the log still holds whose purge is recorded (its
-        process stopped in between): the views forgot it, and would show it empty. One purged
-        to expire is ``SessionExpiring``, as its reads are once its events start to go."""
+    def require_not_purged(self, session: UUID | str, store: EventStore) -> None:
+        """``PurgeUnfinished`` (or ``SessionExpiring``) for a session whose purge is recorded:
+        the views forgot it, and would show it empty (``PurgeRecord.refuse``)."""
         purge = self.purge_of(session)
-        if purge is None:
-            return
-        if purge.max_age is not None:  # purged to expire: its events go as they reach that age
-            raise SessionExpiring(f"session {purge.id} was purged to expire after "
-                                  f"{purge.max_age}s: the views have forgotten it")
-        by = purge.by or {}
-        who = f" by {by.get('actor')}" + (f" ({by['id']})" if by.get("id") else "") if by else ""
-        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(purge.at))
-        raise PurgeUnfinished(
-            f"session {purge.id} was purged{who} at {at}, but its log is still in the store: "
-            "the purge did not finish (its process stopped between recording it and deleting "
-            f"the log); `terret sessions purge {purge.id} --yes` (or runtime.purge) finishes it")
+        if purge is not None:
+            purge.refuse(store)
 
     def purges(self) -> list[PurgeRecord]:
         """Every purge recorded, oldest first."""

@@ -4,12 +4,12 @@ deletion is recorded in the retention stream."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 from uuid import UUID
 
-from terret.domain.codec import decode, encode
+from terret.domain.codec import RecordedEvent, decode, encode
 from terret.domain.errors import (
     CorruptRecord,
     ExpiryUnsupported,
@@ -84,27 +84,42 @@ by a run of it that stopped before the deletion (run again, it does not record i
 
 
 def _recorded_lately(store: EventStore, session_id: UUID, max_age: int | None) -> bool:
+    return any(p.max_age_seconds == max_age for _, p in _latest_purges(store, session_id))
+
+
+def recorded_purge(store: EventStore, session_id: UUID) -> PurgeRecord | None:
+    """The session's latest purge among the retention stream's ``RECENT`` latest records,
+    read from the store: for a command that reads no views (``log``, ``budget show``)."""
+    from terret.projections.sessions import PurgeRecord
+
+    for event, p in _latest_purges(store, session_id):
+        return PurgeRecord.of(event, p)
+    return None
+
+
+def _latest_purges(store: EventStore, session_id: UUID
+                   ) -> Iterator[tuple[RecordedEvent, SessionPurged]]:
+    """The session's purges among the retention stream's latest records, latest first."""
+    sid = str(session_id)
     for record in store.read_stream(RETENTION_STREAM, backwards=True, limit=RECENT):
-        if record.wire_name != SessionPurged.wire_name:
-            continue
+        if record.wire_name != SessionPurged.wire_name or sid.encode() not in record.data:
+            continue  # (the id is in its data: most records are not decoded)
         try:
-            p = decode(record).payload
+            event = decode(record)
         except CorruptRecord:
             continue
-        if isinstance(p, SessionPurged) and p.session_id == str(session_id) \
-                and p.max_age_seconds == max_age:
-            return True
-    return False
+        if isinstance(event.payload, SessionPurged) and event.payload.session_id == sid:
+            yield event, event.payload
 
 
-def purges_left_undone(store: EventStore, views: Views, limit: int
+def purges_left_undone(store: EventStore, views: Views, limit: int, *, since: float = 0.0
                        ) -> tuple[int, list[PurgeRecord]]:
-    """How many purges the views recorded, and those among the ``limit`` latest whose
-    session's log is still in the store — not expiring as it was purged to: its process
-    stopped between recording the purge and carrying it out."""
+    """How many purges the views recorded, and those among the ``limit`` latest (recorded at
+    ``since`` or later) whose session's log is still in the store — not expiring as it was
+    purged to: its process stopped between recording the purge and carrying it out."""
     recorded = views.purges()
     undone = []
-    for purge in recorded[-limit:]:
+    for purge in [p for p in recorded[-limit:] if p.at >= since]:
         stream = session_stream(UUID(purge.id))
         if store.stream_version(stream) > 0 and (
                 purge.max_age is None or store.max_age(stream) != purge.max_age):

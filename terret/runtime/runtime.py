@@ -160,7 +160,8 @@ class Runtime:
             self.writer, self.views, self.lease, self.stopping, self.start,
             self.catch_up_views, self.background, self.titler.catch_up,
             self.compactor.catch_up, self._upkeep_left_by_the_dead,
-            waits_unheld=self._waits_unheld))
+            waits_unheld=self._waits_unheld,
+            finish_purges_left_undone=self._finish_purges_left_undone))
         self.lease.serves = lambda: self.supervisor.serving and not self.stopping.is_set()
         self.host = self.lease.host
 
@@ -385,7 +386,7 @@ class Runtime:
                 "only the sessions it serves: ask a runtime that is not a pool member (or "
                 "`terret usage` / `terret sessions show`)")
         self.catch_up_views(session_id)
-        self.views.require_not_purged(session_id)
+        self.views.require_not_purged(session_id, self.store)
         return self.views
 
     def _views_head(self) -> int:
@@ -423,9 +424,21 @@ class Runtime:
                 roles={**self.config.roles, **(roles or {})},
                 policy_floor=list(definition.allow), session_id=session_id)
         except errors.StreamDeleted:
-            raise errors.InvalidPayload(
-                SessionStarted.wire_name, "session_id", f"session {session_id} was purged: a "
-                "purged session's id is never used again (its purge stays on record)") from None
+            raise self._purged_id(session_id) from None
+        except errors.WrongExpectedVersion:
+            # The log is there: a session's — or a purged one's still, expiring or left by a
+            # purge that stopped before it deleted the log (its record says which).
+            assert session_id is not None  # a new id's stream is never there
+            self.catch_up_views()
+            if self.views.purge_of(session_id) is not None:
+                raise self._purged_id(session_id) from None
+            raise
+
+    @staticmethod
+    def _purged_id(session_id: UUID | None) -> errors.InvalidPayload:
+        return errors.InvalidPayload(
+            SessionStarted.wire_name, "session_id", f"session {session_id} was purged: a "
+            "purged session's id is never used again (its purge stays on record)")
 
     def _definition(self, name: str) -> AgentDefinition:
         """The definition that serves sessions of agent ``name``. The implicit ``default``
@@ -487,6 +500,23 @@ class Runtime:
         if self.supervisor.serving and time.time() - event.recorded_at < FINISH_PURGES_WITHIN:
             self.background(partial(self._finish_purge, sid,
                                     getattr(event.payload, "max_age_seconds", None)))
+
+    def _finish_purges_left_undone(self) -> None:
+        """At serving start: the purges recorded in the last week that their process left
+        unfinished (it stopped between the record and the deletion). Their records were read
+        before this process served — at its start, or by a command on a shared views file — so
+        the subscription brought none of them to ``_on_purged``."""
+        from terret.runtime.retention import purges_left_undone
+
+        try:
+            _, undone = purges_left_undone(self.store, self.views, FINISH_PURGES_CHECKED,
+                                           since=time.time() - FINISH_PURGES_WITHIN)
+        except errors.TerretError as exc:
+            log.warning("the purges left unfinished could not be looked for (%s); `terret "
+                        "doctor` lists them", exc)
+            return
+        for purge in undone:
+            self._finish_purge(UUID(purge.id), purge.max_age)
 
     def _finish_purge(self, session_id: UUID, max_age: int | None) -> None:
         """A purge whose process stopped between recording it and deleting the log (the
@@ -906,6 +936,9 @@ UPKEEP_AT_WORK = "a summarizer or titler still at work, or the store does not an
 """Why the upkeep may not finish within a stop's grace."""
 
 FINISH_PURGES_WITHIN = 7 * 24 * 3600.0
+FINISH_PURGES_CHECKED = 1000
+"""How many of the latest purges a serving start looks through for unfinished ones (each one
+in the last week costs a read of the store)."""
 """Seconds after its record that a serving process still finishes a purge it hears of."""
 
 

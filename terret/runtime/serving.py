@@ -81,6 +81,9 @@ class ServingServices:
     """The title and compaction of a session's last turn, which its worker died before doing
     (a pool member's: it follows only the sessions it serves), as a task; None if none is
     left."""
+    finish_purges_left_undone: Callable[[], None] = lambda: None
+    """At serving start, in the background: the recent purges whose process stopped before it
+    deleted the log (``Runtime._finish_purges_left_undone``)."""
     waits_unheld: Callable[[Session], bool] = lambda session: False
     """Whether the session's open turn waits on a person, held by no worker, until what it
     waits for is recorded (``Runtime._waits_unheld``): claiming it would only park it."""
@@ -162,6 +165,7 @@ class Supervisor:
         if self._feed is not None:
             self._feed.start()
         self._upkeep_left_undone()
+        rt.background(rt.finish_purges_left_undone)
         self._thread = threading.Thread(target=self._scan_loop, name="terret-supervisor",
                                         daemon=True)
         self._thread.start()

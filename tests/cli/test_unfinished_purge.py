@@ -20,10 +20,11 @@ from tests.cli.conftest import DEMO_APP, Target
 from tests.cli.docs_app import serving, wait
 
 
-def _purge_cut_short(target: Target, sid: UUID) -> None:
-    """What a purge killed after its first write leaves: the record, and the whole log."""
+def _purge_cut_short(target: Target, sid: UUID, max_age: int | None = None) -> None:
+    """What a purge killed after its first write leaves: the record, and the whole log (with
+    ``max_age``: the log without its expiry)."""
     record = encode(SessionPurged(session_id=str(sid), by=Actor(actor="operator", id="ops"),
-                                  reason="erasure request"))
+                                  reason="erasure request", max_age_seconds=max_age))
     target.store().append(RETENTION_STREAM, [record], StreamState.ANY)
 
 
@@ -33,7 +34,8 @@ def test_a_purge_cut_short_is_said_by_every_reader_and_doctor_and_finished_by_ru
     assert target.run("sessions", "close", str(sid)).returncode == 0
     _purge_cut_short(target, sid)
 
-    for command in (("sessions", "show"), ("usage",), ("title",), ("policy", "show")):
+    for command in (("sessions", "show"), ("usage",), ("title",), ("policy", "show"),
+                    ("log",), ("budget", "show"), ("approvals", "list")):
         done = target.run(*command, str(sid))
         assert done.returncode == 1, (command, done.stdout)
         (line,) = done.stderr.strip().splitlines()
@@ -46,13 +48,17 @@ def test_a_purge_cut_short_is_said_by_every_reader_and_doctor_and_finished_by_ru
 
     # An embedding application's reads say so too (they showed zeros and no title).
     from terret import Runtime, StaticResolver
-    from terret.domain.errors import PurgeUnfinished
+    from terret.domain.errors import InvalidPayload, PurgeUnfinished
 
     runtime = Runtime(target.store(), resolver=StaticResolver())
     try:
         for read in (runtime.usage, runtime.title, runtime.upkeep_usage):
             with pytest.raises(PurgeUnfinished, match="runtime.purge"):
                 read(sid)
+        # Its id is a purged session's: refused as one (it was WrongExpectedVersion, the
+        # error a caller retries).
+        with pytest.raises(InvalidPayload, match="was purged"):
+            runtime.create_session(session_id=sid)
     finally:
         runtime.close()
 
@@ -76,3 +82,71 @@ def test_a_serving_process_finishes_a_purge_it_hears_of(target: Target) -> None:
         wait("the purge finished by serve",
              lambda: target.store().stream_version(session_stream(sid)) == 0, 20)
     assert target.run("--json", "doctor").returncode == 0
+
+
+def test_serve_started_after_a_purge_was_cut_short_finishes_it(target: Target) -> None:
+    """The purge's record read before serve began — by a command on the shared views file —
+    never reached its listener: a serve started after a kill left the purge unfinished for
+    good. It looks for those at its start now."""
+    sid = target.closed()
+    _purge_cut_short(target, sid)
+    assert target.run("sessions", "list").returncode == 0  # the views read the record
+    with serving(target, app=DEMO_APP):
+        wait("the purge finished by serve",
+             lambda: target.store().stream_version(session_stream(sid)) == 0, 20)
+    assert target.run("--json", "doctor").returncode == 0
+
+
+def test_a_prefix_is_looked_up_among_the_sessions_a_purge_left_in_the_store_too(
+        target: Target) -> None:
+    """Running a purge cut short again by the prefix given the first time deleted another
+    session that shared it: the view had forgotten the first one, so the prefix named the
+    other alone. The prefix is ambiguous now, and one only the unfinished session has names
+    it (PurgeUnfinished, not SessionNotFound)."""
+    from terret import Runtime, StaticResolver
+
+    runtime = Runtime(target.store(), resolver=StaticResolver())
+    try:
+        first = UUID("beef0000-0000-4000-8000-00000000000a")
+        second = UUID("beef1111-0000-4000-8000-00000000000b")
+        for sid in (first, second):
+            runtime.create_session(session_id=sid)
+    finally:
+        runtime.close()
+    for sid in (first, second):
+        assert target.run("sessions", "close", str(sid)).returncode == 0
+    _purge_cut_short(target, first)
+    again = target.run("sessions", "purge", "beef", "--yes")
+    assert again.returncode == 2 and "ambiguous" in again.stderr, again.stderr
+    assert target.store().stream_version(session_stream(second)) > 0  # not deleted
+    shown = target.run("sessions", "show", "beef0")  # the unfinished one's alone
+    assert shown.returncode == 1 and "Error: PurgeUnfinished: " in shown.stderr, shown.stderr
+    done = target.run("sessions", "purge", str(first), "--yes")
+    assert done.returncode == 0, done.stderr
+    assert target.store().stream_version(session_stream(second)) > 0
+
+
+def test_an_expiry_cut_short_is_unfinished_not_expiring(target: Target) -> None:
+    """``--max-age`` killed between the record and the expiry: readers said ``SessionExpiring``
+    (\"the views have forgotten it\") while nothing would ever expire the log. They say
+    ``PurgeUnfinished`` and the command that finishes it."""
+    if not target.store().native_expiry:
+        pytest.skip("a store that cannot expire streams refuses --max-age before recording")
+    sid = target.closed()
+    _purge_cut_short(target, sid, max_age=3600)
+    shown = target.run("sessions", "show", str(sid))
+    assert shown.returncode == 1 and "Error: PurgeUnfinished: " in shown.stderr, shown.stderr
+    assert f"terret sessions purge {sid} --max-age 3600 --yes" in shown.stderr
+    again = target.run("sessions", "purge", str(sid), "--max-age", "3600", "--yes")
+    assert again.returncode == 0, again.stderr
+    expiring = target.run("sessions", "show", str(sid))
+    assert "Error: SessionExpiring: " in expiring.stderr, expiring.stderr
+
+
+def test_a_reason_the_purge_cannot_record_is_refused_before_the_question(
+        target: Target) -> None:
+    sid = target.closed()
+    done = target.run("sessions", "purge", str(sid), "--reason", "x" * 2001)
+    assert done.returncode == 2 and "at most 2000 characters" in done.stderr, done.stderr
+    assert "Delete every event" not in done.stdout + done.stderr
+    assert target.store().stream_version(session_stream(sid)) > 0
