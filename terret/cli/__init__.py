@@ -178,7 +178,7 @@ class TerretGroup(click.Group):
             raise click.ClickException(
                 f"KeyError: {exc.args[0] if exc.args else exc}") from None
         except Exception as exc:  # the code the command ran: an app's summarizer, a provider
-            if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
+            if isinstance(exc, OSError) and exc.errno == errno.EPIPE and _stdout_gone():
                 _reader_left()
             if _click_handles(exc):
                 raise
@@ -258,11 +258,15 @@ class DomainFailure(click.ClickException):
 
 def _json_error(argv: list[str], typed: str, code: int, *, one_line: bool = False) -> None:
     """With ``--json``, the error as a JSON document on stdout too (scripts read one place);
-    on one line after JSON Lines."""
+    on one line after JSON Lines — unless stdout's reader has left (the exit code says it)."""
     if _wants_json(argv):
         kind, _, message = typed.partition(": ")
-        click.echo(json.dumps({"error": {"exit_code": code, "message": message, "type": kind}},
-                              indent=None if one_line else 2, sort_keys=True))
+        try:
+            click.echo(json.dumps({"error": {"exit_code": code, "message": message,
+                                             "type": kind}},
+                                  indent=None if one_line else 2, sort_keys=True))
+        except BrokenPipeError:
+            _stdout_to_nowhere()
 
 
 def _json_lines_command(exc: click.ClickException) -> bool:
@@ -282,11 +286,32 @@ def _reader_left() -> NoReturn:
     """stdout's reader closed the pipe (``terret log | head``, ``log --follow | grep -m1``):
     it read what it wanted, so the command ends quietly with exit 0 — whether its output
     outgrew the pipe's buffer before the reader left (click's own exit 1, without a word, came
-    or not by that chance). What is left unwritten goes nowhere: Python's flush at exit would
-    meet the closed pipe again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    or not by that chance)."""
+    _stdout_to_nowhere()
     sys.exit(0)
+
+
+def _stdout_to_nowhere() -> None:
+    """What is left unwritten on a closed stdout goes nowhere: Python's flush at exit would
+    meet the closed pipe again (and print a traceback)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's stream)
+        pass
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe its reader has closed: an EPIPE from anything else — an
+    app's socket, a child process's stdin — is the command's error, said as any other."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's stream)
+        return False
 
 
 def _log_traceback(ctx: click.Context, exc: Exception) -> None:

@@ -503,11 +503,16 @@ class CliContext:
 
     def refuse_if_purged(self, session_id: UUID) -> None:
         """For a command that reads the log, not the views: ``PurgeUnfinished`` (or
-        ``SessionExpiring``) when the session's purge is recorded among the latest — its log
-        read as it is would be shown whole."""
-        from terret.runtime.retention import recorded_purge
+        ``SessionExpiring``) when the session's purge is recorded (``purge_on_record``: the
+        views as far as they read, then the latest records) — its log would be shown whole."""
+        from terret.projections.views import Views
+        from terret.runtime.retention import purge_on_record
 
-        purge = recorded_purge(self.store(), session_id)
+        try:
+            views: Views | None = Views(self.view_store())
+        except click.BadParameter:  # views it cannot open: the log's own record is read
+            views = None
+        purge = purge_on_record(self.store(), session_id, views)
         if purge is not None:
             purge.refuse(self.store())
 
@@ -545,10 +550,14 @@ class CliContext:
             # the store holds it — a prefix may mean it (running the purge again by prefix
             # deleted another session that happened to share it).
             purged = db.execute("SELECT DISTINCT purged FROM sessions_purged WHERE purged LIKE"
-                                " ? ORDER BY purged LIMIT ?", (pattern + "%", limit)).fetchall()
+                                " ? ORDER BY purged", (pattern + "%",)).fetchall()
         store = self.store()
         found = {row[0] for row in rows}
-        found.update(row[0] for row in purged if store.stream_version(row[0]) > 0)
+        for (stream,) in purged:  # every one: most purges are done, their logs gone
+            if len(found) >= limit:
+                break
+            if stream not in found and store.stream_version(stream) > 0:
+                found.add(stream)
         return [UUID(stream.removeprefix(SESSION_PREFIX)) for stream in sorted(found)[:limit]]
 
     def close(self) -> None:

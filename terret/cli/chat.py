@@ -606,9 +606,9 @@ def chat(obj: CliContext, session_id: UUID | None, spec: str | None, agent: str 
         try:
             _converse(obj, runtime, session_id, spec, agent)
         except Terminated:
-            # Before the conversation began (it leaves on its own from there): the
-            # command's close at exit releases the session, as leaving does.
-            click.echo("bye — stopped by SIGTERM before the chat began", err=True)
+            # Outside the conversation, which leaves on its own (before it began, or in the
+            # instant around its leaving): the command's close at exit releases the session.
+            click.echo("bye — stopped by SIGTERM", err=True)
 
 
 def _converse(obj: CliContext, runtime: Runtime, session_id: UUID | None, spec: str | None,

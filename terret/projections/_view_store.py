@@ -222,6 +222,7 @@ class ViewStore(TrackingRecorder):
             if self.path != ":memory:":
                 self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(f"PRAGMA synchronous={synchronous}")
+            self.db.execute("PRAGMA secure_delete=ON")  # a purged session's rows: overwritten
             # 16 MiB of page cache (SQLite's default is 2): a rebuild's one transaction
             # otherwise spills pages of the messages index and reads them back (~3 % of it).
             self.db.execute("PRAGMA cache_size=-16384")

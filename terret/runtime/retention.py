@@ -4,6 +4,7 @@ deletion is recorded in the retention stream."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
@@ -87,11 +88,21 @@ def _recorded_lately(store: EventStore, session_id: UUID, max_age: int | None) -
     return any(p.max_age_seconds == max_age for _, p in _latest_purges(store, session_id))
 
 
-def recorded_purge(store: EventStore, session_id: UUID) -> PurgeRecord | None:
-    """The session's latest purge among the retention stream's ``RECENT`` latest records,
-    read from the store: for a command that reads no views (``log``, ``budget show``)."""
+def purge_on_record(store: EventStore, session_id: UUID, views: Views | None
+                    ) -> PurgeRecord | None:
+    """The session's purge, read without catching the views up: in ``views`` as far as they
+    have read (every purge, however old), else among the retention stream's ``RECENT`` latest
+    records (one the views have not read yet) — for a reader of the log (``log``, ``budget
+    show``) or an error path (``create_session``), which must not wait on the views."""
     from terret.projections.sessions import PurgeRecord
 
+    if views is not None:
+        try:
+            found = views.purge_of(session_id)
+        except sqlite3.Error:  # views that hold no purges yet (or cannot be read): the log
+            found = None
+        if found is not None:
+            return found
     for event, p in _latest_purges(store, session_id):
         return PurgeRecord.of(event, p)
     return None

@@ -428,9 +428,10 @@ class Runtime:
         except errors.WrongExpectedVersion:
             # The log is there: a session's — or a purged one's still, expiring or left by a
             # purge that stopped before it deleted the log (its record says which).
+            from terret.runtime.retention import purge_on_record
+
             assert session_id is not None  # a new id's stream is never there
-            self.catch_up_views()
-            if self.views.purge_of(session_id) is not None:
+            if purge_on_record(self.store, session_id, self.views) is not None:
                 raise self._purged_id(session_id) from None
             raise
 
@@ -516,7 +517,11 @@ class Runtime:
                         "doctor` lists them", exc)
             return
         for purge in undone:
-            self._finish_purge(UUID(purge.id), purge.max_age)
+            try:
+                sid = UUID(purge.id)
+            except ValueError:  # another client's record: no session of Terret's
+                continue
+            self._finish_purge(sid, purge.max_age)
 
     def _finish_purge(self, session_id: UUID, max_age: int | None) -> None:
         """A purge whose process stopped between recording it and deleting the log (the
@@ -936,10 +941,10 @@ UPKEEP_AT_WORK = "a summarizer or titler still at work, or the store does not an
 """Why the upkeep may not finish within a stop's grace."""
 
 FINISH_PURGES_WITHIN = 7 * 24 * 3600.0
+"""Seconds after its record that a serving process still finishes a purge it hears of."""
 FINISH_PURGES_CHECKED = 1000
 """How many of the latest purges a serving start looks through for unfinished ones (each one
 in the last week costs a read of the store)."""
-"""Seconds after its record that a serving process still finishes a purge it hears of."""
 
 
 def _check_parts(store: object, resolver: object, config: object) -> None:

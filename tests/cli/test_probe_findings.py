@@ -87,6 +87,17 @@ def storeapp() -> App:
 
 def badapp() -> App:
     raise RuntimeError("line1\\nline2")
+
+
+class PipeBroke:
+    def summarize(self, messages):
+        raise BrokenPipeError(32, "the summarizer's socket closed")
+
+
+def pipeapp() -> App:
+    base = demo_app()
+    base.summarizer = PipeBroke()
+    return base
 '''
 
 
@@ -447,3 +458,32 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(target: Target) -> 
         proc.stdout.close()  # the reader leaves, as `head -1` does
         assert proc.wait(30) == 0, (follow, proc.stderr.read())
         assert proc.stderr.read() == b"", follow
+
+
+def test_a_broken_pipe_that_is_not_stdout_s_is_the_command_s_error(target: Target,
+                                                                  apps: str) -> None:
+    """A closed stdout ends a command quietly (exit 0); an EPIPE from anything else — here an
+    app's summarizer whose socket closed — is an error like any other, said and exit 1."""
+    sid = str(target.finished())
+    result = target.invoke("compact", sid, "--app", f"{apps}:pipeapp")
+    assert result.exit_code == 1, result.stderr
+    assert one_line_error(result.stderr).startswith("Error: BrokenPipeError: "), result.stderr
+    done = subprocess.run([sys.executable, "-m", "terret", *target.args(
+        "--json", "compact", sid, "--app", f"{apps}:pipeapp")], capture_output=True,
+        env=subprocess_env(), cwd=Path.cwd(), timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["error"]["type"] == "BrokenPipeError"
+
+
+def test_an_error_whose_reader_left_is_said_on_stderr_without_a_traceback(
+        target: Target) -> None:
+    """With ``--json`` the error is written to stdout too: a reader gone by then made that
+    write raise, and the command ended on a traceback. The error line and exit code stay."""
+    proc = subprocess.Popen([sys.executable, "-m", "terret", *target.args(
+        "--json", "sessions", "show", str(uuid4()))], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=subprocess_env(), cwd=target.cwd)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # gone before the command writes anything
+    assert proc.wait(60) == 1
+    err = proc.stderr.read().decode()
+    assert "Traceback" not in err and "Error: SessionNotFound: " in err, err

@@ -417,3 +417,24 @@ def test_views_another_stores_process_is_rebuilding_are_not_shown_as_this_stores
                    "sessions", "list")
     assert shown.returncode == 0, shown.stderr  # once the rebuild is over: rebuilt, said
     assert [s["id"] for s in json.loads(shown.stdout)] != [made.stdout.strip()]
+
+
+def test_a_purged_session_s_text_is_in_no_file_once_the_processes_are_gone(
+        sqlite_target: Target) -> None:
+    """docs/operations.md: a purge's deleted rows are overwritten (``secure_delete``, whatever
+    the SQLite build's default), so once every process on the store has closed it — the
+    write-ahead logs checkpointed and reset — no file beside the store holds the purged
+    session's text; each step a process of its own."""
+    target = sqlite_target
+    marker = f"PURGE-MARKER-{uuid.uuid4().hex}"
+    sid = target.new_session()
+    for i in range(20):  # pages of it, in the store and in the views' messages
+        assert target.run("inject", str(sid), f"{marker} {i}").returncode == 0
+    assert target.run("sessions", "show", str(sid)).returncode == 0
+    assert target.run("sessions", "close", str(sid)).returncode == 0
+    target.close()  # this test's own connections too
+    assert target.run("sessions", "purge", str(sid), "--yes").returncode == 0
+    assert target.run("sessions", "list").returncode == 0  # the views forget it
+    left = {path.name: path.read_bytes().count(marker.encode())
+            for path in target.cwd.iterdir() if path.is_file()}
+    assert not any(left.values()), left

@@ -103,7 +103,7 @@ def test_a_prefix_is_looked_up_among_the_sessions_a_purge_left_in_the_store_too(
     session that shared it: the view had forgotten the first one, so the prefix named the
     other alone. The prefix is ambiguous now, and one only the unfinished session has names
     it (PurgeUnfinished, not SessionNotFound)."""
-    from terret import Runtime, StaticResolver
+    from terret import Actor, Runtime, StaticResolver
 
     runtime = Runtime(target.store(), resolver=StaticResolver())
     try:
@@ -111,6 +111,12 @@ def test_a_prefix_is_looked_up_among_the_sessions_a_purge_left_in_the_store_too(
         second = UUID("beef1111-0000-4000-8000-00000000000b")
         for sid in (first, second):
             runtime.create_session(session_id=sid)
+        # Purges done under the same prefix, sorted ahead of the unfinished one: more than a
+        # lookup lists (the unfinished one fell past them, and the prefix named `second`).
+        for n in range(1, 8):
+            done_sid = runtime.create_session(session_id=f"beef0000-0000-4000-8000-00000000000{n}")
+            runtime.close_session(done_sid, by=Actor(actor="operator"))
+            runtime.purge(done_sid, by=Actor(actor="operator"))
     finally:
         runtime.close()
     for sid in (first, second):
@@ -150,3 +156,22 @@ def test_a_reason_the_purge_cannot_record_is_refused_before_the_question(
     assert done.returncode == 2 and "at most 2000 characters" in done.stderr, done.stderr
     assert "Delete every event" not in done.stdout + done.stderr
     assert target.store().stream_version(session_stream(sid)) > 0
+
+
+def test_a_purge_cut_short_long_ago_is_said_by_the_readers_of_the_log(target: Target) -> None:
+    """``log`` and ``budget show`` read the log, not the views: they looked for the purge
+    among the retention stream's latest records only, and a bulk retention run killed part
+    way pushed it out of them — the whole log was shown while ``sessions show`` said
+    ``PurgeUnfinished``. The views' record of it counts too."""
+    from uuid import uuid4
+
+    sid = target.closed()
+    _purge_cut_short(target, sid)
+    later = [encode(SessionPurged(session_id=str(uuid4()), by=Actor(actor="operator")))
+             for _ in range(250)]  # the purges recorded since (sessions long gone)
+    target.store().append(RETENTION_STREAM, later, StreamState.ANY)
+    assert target.run("sessions", "list").returncode == 0  # the views read the records
+    for command in (("log",), ("budget", "show"), ("sessions", "show")):
+        done = target.run(*command, str(sid))
+        assert done.returncode == 1 and "Error: PurgeUnfinished: " in done.stderr, (
+            command, done.stdout, done.stderr)

@@ -402,3 +402,22 @@ def test_done_without_a_finish_reason_keeps_the_reply_and_says_so(
     server.script(CHAT, Reply.sse([DONE]), Reply.sse(text_stream(["second try"])))
     reply = provider.complete(HELLO)
     assert reply.text == "second try" and reply.finish_reason == "stop"
+
+
+def test_a_character_split_across_tool_argument_fragments_is_put_together(
+    server: ScriptedServer, provider: OpenAICompatibleProvider
+) -> None:
+    """Arguments cut by UTF-16 units as text may be: each fragment's half of 🎉 decoded
+    alone, the call's arguments held a lone surrogate the log refused (the reply, paid for,
+    was lost). They hold the character."""
+    head = {"index": 0, "id": "call-1", "type": "function"}
+    parts = [event(chunk({"tool_calls": [{**head, "function": {"name": "say",
+                                                               "arguments": ""}}]})),
+             event(chunk({"tool_calls": [{"index": 0, "function": {
+                 "arguments": '{"text": "party \ud83c'}}]})),
+             event(chunk({"tool_calls": [{"index": 0, "function": {
+                 "arguments": '\udf89"}'}}]})),
+             event(chunk({}, finish_reason="tool_calls")), DONE]
+    server.script(CHAT, Reply.sse(parts))
+    reply = provider.complete(HELLO)
+    assert reply.tool_calls == (ToolCall(id="call-1", name="say", args={"text": "party 🎉"}),)

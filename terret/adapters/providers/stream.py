@@ -27,6 +27,14 @@ from terret.runtime.model import ModelReply, TextSink
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def whole_characters(text: str) -> str:
+    """``text`` with each surrogate pair as the one character it stands for, and a lone half
+    as U+FFFD."""
+    if text.isascii() or not _SURROGATE.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
 class _CallParts:
     """The fragments of one tool call, keyed by its ``index`` in the stream."""
 
@@ -133,11 +141,11 @@ class ChunkAssembler:
         Unicode (it could not be printed or stored otherwise)."""
         if self._high:
             content, self._high = self._high + content, ""
-        if not _SURROGATE.search(content):
+        if content.isascii() or not _SURROGATE.search(content):
             return content
         if "\ud800" <= content[-1] <= "\udbff":
             content, self._high = content[:-1], content[-1]
-        return content.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return whole_characters(content)
 
     def _feed_calls(self, calls: list[Any]) -> None:
         for part in calls:
@@ -172,7 +180,9 @@ class ChunkAssembler:
 
     def _complete_call(self, index: int) -> ToolCall:
         slot = self._calls[index]
-        raw = "".join(slot.arguments)
+        # Cut by UTF-16 units as text may be (``_whole_characters``): a character's halves, in
+        # two fragments, each decoded alone by its chunk's JSON.
+        raw = whole_characters("".join(slot.arguments))
         if not slot.name:
             raise MalformedStream(self.provider, f"tool call #{index} has no name", data=raw)
         try:

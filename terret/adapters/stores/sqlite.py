@@ -419,6 +419,9 @@ class SQLiteStore(PositionalStore):
             )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            # A purge's deleted rows are overwritten, not left in free pages, whatever the
+            # SQLite build's default (docs/operations.md, retention).
+            conn.execute("PRAGMA secure_delete=ON")
             self._local.conn = conn
             with self._connections_lock:
                 self._close_orphans_locked()
