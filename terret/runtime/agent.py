@@ -49,7 +49,7 @@ from terret.runtime.model import (
     TextSink,
     checked_reply,
 )
-from terret.runtime.ownership import SessionLease, WorkerLease
+from terret.runtime.ownership import SessionLease, TakeIdle, WorkerLease
 from terret.runtime.step_commands import (
     MAX_REPLY_BYTES,
     answer,
@@ -305,7 +305,7 @@ class Agent:
         try:
             def start(s: Session) -> int:
                 s.require_no_open_turn()  # R4 before R28: an open turn is resumed, not fought
-                self.ownership.take(s, take_idle=take_idle)  # the attach rides with the start
+                self._take(s, take_idle=take_idle)  # the attach rides with the start
                 return s.start_turn(trigger=trigger, text=text or None, inbox_id=inbox_id)
 
             # Not yet the turn's owner: the start is validated on the store's latest state (and
@@ -315,6 +315,13 @@ class Agent:
             return self._drive(turn, resumed=False)
         finally:
             self._release_claim()
+
+    def _take(self, s: Session, *, take_idle: TakeIdle) -> None:
+        """Own the session again (R28), recording the move when this process's revision of the
+        definition is another than the one its turns last ran under (R32): moved away and back,
+        it ran turns in another process, under that process's revision."""
+        self.ownership.take(s, take_idle=take_idle)
+        s.run_under(self.definition.revision)
 
     def resume_turn(self) -> TurnResult:
         """R14–R16: re-enter the open turn without a second ``turn/start``. A failure leaves the
@@ -326,7 +333,7 @@ class Agent:
                 raise errors.NoOpenTurn(f"session {self.session_id} has no open turn to resume")
             if not self.ownership.held(session):
                 # Taken over from an owner whose lease expired (never from a live one).
-                self.work.commit(lambda s: self.ownership.take(s, take_idle=False), owner=False)
+                self.work.commit(lambda s: self._take(s, take_idle=False), owner=False)
             log.info("session %s turn %d resumed", self.session_id, session.current_turn)
             return self._drive(session.current_turn, resumed=True)
         finally:

@@ -120,3 +120,56 @@ def test_a_denied_call_whose_arguments_a_new_release_refuses_is_closed_without_r
     assert rt.resume_turn(sid).status == "completed"
     (result,) = only(read_log(opened.store, sid), "tool/result")
     assert ran == [] and result.data["is_error"]
+
+
+def test_a_session_moved_away_and_back_records_the_revision_its_turns_run_under(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """Two releases each run a turn of the session in turn (web workers of a rolling deploy,
+    each calling ``run_turn``): each move is recorded with the revision the next turn runs
+    under. A process whose agent for the session was still registered took it back without
+    recording its revision: the log said the turn ran under the other release's."""
+    from terret import AgentDefinition
+
+    old = make_runtime([final("one"), final("three"), final("five")], start=False,
+                       definition=AgentDefinition(revision=1, allow=["*"]))
+    new = make_runtime([final("two"), final("four")], start=False,
+                       definition=AgentDefinition(revision=2, allow=["*"]))
+    sid = old.create_session()
+    for rt in (old, new, old, new, old):
+        assert rt.run_turn(sid, "next").status == "completed"
+    log = read_log(opened.store, sid)
+    revised = [(e.data["previous"], e.data["revision"]) for e in only(log, "agent/revised")]
+    assert revised == [(1, 2), (2, 1), (1, 2), (2, 1)], names(log)
+    # Each turn under the revision the log names for it: the last recorded before its start.
+    under, runs = 1, []
+    for e in log:
+        if e.name == "agent/revised":
+            under = e.data["revision"]
+        elif e.name == "turn/start":
+            runs.append(under)
+    assert runs == [1, 2, 1, 2, 1]
+
+
+def test_an_agent_that_takes_its_session_back_records_its_revision(
+        make_runtime: MakeRuntime, opened: OpenedStore) -> None:
+    """The race the test above cannot time: a process looks its agent for the session up,
+    and before its turn starts another release moves the session away (its turn runs, under
+    revision 2). The agent's start takes the session back — and ran its turn under revision 1
+    while the log's last word was revision 2. Called here on the agent itself, as the runtime
+    does once it has looked the agent up."""
+    from terret import AgentDefinition
+
+    old = make_runtime([final("one"), final("three")], start=False,
+                       definition=AgentDefinition(revision=1, allow=["*"]))
+    new = make_runtime([final("two")], start=False,
+                       definition=AgentDefinition(revision=2, allow=["*"]))
+    sid = old.create_session()
+    agent = old.spawn_agent(sid)
+    assert old.run_turn(sid, "first").status == "completed"
+    assert new.run_turn(sid, "moved").status == "completed"  # another process's turn
+    assert agent.run_turn("back").status == "completed"
+    log = read_log(opened.store, sid)
+    revised = [(e.data["previous"], e.data["revision"]) for e in only(log, "agent/revised")]
+    assert revised == [(1, 2), (2, 1)], names(log)
+    back = only(log, "agent/revised")[-1].seq
+    assert back < only(log, "turn/start")[-1].seq  # recorded before the turn it runs under
