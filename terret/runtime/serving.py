@@ -102,7 +102,8 @@ class Supervisor:
         # Bounded: a store shared with another app holds sessions this worker never serves,
         # and a set of every one refused would grow for as long as the worker runs (one past
         # the bound may be said again).
-        self._refused: _Recent[UUID, None] = _Recent(4096)
+        self._refused: _Recent[UUID, str] = _Recent(4096)
+        """The refusals said, by session: what was said last (the same is not said again)."""
         self._capped: set[UUID] = set()
         """Sessions a claim refused at the agent cap: the scan tries them again. A pool
         member's scan must (its group gave the message once and its views hold only its own
@@ -374,11 +375,15 @@ class Supervisor:
             if isinstance(exc, errors.AgentCapExceeded):
                 with self._lock:
                     self._capped.add(sid)  # tried again by the scan once an agent is free
-            # Another app's agent, a closed session, the agent cap: not ours to serve. Said for
-            # every event that asks, but once only by the scan.
-            if now or sid not in self._refused:
+            # Another app's agent, a tool it lacks, a closed session: not ours to serve. Said
+            # once for the session, as long as the reason stays the same: a pool member given
+            # its events one after the other (a new group replays the log) said it for each.
+            # A wake refused at the cap (for now: it is tried again) is said each time.
+            said = str(exc)
+            capped = isinstance(exc, errors.AgentCapExceeded)
+            if (now and capped) or self._refused.get(sid) != said:
                 self._not_serving(sid, exc)
-            self._refused.put(sid, None)
+            self._refused.put(sid, said)
             return False
         with self._lock:
             self._capped.discard(sid)

@@ -4,12 +4,14 @@ spread")."""
 
 from __future__ import annotations
 
+import signal
+import time
 from uuid import UUID
 
 import pytest
 
 from terret.domain.store import session_stream
-from tests.ownership.conftest import Pool
+from tests.ownership.conftest import Pool, wait_until
 from tests.ownership.test_scenarios import _check_closed_once, _owners
 
 SESSIONS = 12
@@ -105,3 +107,23 @@ def test_a_worker_of_another_app_never_holds_a_session_up(pool: Pool) -> None:
     assert all(pool.log(sid)[2][1]["pid"] == ours.pid for sid in sessions)
     said = {b.pid: b.agents for b in pool.store.workers().beats()}
     assert said[ours.pid] == ("default",) and said[other.pid] == ("someone-else",)
+
+
+def test_a_session_of_another_app_is_said_to_be_left_alone_once(pool: Pool) -> None:
+    """``serve`` skips a session whose agent its app does not define with one warning. A pool
+    member of a new group is given the log from its start — a turn's wake, its start, the
+    verdicts and releases — and said it for each event that asks for a worker."""
+    ours = pool.serve("ours", "--group", "ours", OWNERSHIP_TOOL_SECONDS="60")
+    sid = pool.new_session()
+    pool.runtime().inject(sid, "go", wake=True)
+    wait_until(lambda: pool.executions(sid), "the tool to start", pool.stderr)
+    ours.signal(signal.SIGKILL)  # the turn stays open, its worker gone
+    ours.wait(30)
+    for n in range(3):  # more events of the session that ask for a worker
+        pool.runtime().inject(sid, f"and {n}", wake=True)
+    other = pool.serve("other", "--group", "theirs", OWNERSHIP_AGENT="someone-else")
+    wait_until(lambda: any(f"not serving session {sid}" in line for line in other.err),
+               "the warning", lambda: "".join(other.err))
+    time.sleep(2.0)  # the rest of the log's events for it, given to the member meanwhile
+    said = [line for line in other.err if f"not serving session {sid}" in line]
+    assert len(said) == 1, said
