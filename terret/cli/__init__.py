@@ -100,6 +100,10 @@ class CommandContext(click.Context):
 
     def invoke(self, callback: Any, /, *args: Any, **kwargs: Any) -> Any:
         try:
+            # A command's own checks of its values (``checked_first``) come before the lookup.
+            with click.core.augment_usage_errors(self):  # (its usage hint, as click's own)
+                for check in getattr(self.command, "prechecks", ()):
+                    check(kwargs)
             kwargs = resolve_prefixes(self, kwargs)
             self.params.update({k: v for k, v in kwargs.items() if k in self.params})
             return super().invoke(callback, *args, **kwargs)

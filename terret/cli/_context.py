@@ -636,10 +636,16 @@ def parse_when(text: str, now: float | None = None) -> float:
         size = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[found.group(2)]
         return now - float(found.group(1)) * size
     try:
-        return datetime.fromisoformat(text.strip()).timestamp()
+        when = datetime.fromisoformat(text.strip())
     except ValueError:
         raise ValueError(f"{cut(text)} is neither a date (2026-12-01, 2026-12-01T09:30) nor a "
                          "duration (30s, 15m, 2h, 3d, 1w)") from None
+    try:
+        return when.timestamp()
+    except (OverflowError, ValueError, OSError):
+        # A date the platform's clock cannot place in local time (year 1, 9999-12-31T23:59
+        # west of UTC): before or after every event, as the comparison needs.
+        return float("-inf") if when.year < 1970 else float("inf")
 
 
 class WhenType(click.ParamType):

@@ -13,6 +13,7 @@ import json
 import math
 import re
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -215,3 +216,43 @@ class NegativeNumbers(click.Command):
         parser.parse_args(args=masked)  # NoSuchOption for an unknown option; nothing else
         ctx.ignore_unknown_options = True
         return super().parse_args(ctx, args)
+
+
+Precheck = Callable[[dict[str, Any]], None]
+
+
+def checked_first(*checks: Precheck) -> Callable[[click.Command], click.Command]:
+    """A command whose ``checks`` — of values a parameter type cannot check alone (one that
+    must not be blank, an option that needs another, a reason the log cannot hold) — run on
+    its parsed values before a session-id prefix is looked up: a bad command line is a usage
+    error (exit 2) whether or not the prefix names a session (cli.md, exit codes)."""
+    def decorate(command: click.Command) -> click.Command:
+        command.prechecks = (*getattr(command, "prechecks", ()), *checks)  # type: ignore[attr-defined]
+        return command
+
+    return decorate
+
+
+def not_blank(name: str, hint: str, message: str) -> Precheck:
+    """``name``'s value, when given, is not blank."""
+    def check(values: dict[str, Any]) -> None:
+        value = values.get(name)
+        if value is not None and not value.strip():
+            raise click.BadParameter(message, param_hint=hint)
+
+    return check
+
+
+def recordable_reason(event: str, name: str = "reason") -> Precheck:
+    """``name``'s value, when given, is a reason the log can hold in ``event`` (the payload
+    class's name: its module is imported only to check one), refused as the domain refuses it
+    (``InvalidPayload``: a usage error of the command)."""
+    def check(values: dict[str, Any]) -> None:
+        from terret.domain import events
+        from terret.domain.errors import InvalidPayload
+
+        problem = events.reason_problem(values.get(name))
+        if problem is not None:
+            raise InvalidPayload(getattr(events, event).wire_name, "reason", problem)
+
+    return check

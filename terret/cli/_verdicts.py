@@ -14,7 +14,7 @@ import click
 
 from terret.cli._context import SESSION, CliContext, note, operator
 from terret.cli._format import as_json
-from terret.cli._params import JSON_OBJECT, TEXT
+from terret.cli._params import JSON_OBJECT, TEXT, checked_first, recordable_reason
 from terret.domain.errors import shown
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ class Verdicts:
     record: Record
     after: Callable[[Session, str, str], None] = lambda session, verdict, tool: None
     """Told what was recorded (the session as read before it, the verdict, the tool)."""
+    event: str = "ApprovalResolved"
+    """The payload class a verdict is recorded as (its reason checked as that event's)."""
 
     def decide(self, obj: CliContext, session_id: UUID, call_id: str, verdict: str,
                reason: str | None, tool: str | None, args: dict[str, Any] | None) -> None:
@@ -86,14 +88,17 @@ class Verdicts:
         @click.pass_obj
         def run(obj: CliContext, session_id: UUID, call_id: str, reason: str | None,
                 tool: str | None, args: dict[str, Any] | None) -> None:
-            if reason_required and not (reason or "").strip():
-                raise click.BadParameter("give the model a reason", param_hint="'--reason'")
-            if args is not None and tool is None:
-                raise click.BadParameter("--args needs --tool", param_hint="'--args'")
             decide(obj, session_id, call_id, verdict, reason, tool, args)
 
+        def check(values: dict[str, Any]) -> None:
+            if reason_required and not (values.get("reason") or "").strip():
+                raise click.BadParameter("give the model a reason", param_hint="'--reason'")
+            if values.get("args") is not None and values.get("tool") is None:
+                raise click.BadParameter("--args needs --tool", param_hint="'--args'")
+
         run.__doc__, run.__module__ = doc, module
-        return click.command(name)(run)
+        return checked_first(check, recordable_reason(self.event))(
+            click.command(name)(run))
 
 
 def approvals() -> Verdicts:
@@ -130,4 +135,4 @@ def in_doubt() -> Verdicts:
         obj.commands().resolve_in_doubt(sid, call_id, verdict, by=operator(), reason=reason,
                                         name=tool, args=args)
 
-    return Verdicts(lambda s: dict(s.in_doubt()), record)
+    return Verdicts(lambda s: dict(s.in_doubt()), record, event="InDoubtResolved")

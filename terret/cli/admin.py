@@ -16,7 +16,14 @@ import click
 
 from terret.cli._context import ANY_MODEL_SPEC, SESSION, CliContext, note, operator
 from terret.cli._format import NOT_SHOWN, actor_text, money, table
-from terret.cli._params import PATTERN, TEXT, Choice
+from terret.cli._params import (
+    PATTERN,
+    TEXT,
+    Choice,
+    checked_first,
+    not_blank,
+    recordable_reason,
+)
 from terret.domain.errors import shown
 from terret.domain.keys import KEY_REFUSED, looks_like_key
 
@@ -57,6 +64,25 @@ def runtime_for(obj: CliContext, app_spec: str | None, app: App | None = None, *
     return runtime
 
 
+def _valid_role(values: dict[str, Any]) -> None:
+    """``model set``'s ROLE is a role name (checked again by the session when recorded)."""
+    from terret.domain.errors import InvalidPayload
+    from terret.domain.events import ModelSet, validate_role
+
+    try:
+        validate_role(values["role"])
+    except ValueError as exc:  # said as the session says it
+        said = InvalidPayload(ModelSet.wire_name, "role", str(exc))
+        raise click.BadParameter(str(said), param_hint="'ROLE'") from None
+
+
+def _app_loads(values: dict[str, Any]) -> None:
+    """``--app`` names an app that loads (loaded again by the command: a module is imported
+    once)."""
+    app_for(values.get("app_spec"))
+
+
+@checked_first(not_blank("text", "'TEXT'", "the text cannot be empty"))
 @click.command("inject")
 @click.argument("session_id", type=SESSION)
 @click.argument("text", type=TEXT)
@@ -64,14 +90,13 @@ def runtime_for(obj: CliContext, app_spec: str | None, app: App | None = None, *
 @click.pass_obj
 def inject(obj: CliContext, session_id: UUID, text: str, wake: bool) -> None:
     """Queue TEXT in the session's durable inbox; it rides the next step."""
-    if not text.strip():
-        raise click.BadParameter("the text cannot be empty", param_hint="'TEXT'")
     obj.require_session(session_id)
     inbox_id = obj.commands().inject(session_id, text, wake=wake)
     obj.emit({"session": str(session_id), "inbox_id": inbox_id, "wake": wake},
              f"queued {inbox_id}" + (" (wake)" if wake else ""))
 
 
+@checked_first(recordable_reason("CancelRequested"))
 @click.command("cancel")
 @click.argument("session_id", type=SESSION)
 @click.option("--reason", type=TEXT, default=None, help="Recorded with the cancel.")
@@ -295,6 +320,7 @@ def model() -> None:
     """Model roles of a session (main, compactor, titler, …)."""
 
 
+@checked_first(_valid_role)
 @model.command("set")
 @click.argument("session_id", type=SESSION)
 @click.argument("role", type=TEXT)
@@ -332,6 +358,7 @@ def model_set(obj: CliContext, session_id: UUID, role: str, spec: str, app_spec:
     obj.emit({"session": str(session_id), "role": role, "spec": spec}, f"{role} = {spec}")
 
 
+@checked_first(_app_loads)
 @click.command("compact")
 @click.argument("session_id", type=SESSION)
 @APP_OPTION
@@ -350,6 +377,7 @@ def compact(obj: CliContext, session_id: UUID, app_spec: str | None) -> None:
              f"compacted up to seq {upto}" if upto else "not compacted")
 
 
+@checked_first(not_blank("new_title", "'NEW_TITLE'", "a title cannot be empty"))
 @click.command("title")
 @click.argument("session_id", type=SESSION)
 @click.argument("new_title", type=TEXT, required=False)
@@ -358,8 +386,6 @@ def title(obj: CliContext, session_id: UUID, new_title: str | None) -> None:
     """Show the session's title, or set it to NEW_TITLE."""
     obj.require_session(session_id)
     if new_title is not None:
-        if not new_title.strip():
-            raise click.BadParameter("a title cannot be empty", param_hint="'NEW_TITLE'")
         value = obj.commands().set_title(session_id, new_title, by=operator())
         obj.emit({"session": str(session_id), "title": value}, value)
         return

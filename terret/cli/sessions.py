@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -21,7 +22,15 @@ from terret.cli._format import (
     table,
     when,
 )
-from terret.cli._params import AGENT_NAME, SEARCH_TEXT, TEXT, Choice, IntRange
+from terret.cli._params import (
+    AGENT_NAME,
+    SEARCH_TEXT,
+    TEXT,
+    Choice,
+    IntRange,
+    checked_first,
+    recordable_reason,
+)
 from terret.domain.money import cost_figure
 
 if TYPE_CHECKING:  # the projections are loaded when a command reads the views
@@ -333,6 +342,7 @@ def new(obj: CliContext, agent: str, main_model: str | None) -> None:
     obj.emit({"id": str(session_id)}, str(session_id))
 
 
+@checked_first(recordable_reason("SessionClosed"))
 @sessions.command("close")
 @click.argument("session_id", type=SESSION)
 @click.option("--reason", type=TEXT, default=None, help="Why it is closed (recorded).")
@@ -344,6 +354,7 @@ def close(obj: CliContext, session_id: UUID, reason: str | None) -> None:
     obj.emit({"id": str(session_id), "closed": True}, f"closed {session_id}")
 
 
+@checked_first(recordable_reason("SessionPurged"))
 @sessions.command("purge")
 @click.argument("session_id", type=SESSION)
 @click.option("--reason", type=TEXT, default=None, help="Recorded with the deletion.")
@@ -359,9 +370,14 @@ def purge(obj: CliContext, session_id: UUID, reason: str | None, max_age: int | 
     commands = obj.commands()
     _refuse_before_asking(obj, session_id, max_age, reason)
     if not yes and not obj.json_output:
-        click.confirm(f"Delete every event of session {session_id}?" if max_age is None else
-                      f"Let the events of session {session_id} expire after {max_age}s (the "
-                      "views forget it now)?", abort=True, err=True)
+        try:
+            click.confirm(f"Delete every event of session {session_id}?" if max_age is None
+                          else f"Let the events of session {session_id} expire after "
+                          f"{max_age}s (the views forget it now)?", abort=True, err=True)
+        except click.Abort:
+            if not sys.stdin.isatty():  # an answer read from a pipe is not echoed: the
+                click.echo(err=True)    # question's line is ended before the error's
+            raise
     commands.purge(session_id, by=operator(), reason=reason, max_age=max_age)
     if max_age is not None:
         # Only a store that expires streams itself gets here (SQLite refused the expiry).

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import sqlite3
+import sys
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -244,7 +245,9 @@ def list_sessions(db: sqlite3.Connection, *, status: str | None = None,
     rows = db.execute(_LIST.format(usage_where=usage_where, where=where),
                       2 * usage_params + [value for _, value in clauses]).fetchall()
     kept = (r for r in rows if status is None or _status(r) == status)
-    page = itertools.islice(kept, offset, None if limit is None else offset + limit)
+    # (Each within sys.maxsize as the options allow, their sum may not be: past it is the end.)
+    end = None if limit is None else min(offset + limit, sys.maxsize)
+    page = itertools.islice(kept, min(offset, sys.maxsize), end)
     return [_summary(r) for r in page]
 
 

@@ -239,10 +239,26 @@ def test_text_is_checked_before_a_missing_store_is_opened(tmp_path: Path) -> Non
 def test_other_bad_values_are_refused_before_a_prefix_too(target: Target) -> None:
     """Any usage error on the command line comes before the lookup, not only text's."""
     sid = str(target.finished())
+    long_reason = "r" * 2001
     for args, needle in ((["model", "set", "0000", "main", "nocolon"], "'SPEC'"),
                          (["policy", "set", "0000", "deploy!"], "invalid pattern"),
                          (["budget", "set", "0000", "-1"], "'LIMIT'"),
-                         (["usage", "0000", "--by", "nothing"], "'--by'")):
+                         (["usage", "0000", "--by", "nothing"], "'--by'"),
+                         # Checked in the command once, after the lookup (exit 1 for a prefix
+                         # naming no session, 2 for one naming a session):
+                         (["title", "0000", " "], "a title cannot be empty"),
+                         (["inject", "0000", ""], "the text cannot be empty"),
+                         (["deny", "0000", "call-x", "--reason", " "],
+                          "give the model a reason"),
+                         (["in-doubt", "skip", "0000", "call-x", "--reason", ""],
+                          "give the model a reason"),
+                         (["approve", "0000", "call-x", "--args", "{}"], "--args needs --tool"),
+                         (["model", "set", "0000", "BAD", "scripted:x"], "'ROLE'"),
+                         (["cancel", "0000", "--reason", long_reason], "at most 2000"),
+                         (["sessions", "close", "0000", "--reason", long_reason],
+                          "at most 2000"),
+                         (["deny", "0000", "call-x", "--reason", long_reason], "at most 2000"),
+                         (["compact", "0000", "--app", "no_such_module_here:app"], "'--app'")):
         result = target.invoke(*args)
         assert result.exit_code == 2, (args, result.stderr)
         assert needle in one_line_error(result.stderr), (args, result.stderr)
@@ -487,3 +503,27 @@ def test_an_error_whose_reader_left_is_said_on_stderr_without_a_traceback(
     assert proc.wait(60) == 1
     err = proc.stderr.read().decode()
     assert "Traceback" not in err and "Error: SessionNotFound: " in err, err
+
+
+def test_the_edges_of_the_session_list_s_ranges_are_answered(target: Target) -> None:
+    """Dates and pages at the ends of what ``--help`` accepts: year 1 was "neither a date",
+    and a limit and an offset each in range but summing past it was a ``ValueError``."""
+    sid = str(target.finished())
+    assert [s["id"] for s in target.json("sessions", "list", "--since", "0001-01-01")] == [sid]
+    assert target.json("sessions", "list", "--until", "0001-01-02") == []
+    assert [s["id"] for s in target.json("sessions", "list", "--until", "9999-12-31")] == [sid]
+    most = str(2**63 - 2)
+    assert target.json("sessions", "list", "--limit", most, "--offset", "1") == []
+    assert target.json("sessions", "list", "--limit", "1", "--offset", most) == []
+
+
+def test_a_purge_declined_from_a_pipe_says_its_error_on_a_line_of_its_own(
+        target: Target) -> None:
+    sid = str(target.closed())
+    done = subprocess.run([sys.executable, "-m", "terret", *target.args(
+        "sessions", "purge", sid)], input="n\n", capture_output=True, text=True,
+        env=subprocess_env(), cwd=target.cwd, timeout=60)
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("Delete every event of session") and lines[-1] == (
+        "Error: Aborted: not confirmed, or interrupted"), done.stderr
