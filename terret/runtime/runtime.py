@@ -104,6 +104,13 @@ class Runtime:
         pre_step: Sequence[PreStepHook] = (),
     ) -> None:
         _check_parts(store, resolver, config)
+        agents = list(agents)
+        names = [d.name for d in agents]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # the last one won, silently: sessions ran under a definition not chosen
+            raise errors.ConfigurationError(
+                f"two agent definitions named {', '.join(map(repr, twice))}: an agent's name "
+                "is its sessions' key, one definition each (its revision says which release)")
         self.store = store
         self.config = config or RuntimeConfig()
         self.resolver = resolver

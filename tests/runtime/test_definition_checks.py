@@ -116,3 +116,14 @@ def test_views_given_as_a_path_object_are_that_file(make_runtime: MakeRuntime, t
     rt = make_runtime(views=tmp_path / "views.db")
     rt.run_turn(rt.create_session(), "hi")
     assert (tmp_path / "views.db").exists()
+
+
+def test_two_agent_definitions_of_one_name_are_refused() -> None:
+    """The last one won, silently: ``session/started`` recorded its revision, and the other
+    definition was never used."""
+    from terret import AgentDefinition, Runtime, StaticResolver, open_store
+    from terret.domain.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="two agent definitions named 'x'"):
+        Runtime(open_store("memory:"), resolver=StaticResolver(),
+                agents=[AgentDefinition(name="x"), AgentDefinition(name="x", revision=2)])
