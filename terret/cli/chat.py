@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 from uuid import UUID
@@ -40,6 +40,7 @@ from terret.domain.errors import SessionClosed, SessionOwned, TerretError, TurnS
 
 if TYPE_CHECKING:
     from terret.domain.codec import RecordedEvent
+    from terret.domain.store import StoredRecord
     from terret.runtime.agent import Agent
     from terret.runtime.runtime import Runtime
 
@@ -317,26 +318,35 @@ class Chat:
         self.screen.line("type /help for commands, /quit or Ctrl-D to leave", dim=True)
 
     def recap(self) -> None:
-        """The last few exchanges of a continued session."""
-        self.runtime.catch_up_views()
-        messages = [m for m in self.runtime.views.messages(self.sid) if m.role != "system"]
-        starts = [i for i, m in enumerate(messages) if m.role == "user"]
+        """The last few exchanges of a continued session, from its log: what was said, not
+        what the model is shown now — a compaction's summary stands there for everything
+        before it, and was shown as something the user typed."""
+        from terret.domain import events as ev
+        from terret.domain.store import session_stream
+
+        records = self.runtime.store.read_stream(session_stream(self.sid), backwards=True,
+                                                 limit=RECAP_EVENTS)
+        said = [e.payload for e in _readable(reversed(records))
+                if isinstance(e.payload, ev.UserMessage | ev.ContextInjected
+                              | ev.AssistantMessage | ev.ToolResult)]
+        starts = [i for i, p in enumerate(said) if isinstance(p, ev.UserMessage)]
         if not starts:
             return
-        self._say_if_halted("messages")
-        tail = messages[starts[-RECONNECT_EXCHANGES] if len(starts) >= RECONNECT_EXCHANGES
-                        else starts[0]:]
+        tail = said[starts[-RECONNECT_EXCHANGES] if len(starts) >= RECONNECT_EXCHANGES
+                    else starts[0]:]
         self.screen.line("— the last exchanges —", dim=True)
-        for m in tail:
-            if m.role == "user":
-                self.screen.line(f"you> {one_line(m.text, 300)}", dim=True)
-            elif m.role == "assistant":  # its text first, then its calls: as shown live
-                if m.text:
-                    self.screen.line(f"agent> {one_line(m.text, 300)}", dim=True)
-                for c in m.tool_calls:
+        for p in tail:
+            if isinstance(p, ev.UserMessage):
+                self.screen.line(f"you> {one_line(p.text, 300)}", dim=True)
+            elif isinstance(p, ev.ContextInjected):
+                self.screen.line(f"inbox> {one_line(p.text, 300)}", dim=True)
+            elif isinstance(p, ev.AssistantMessage):  # its text, then its calls: as shown live
+                if p.text:
+                    self.screen.line(f"agent> {one_line(p.text, 300)}", dim=True)
+                for c in p.tool_calls:
                     self.screen.line(f"  → {c.name}({as_json(c.args)})", dim=True)
-            elif m.role == "tool":
-                self.screen.line(f"  ← {m.tool_name}: {one_line(m.text, 120)}", dim=True)
+            else:
+                self.screen.line(f"  ← {p.name}: {one_line(p.content, 120)}", dim=True)
         self.screen.line("—", dim=True)
 
     def loop(self) -> None:
@@ -564,6 +574,21 @@ def _said_by_chat(record: logging.LogRecord) -> bool:
 
     return not getattr(record, WOKEN_TURN_FAILED, False)
 
+
+def _readable(records: Iterable[StoredRecord]) -> Iterator[RecordedEvent]:
+    """The records decoded, those no reader can decode (another client's) passed over."""
+    from terret.domain.codec import decode
+    from terret.domain.errors import CorruptRecord
+
+    for record in records:
+        try:
+            yield decode(record)
+        except CorruptRecord:
+            continue
+
+
+RECAP_EVENTS = 500
+"""How far back in the log a continued chat looks for its last exchanges."""
 
 MAX_LOG_LINES = 100_000
 """The most events ``/log N`` shows (a larger N is refused, as ``terret log --tail`` refuses

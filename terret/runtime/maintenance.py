@@ -23,6 +23,7 @@ from functools import partial
 from typing import Protocol
 from uuid import UUID
 
+from terret._text import whole_characters
 from terret.domain import errors
 from terret.domain.codec import RecordedEvent, decode
 from terret.domain.errors import shown
@@ -337,6 +338,9 @@ class Compactor:
                         "" if summary is None else f" (it returned {shown(summary)[:40]})")
             record_usage(upkeep, sid, "compaction", meter)
             return None
+        # Half a character (a model's or a summarizer's slip) would have the log refuse the
+        # whole summary, paid for: it is U+FFFD in it, as in a reply.
+        summary = whole_characters(summary)
         record = meter.record_on("compaction")
 
         def compact(s: Session) -> int:

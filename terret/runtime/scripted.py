@@ -99,15 +99,18 @@ class ScriptedProvider:
             if self._keep is not None and len(self.requests) > self._keep:
                 # Each request holds its whole context: a server kept them all, for weeks.
                 del self.requests[:len(self.requests) - self._keep]
-            if self._replies:
-                reply = self._replies.popleft()
-            elif callable(self._default):
+            reply = self._replies.popleft() if self._replies else None
+        if reply is None:
+            # Outside the lock: a default that takes its time (a model thinking) holds up
+            # no other session's request, as a server's would not.
+            if callable(self._default):
                 reply = self._default(request)
             elif self._default is not None:
                 reply = self._default
             else:
                 raise ProviderError(self.name, "the script has no reply left")
-            calls = []
+        calls = []
+        with self._lock:
             for c in reply.tool_calls:
                 self._counter += 1
                 calls.append(ToolCall(id=c.id or f"call-{self._counter}", name=c.name,

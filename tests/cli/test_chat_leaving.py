@@ -74,3 +74,26 @@ def test_chat_terminated_at_an_approval_question_releases_the_session(target: Ta
     shown = target.json("sessions", "show", sid)
     assert shown["owner"] is None and shown["resumable"] is True, shown
     assert [p["call_id"] for p in shown["pending_approvals"]] == ["call-deploy"], shown
+
+
+def test_a_continued_chat_shows_the_last_exchanges_said_not_a_summary(target: Target) -> None:
+    """Compacted from another shell, the session's model-visible history begins with the
+    summary: a continued chat showed it as the user's words (``you> Summary of earlier
+    conversation: …``) and not the exchanges it stands for. They come from the log."""
+    from tests.cli.conftest import DEMO_APP
+
+    first = subprocess.run([sys.executable, "-m", "terret", *target.args(
+        "chat", "--app", DEMO_APP)], input="hello one\nhello two\n/quit\n",
+        capture_output=True, text=True, timeout=60, cwd=target.cwd, env=app_env())
+    assert first.returncode == 0, first.stderr
+    sid = first.stdout.rsplit("terret chat ", 1)[1].split()[0]
+    compacted = run(target, "compact", sid, "--app", DEMO_APP)
+    assert compacted.returncode == 0, compacted.stderr
+    assert "session/compacted" in target.types(sid)
+    again = subprocess.run([sys.executable, "-m", "terret", *target.args(
+        "chat", sid, "--app", DEMO_APP)], input="/quit\n", capture_output=True, text=True,
+        timeout=60, cwd=target.cwd, env=app_env())
+    assert again.returncode == 0, again.stderr
+    recap = again.stdout.split("— the last exchanges —", 1)[1].split("\n—", 1)[0]
+    assert "you> hello one" in recap and "you> hello two" in recap, recap
+    assert "Summary of earlier conversation" not in recap, recap

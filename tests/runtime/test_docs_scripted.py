@@ -127,3 +127,29 @@ def test_keep_bounds_the_requests_a_provider_keeps() -> None:
     for bad in (-1, True, 1.5):
         with pytest.raises(ConfigurationError, match="keep is a whole number"):
             ScriptedProvider(keep=bad)  # type: ignore[arg-type]
+
+
+def test_a_default_that_takes_its_time_holds_up_no_other_request() -> None:
+    """providers.md: providers are shared by every session and role, thread-safe. A
+    ``default`` that thinks (sleeps) ran under the provider's lock: every other session's
+    request, and the upkeep's, waited in line behind it."""
+    import threading
+    import time
+
+    from terret import Message, Reply, ScriptedProvider
+    from terret.runtime.model import ModelRequest
+
+    def think(request: ModelRequest) -> Reply:
+        if request.messages[-1].text == "slow":
+            time.sleep(2.0)
+        return Reply(text="ok")
+
+    provider = ScriptedProvider(default=think)
+    slow = threading.Thread(target=lambda: provider.complete(ModelRequest(
+        model="m", messages=(Message("user", "slow"),))))
+    slow.start()
+    time.sleep(0.2)
+    began = time.monotonic()
+    provider.complete(ModelRequest(model="m", messages=(Message("user", "fast"),)))
+    assert time.monotonic() - began < 1.0
+    slow.join()

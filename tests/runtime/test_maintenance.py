@@ -439,3 +439,20 @@ def test_r21_the_spend_cap_counts_the_session_total_the_usage_view_reports(
     assert check.spent == total and check.estimate == 0.3
     assert BudgetGuard(total + 0.29).check(state).exceeded  # type: ignore[union-attr]
     assert BudgetGuard(None).check(state) is None  # no budget at all
+
+
+def test_a_summary_holding_half_a_character_is_recorded_made_whole(
+        make_runtime: MakeRuntime, store) -> None:
+    """A summarizer's text with a lone surrogate (half a character) was refused by the log —
+    ``InvalidPayload``, the summary paid for and lost, and ``terret compact`` said the command
+    line was wrong. It is recorded with U+FFFD in place of the half, a pair made one."""
+    class Halves:
+        def summarize(self, messages: Sequence[Message]) -> str:
+            return "kept \ud83c\udf89 and \ud800 alone"
+
+    rt = make_runtime([final("answer")], summarizer=Halves())
+    sid = rt.create_session()
+    rt.run_turn(sid, "question")
+    assert rt.compact(sid) is not None
+    (compacted,) = only(read_log(store, sid), "session/compacted")
+    assert compacted.data["summary"] == "kept 🎉 and \ufffd alone"

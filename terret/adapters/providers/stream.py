@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 from typing import Any
 
+from terret._text import SURROGATE, whole_characters
 from terret.adapters.providers.errors import UpstreamError
 from terret.domain.errors import MalformedStream, ProviderError
 from terret.domain.messages import (
@@ -23,16 +23,6 @@ from terret.domain.messages import (
     distinct_ids,
 )
 from terret.runtime.model import ModelReply, TextSink
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def whole_characters(text: str) -> str:
-    """``text`` with each surrogate pair as the one character it stands for, and a lone half
-    as U+FFFD."""
-    if text.isascii() or not _SURROGATE.search(text):
-        return text
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 class _CallParts:
@@ -141,7 +131,7 @@ class ChunkAssembler:
         Unicode (it could not be printed or stored otherwise)."""
         if self._high:
             content, self._high = self._high + content, ""
-        if content.isascii() or not _SURROGATE.search(content):
+        if content.isascii() or not SURROGATE.search(content):
             return content
         if "\ud800" <= content[-1] <= "\udbff":
             content, self._high = content[:-1], content[-1]
