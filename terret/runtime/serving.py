@@ -165,7 +165,7 @@ class Supervisor:
             self._release_held()
         if self._feed is not None:
             self._feed.start()
-        self._upkeep_left_undone()
+        self._catch_up_after_a_beat()
         rt.background(rt.finish_purges_left_undone)
         self._thread = threading.Thread(target=self._scan_loop, name="terret-supervisor",
                                         daemon=True)
@@ -595,6 +595,23 @@ class Supervisor:
                 entry.text, trigger="wake", inbox_id=inbox_id, take_idle=False))
         except (errors.TurnAlreadyRunning, errors.TurnOpenInLog):
             return None
+
+    def _catch_up_after_a_beat(self) -> None:
+        """``_upkeep_left_undone``, one beat interval from now: workers started together (a
+        fleet restarted at once) each saw none of the others' beats yet, counted itself first
+        in the rendezvous order that leaves each upkeep to one of them, and asked — and paid
+        for — the same title. By then each has beaten once, and the order is the same in
+        each."""
+        def later() -> None:
+            if self.services.stopping.wait(self.services.lease.interval):
+                return
+            try:
+                self._upkeep_left_undone()
+            except Exception:  # noqa: BLE001 - a stopping worker's views may close under it
+                if not self.services.stopping.is_set():
+                    log.exception("the upkeep left undone could not be looked for")
+
+        threading.Thread(target=later, name="terret-upkeep-catch-up", daemon=True).start()
 
     def _upkeep_left_undone(self) -> None:
         """The between-turn upkeep a process that ended a turn and stopped (or died) before it

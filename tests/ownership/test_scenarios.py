@@ -316,3 +316,41 @@ def test_failover_goes_on_when_the_status_view_halted_on_an_event_it_cannot_read
     _check_closed_once(pool, sid)
     assert _owners(pool, sid) == [owner.pid, survivor.pid]
     assert "the status view is halted at position" in "".join(survivor.err)
+
+
+def test_workers_started_together_title_each_untitled_session_once(
+        pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sessions whose turns a runtime that does no upkeep ran (a web worker never started)
+    are untitled; two serves started at the same moment catch that up — and each, having seen
+    none of the other's beats, counted itself first and asked the titler for the same
+    sessions (paid twice). The catch-up waits one beat interval: each asks for its own."""
+    import threading
+
+    from terret import Runtime
+    from tests.ownership.app import app
+
+    monkeypatch.setenv("OWNERSHIP_RUNS", str(pool.runs))
+    monkeypatch.setenv("OWNERSHIP_TOOL_SECONDS", "0")
+    titles = pool.tmp / "titles.txt"
+    made = app()
+    runtime = Runtime(pool.store, resolver=made.resolver, agents=made.agents,
+                      config=made.config)  # never started: it does no upkeep
+    sessions = [runtime.create_session() for _ in range(6)]
+    for sid in sessions:
+        assert runtime.run_turn(sid, "hello").status == "completed"
+    runtime.close()
+    assert not any("session/titled" in pool.names(sid) for sid in sessions)
+    env = {"OWNERSHIP_TOOL_SECONDS": "0", "OWNERSHIP_UPKEEP_SECONDS": "1",
+           "OWNERSHIP_TITLES": str(titles)}
+    args = ("--no-group",) if pool.kind == "esdb" else ()  # both follow every session
+    starting = [threading.Thread(target=pool.serve, args=(name, *args), kwargs=env)
+                for name in ("a", "b")]
+    for thread in starting:
+        thread.start()
+    for thread in starting:
+        thread.join()
+    for sid in sessions:
+        pool.wait_for(sid, "session/titled", timeout=30)
+    time.sleep(2.0)  # a second request for one of them would have begun by now
+    asked = titles.read_text().split()
+    assert len(asked) == len(sessions), (asked, pool.stderr())
