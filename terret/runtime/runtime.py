@@ -104,13 +104,7 @@ class Runtime:
         pre_step: Sequence[PreStepHook] = (),
     ) -> None:
         _check_parts(store, resolver, config)
-        agents = list(agents)
-        names = [d.name for d in agents]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:  # the last one won, silently: sessions ran under a definition not chosen
-            raise errors.ConfigurationError(
-                f"two agent definitions named {', '.join(map(repr, twice))}: an agent's name "
-                "is its sessions' key, one definition each (its revision says which release)")
+        agents = _one_of_each_name(agents)
         self.store = store
         self.config = config or RuntimeConfig()
         self.resolver = resolver
@@ -952,6 +946,19 @@ FINISH_PURGES_WITHIN = 7 * 24 * 3600.0
 FINISH_PURGES_CHECKED = 1000
 """How many of the latest purges a serving start looks through for unfinished ones (each one
 in the last week costs a read of the store)."""
+
+
+def _one_of_each_name(agents: Iterable[AgentDefinition]) -> list[AgentDefinition]:
+    """``ConfigurationError`` for two definitions of one name: the last one won, silently —
+    sessions ran under a definition nobody chose."""
+    agents = list(agents)
+    names = [d.name for d in agents]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise errors.ConfigurationError(
+            f"two agent definitions named {', '.join(map(repr, twice))}: an agent's name is "
+            "its sessions' key, one definition each (its revision says which release)")
+    return agents
 
 
 def _check_parts(store: object, resolver: object, config: object) -> None:
