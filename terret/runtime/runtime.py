@@ -103,8 +103,7 @@ class Runtime:
         titler: Titler | None = None,
         pre_step: Sequence[PreStepHook] = (),
     ) -> None:
-        _check_parts(store, resolver, config)
-        agents = _one_of_each_name(agents)
+        agents = _check_parts(store, resolver, config, agents)
         self.store = store
         self.config = config or RuntimeConfig()
         self.resolver = resolver
@@ -961,9 +960,11 @@ def _one_of_each_name(agents: Iterable[AgentDefinition]) -> list[AgentDefinition
     return agents
 
 
-def _check_parts(store: object, resolver: object, config: object) -> None:
+def _check_parts(store: object, resolver: object, config: object,
+                 agents: Iterable[AgentDefinition]) -> list[AgentDefinition]:
     """``ConfigurationError`` for a part of the wrong kind, when the runtime is made: a dict
-    given as the resolver failed the first turn with an ``AttributeError``."""
+    given as the resolver failed the first turn with an ``AttributeError``. The agents, as a
+    list (``_one_of_each_name``)."""
     if not isinstance(store, EventStore):
         raise errors.ConfigurationError(
             f"store is an EventStore (terret.open_store('terret.db') or an esdb:// URI), not "
@@ -975,3 +976,4 @@ def _check_parts(store: object, resolver: object, config: object) -> None:
     if config is not None and not isinstance(config, RuntimeConfig):
         raise errors.ConfigurationError(
             f"config is a RuntimeConfig or None, not {type(config).__name__}")
+    return _one_of_each_name(agents)
