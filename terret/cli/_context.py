@@ -645,7 +645,8 @@ def parse_when(text: str, now: float | None = None) -> float:
     except (OverflowError, ValueError, OSError):
         # A date the platform's clock cannot place in local time (year 1, 9999-12-31T23:59
         # west of UTC): before or after every event, as the comparison needs.
-        return float("-inf") if when.year < 1970 else float("inf")
+        return float("-inf") if when.replace(tzinfo=None) < datetime(5000, 1, 1) \
+            else float("inf")
 
 
 class WhenType(click.ParamType):

@@ -39,13 +39,26 @@ APP_OPTION = click.option(
 
 
 def app_for(app_spec: str | None) -> App:
+    """The app ``--app`` names (the default app without one), built once per command: a
+    check of the command line before the session's lookup builds it first."""
     from terret.cli._app import load_app
     from terret.domain.errors import ConfigurationError
 
+    ctx = click.get_current_context(silent=True)
+    built = ctx.meta.get(_BUILT) if ctx is not None else None
+    if built is not None and built[0] == app_spec:
+        return built[1]  # type: ignore[no-any-return]
     try:
-        return load_app(app_spec)
+        app = load_app(app_spec)
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc), param_hint="'--app'") from None
+    if ctx is not None:
+        ctx.meta[_BUILT] = (app_spec, app)
+    return app
+
+
+_BUILT = "terret.app"
+"""Where ``app_for`` keeps the app it built for the command (its ``--app``, and the app)."""
 
 
 def runtime_for(obj: CliContext, app_spec: str | None, app: App | None = None, *,
@@ -77,8 +90,7 @@ def _valid_role(values: dict[str, Any]) -> None:
 
 
 def _app_loads(values: dict[str, Any]) -> None:
-    """``--app`` names an app that loads (loaded again by the command: a module is imported
-    once)."""
+    """``--app`` names an app that loads (the command uses the one built here)."""
     app_for(values.get("app_spec"))
 
 

@@ -303,6 +303,10 @@ class Chat:
         self.screen.line(f"  ({held}, which runs its open turn: this chat follows it — "
                          "its answers show as they are recorded, /approve and /deny answer "
                          "its calls, a message goes to the turn's next step)", dim=True)
+        try:  # its requests were recorded before this chat listened: the views must hold them
+            self.runtime.catch_up_views(self.sid)
+        except (TimeoutError, TerretError):
+            pass  # as far as they got: `/approve` names a call all the same
         for approval in self.runtime.views.pending(self.sid):
             self.questions.needs_approval(approval.call_id, approval.name, approval.args)
 
@@ -330,10 +334,13 @@ class Chat:
                 if isinstance(e.payload, ev.UserMessage | ev.ContextInjected
                               | ev.AssistantMessage | ev.ToolResult)]
         starts = [i for i, p in enumerate(said) if isinstance(p, ev.UserMessage)]
-        if not starts:
+        if not said:
             return
-        tail = said[starts[-RECONNECT_EXCHANGES] if len(starts) >= RECONNECT_EXCHANGES
-                    else starts[0]:]
+        # A turn longer than the events read (many steps and calls) begins before them: its
+        # latest part is shown.
+        first = (starts[-RECONNECT_EXCHANGES] if len(starts) >= RECONNECT_EXCHANGES
+                 else starts[0] if starts else max(0, len(said) - RECAP_LONG_TURN))
+        tail = said[first:]
         self.screen.line("— the last exchanges —", dim=True)
         for p in tail:
             if isinstance(p, ev.UserMessage):
@@ -589,6 +596,8 @@ def _readable(records: Iterable[StoredRecord]) -> Iterator[RecordedEvent]:
 
 RECAP_EVENTS = 500
 """How far back in the log a continued chat looks for its last exchanges."""
+RECAP_LONG_TURN = 12
+"""What of them is shown when they hold no user message (a turn longer than them)."""
 
 MAX_LOG_LINES = 100_000
 """The most events ``/log N`` shows (a larger N is refused, as ``terret log --tail`` refuses

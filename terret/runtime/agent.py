@@ -320,7 +320,10 @@ class Agent:
         """Own the session again (R28), recording the move when this process's revision of the
         definition is another than the one its turns last ran under (R32): moved away and back,
         it ran turns in another process, under that process's revision."""
+        from terret.runtime.host import require_owed_tools
+
         self.ownership.take(s, take_idle=take_idle)
+        require_owed_tools(s, self.definition)  # an open turn another release left owing
         s.run_under(self.definition.revision)
 
     def resume_turn(self) -> TurnResult:

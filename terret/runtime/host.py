@@ -457,11 +457,11 @@ def _take(agent: Agent, definition: AgentDefinition, session: Session, *,
     then refuse a turn it could not serve (nothing is saved: the command raised), and record
     the move when this process's revision of the definition is another (R32)."""
     agent.ownership.take(session, take_idle=take_idle)
-    _require_owed_tools(session, definition)
+    require_owed_tools(session, definition)
     session.run_under(definition.revision)
 
 
-def _require_owed_tools(session: Session, definition: AgentDefinition) -> None:
+def require_owed_tools(session: Session, definition: AgentDefinition) -> None:
     """An open turn whose calls still owed name a tool this definition lacks was written by an
     app that has it (the agent's name alone matches: the CLI's default app and an embedded
     app's both define ``default``). Served here, the call would be answered "unknown tool" —

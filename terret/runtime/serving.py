@@ -379,8 +379,8 @@ class Supervisor:
             # once for the session, as long as the reason stays the same: a pool member given
             # its events one after the other (a new group replays the log) said it for each.
             # A wake refused at the cap (for now: it is tried again) is said each time.
-            said = str(exc)
             capped = isinstance(exc, errors.AgentCapExceeded)
+            said = "the agent cap" if capped else str(exc)  # (its counts change: not the why)
             if (now and capped) or self._refused.get(sid) != said:
                 self._not_serving(sid, exc)
             self._refused.put(sid, said)

@@ -89,6 +89,12 @@ def badapp() -> App:
     raise RuntimeError("line1\\nline2")
 
 
+def countapp() -> App:
+    with open("built.txt", "a") as f:
+        f.write("x")
+    return demo_app()
+
+
 class PipeBroke:
     def summarize(self, messages):
         raise BrokenPipeError(32, "the summarizer's socket closed")
@@ -527,3 +533,14 @@ def test_a_purge_declined_from_a_pipe_says_its_error_on_a_line_of_its_own(
     lines = done.stderr.splitlines()
     assert lines[0].startswith("Delete every event of session") and lines[-1] == (
         "Error: Aborted: not confirmed, or interrupted"), done.stderr
+
+
+def test_an_app_checked_before_the_lookup_is_built_once(target: Target, apps: str) -> None:
+    """``compact --app`` checks its app before the session's prefix is looked up: the app's
+    factory (its clients, its threads) was run twice, once for the check."""
+    from pathlib import Path
+
+    sid = str(target.finished())
+    result = target.invoke("compact", sid[:8], "--app", f"{apps}:countapp")
+    assert result.exit_code == 0, result.stderr
+    assert Path("built.txt").read_text() == "x"
