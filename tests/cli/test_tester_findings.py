@@ -679,8 +679,9 @@ def test_a_model_spec_with_credentials_in_its_url_is_refused_unquoted(target: Ta
 
 
 def test_chat_says_when_what_it_shows_comes_from_a_halted_view(target: Target) -> None:
-    """A continued chat's last exchanges and `/usage` read the views: from a halted one they
-    were shown as current, no word said (`terret usage` warns)."""
+    """A continued chat's `/usage` reads the views: from a halted one it was shown as
+    current, no word said (`terret usage` warns). Its last exchanges come from the log, which
+    a halted view does not make old: they are shown as they are."""
     sid = target.finished()
     other = session_stream(uuid4())
     target.store().append(other, [NewRecord(uuid4(), "assistant/message", b'{"text": 5}',
@@ -691,7 +692,9 @@ def test_chat_says_when_what_it_shows_comes_from_a_halted_view(target: Target) -
                           input="/usage\n/quit\n", capture_output=True, text=True,
                           timeout=60, cwd=target.cwd, env=subprocess_env())
     assert done.returncode == 0, done.stderr
-    assert "(what follows may be old: the messages view halted at position" in done.stdout
+    assert "— the last exchanges —" in done.stdout and "you> status please" in done.stdout, \
+        done.stdout
+    assert "the messages view halted" not in done.stdout
     usage = done.stdout.split("/usage", 1)[1]
     assert usage.lstrip().startswith("(what follows may be old: the usage view halted"), usage
 

@@ -190,6 +190,11 @@ def resume_job(uri: str, session_id: str, report: str, ran: str) -> None:
     if not any(r.wire_name == "turn/start" for r in store.read_stream(f"session-{sid}")):
         action = "run"
         drive(rt, sid, lambda: rt.run_turn(sid, "deploy prod, then check it"))
+    # A serving process catches up a dead one's title a beat interval after it starts (so that
+    # workers started together agree which does it): this one stays that long, as serve does.
+    while time.monotonic() < deadline and not any(
+            r.wire_name == "session/titled" for r in store.read_stream(f"session-{sid}")):
+        time.sleep(0.05)
     rt.catch_up_views()
     verify = {p.name: rt.runner.verify(p.name) for p in rt.runner.projections}
     rt.close()
