@@ -49,6 +49,7 @@ from terret.runtime.model import (
     TextSink,
     checked_reply,
 )
+from terret.runtime.owed import require_owed_tools
 from terret.runtime.ownership import SessionLease, TakeIdle, WorkerLease
 from terret.runtime.step_commands import (
     MAX_REPLY_BYTES,
@@ -320,8 +321,6 @@ class Agent:
         """Own the session again (R28), recording the move when this process's revision of the
         definition is another than the one its turns last ran under (R32): moved away and back,
         it ran turns in another process, under that process's revision."""
-        from terret.runtime.host import require_owed_tools
-
         self.ownership.take(s, take_idle=take_idle)
         require_owed_tools(s, self.definition)  # an open turn another release left owing
         s.run_under(self.definition.revision)
