@@ -368,7 +368,7 @@ def purge(obj: CliContext, session_id: UUID, reason: str | None, max_age: int | 
     """Delete a closed session's events (retention). The deletion is recorded."""
     obj.require_session(session_id, expiring=True)  # one expiring part way is deleted now
     commands = obj.commands()
-    _refuse_before_asking(obj, session_id, max_age, reason)
+    _refuse_before_asking(obj, session_id, max_age)
     if not yes and not obj.json_output:
         try:
             click.confirm(f"Delete every event of session {session_id}?" if max_age is None
@@ -387,18 +387,13 @@ def purge(obj: CliContext, session_id: UUID, reason: str | None, max_age: int | 
              f"purged {session_id}" if max_age is None else f"retention set on {session_id}")
 
 
-def _refuse_before_asking(obj: CliContext, session_id: UUID, max_age: int | None,
-                          reason: str | None) -> None:
+def _refuse_before_asking(obj: CliContext, session_id: UUID, max_age: int | None) -> None:
     """What the purge would refuse (``terret.runtime.retention``), refused before the question
-    is asked: a reason it cannot record, a session not closed, an expiry on a store that does
-    not expire streams itself (``EventStore.native_expiry``: SQLite's does not)."""
-    from terret.domain.errors import InvalidPayload
-    from terret.domain.events import SessionPurged, reason_problem
+    is asked: a session not closed, an expiry on a store that does not expire streams itself
+    (``EventStore.native_expiry``: SQLite's does not). (A reason it cannot record is refused
+    before the session is even looked up: ``checked_first``.)"""
     from terret.runtime.retention import refuse_purge
 
-    problem = reason_problem(reason)
-    if problem is not None:
-        raise InvalidPayload(SessionPurged.wire_name, "reason", problem)
     refuse_purge(partial(obj.commands().writer.load, session_id), obj.store(), max_age)
 
 
